@@ -1,0 +1,102 @@
+"""Build the Cython runtime of spfuse.
+
+Every ``spfuse/_kernels/*.pyx`` becomes one extension module.  OpenMP is used
+when the compiler that will build us can compile *and run* an OpenMP program;
+otherwise the kernels are built serially and ``spfuse.show_config()`` says so.
+Set ``SPFUSE_FAIL_NO_OPENMP=1`` to turn the serial fallback into an error and
+``SPFUSE_DEBUG=1`` to build with Cython bounds checks for debugging.
+"""
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+OPENMP_PROBE = textwrap.dedent(
+    """
+    #include <omp.h>
+    #include <stdio.h>
+    int main(void) {
+        #pragma omp parallel
+        printf("thread %d\\n", omp_get_thread_num());
+        return 0;
+    }
+    """
+)
+
+
+def _openmp_flags(compiler):
+    """Return (compile, link) flags if ``compiler`` builds and runs OpenMP code."""
+    if sys.platform == "win32":
+        candidates = [(["/openmp"], [])]
+    elif sys.platform == "darwin":
+        candidates = [(["-Xpreprocessor", "-fopenmp"], ["-lomp"])]
+    else:
+        candidates = [(["-fopenmp"], ["-fopenmp"])]
+    for cflags, lflags in candidates:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "probe.c")
+            with open(src, "w") as f:
+                f.write(OPENMP_PROBE)
+            try:
+                objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+                exe = os.path.join(tmp, "probe")
+                compiler.link_executable(objs, exe, extra_postargs=lflags)
+                out = subprocess.run([exe], capture_output=True, text=True,
+                                     env={**os.environ, "OMP_NUM_THREADS": "2"}, timeout=60)
+            except Exception:  # noqa: BLE001 - any failure means "no OpenMP"
+                continue
+            if out.returncode == 0 and out.stdout.count("thread") == 2:
+                return cflags, lflags
+    return None
+
+
+class BuildExtWithOpenMP(build_ext):
+    def build_extensions(self):
+        flags = _openmp_flags(self.compiler)
+        if flags is None:
+            if os.environ.get("SPFUSE_FAIL_NO_OPENMP"):
+                raise RuntimeError("SPFUSE_FAIL_NO_OPENMP is set and the compiler cannot build OpenMP code")
+            print("*" * 72 + "\nWARNING: spfuse is built WITHOUT OpenMP: kernels run on one thread.\n" + "*" * 72)
+        for ext in self.extensions:
+            if flags is not None:
+                ext.extra_compile_args += flags[0]
+                ext.extra_link_args += flags[1]
+                ext.define_macros.append(("SPFUSE_BUILT_WITH_OPENMP", "1"))
+        super().build_extensions()
+
+
+def extensions():
+    debug = bool(os.environ.get("SPFUSE_DEBUG"))
+    compile_args = ["-O0", "-g"] if debug else ["-O3"]
+    if sys.platform == "win32":
+        compile_args = ["/O2"]
+    exts = []
+    for pyx in sorted(glob.glob(os.path.join("spfuse", "_kernels", "*.pyx"))):
+        name = pyx[:-4].replace(os.sep, ".")
+        exts.append(Extension(
+            name, [pyx],
+            include_dirs=[numpy.get_include()],
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+            extra_compile_args=list(compile_args),
+            extra_link_args=[],
+        ))
+    directives = {
+        "language_level": 3,
+        "boundscheck": debug,
+        "wraparound": False,
+        "initializedcheck": debug,
+        "cdivision": True,
+        "nonecheck": False,
+        "embedsignature": True,
+    }
+    return cythonize(exts, compiler_directives=directives, nthreads=os.cpu_count() or 1)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExtWithOpenMP})

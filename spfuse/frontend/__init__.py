@@ -1,0 +1,1 @@
+"""Front end: program text (index notation or einsum subscripts) → checked AST."""
