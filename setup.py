@@ -3,7 +3,9 @@
 Every ``spfuse/_kernels/*.pyx`` becomes one extension module.  OpenMP is used
 when the compiler that will build us can compile *and run* an OpenMP program;
 otherwise the kernels are built serially and ``spfuse.show_config()`` says so.
-Set ``SPFUSE_FAIL_NO_OPENMP=1`` to turn the serial fallback into an error and
+Developers rebuild one module with
+``SPFUSE_ONLY=_name python setup.py build_ext --inplace``.  Set
+``SPFUSE_FAIL_NO_OPENMP=1`` to turn the serial fallback into an error and
 ``SPFUSE_DEBUG=1`` to build with Cython bounds checks for debugging.
 """
 import glob
@@ -77,9 +79,14 @@ def extensions():
     compile_args = ["-O0", "-g"] if debug else ["-O3"]
     if sys.platform == "win32":
         compile_args = ["/O2"]
+    # SPFUSE_ONLY=_spmm,_config builds just those modules (for developers
+    # iterating on one kernel file while others are half-written).
+    only = {m for m in os.environ.get("SPFUSE_ONLY", "").split(",") if m}
     exts = []
     for pyx in sorted(glob.glob(os.path.join("spfuse", "_kernels", "*.pyx"))):
         name = pyx[:-4].replace(os.sep, ".")
+        if only and name.rsplit(".", 1)[-1] not in only:
+            continue
         exts.append(Extension(
             name, [pyx],
             include_dirs=[numpy.get_include()],
