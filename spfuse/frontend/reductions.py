@@ -1,0 +1,175 @@
+"""Make implicit reductions explicit.
+
+In ``A[i,j] = B[i,j] / (C[i,k] * D[k,j])`` the index ``k`` is absent from
+the left side, so it is summed over the *smallest sub-expression containing
+all its free uses*: ``B / sum(k, C*D)``. Several indices whose smallest
+sub-expression is the same node nest in order of first appearance (the first
+one outermost). Indices bound by an explicit ``sum/max/min(k, ...)`` are not
+free inside it.
+"""
+from __future__ import annotations
+
+import re
+
+from spfuse.errors import ProgramError
+from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
+                                 Unary, Where)
+
+__all__ = ["make_reductions_explicit", "free_indices", "children"]
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    """Direct sub-expressions of ``e``, left to right.
+
+    >>> children(Binary("*", Access("A", ("i",)), Literal(2.0)))
+    (Access(name='A', indices=('i',), span=Span(start=0, end=0), index_spans=()), Literal(value=2.0, span=Span(start=0, end=0)))
+    """
+    if isinstance(e, Binary):
+        return (e.left, e.right)
+    if isinstance(e, Unary):
+        return (e.arg,)
+    if isinstance(e, Reduce):
+        return (e.body,)
+    if isinstance(e, Where):
+        return (e.cond, e.then, e.other)
+    return ()
+
+
+def _rebuild(e: Expr, kids: list) -> Expr:
+    if isinstance(e, Binary):
+        return Binary(e.op, kids[0], kids[1], e.span)
+    if isinstance(e, Unary):
+        return Unary(e.fn, kids[0], e.span)
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.index, kids[0], e.span, e.implicit)
+    if isinstance(e, Where):
+        return Where(kids[0], kids[1], kids[2], e.span)
+    return e
+
+
+def free_indices(e: Expr) -> tuple[str, ...]:
+    """Indices used in ``e`` and not bound by a reduction inside it, in order
+    of first appearance.
+
+    >>> free_indices(Reduce("sum", "j", Binary("*", Access("A", ("i", "j")), Access("x", ("j",)))))
+    ('i',)
+    """
+    counts: dict[str, int] = {}
+    _count_free(e, (), counts, (), "", None)
+    return tuple(counts)
+
+
+_CALL_RE = re.compile(r"\s*([A-Za-z_]\w*)\s*\(\s*([A-Za-z_]\w*)")
+
+
+def reduce_index_position(text: str, red: Reduce) -> int | None:
+    """Character position of ``red``'s index name in ``text`` (for carets)."""
+    if not text:
+        return None
+    start = red.span.start
+    m = _CALL_RE.match(text, start)
+    if m and m.group(1) == red.op:
+        return m.start(2)
+    return start
+
+
+def _count_free(e: Expr, bound: tuple, counts: dict, out: tuple, text: str, target) -> None:
+    """Count free uses of every index (dict order = first appearance) and
+    reject explicit reductions over an output index."""
+    t = type(e)
+    if t is Access:
+        for k in e.indices:
+            if k not in bound:
+                counts[k] = counts.get(k, 0) + 1
+    elif t is Binary:
+        _count_free(e.left, bound, counts, out, text, target)
+        _count_free(e.right, bound, counts, out, text, target)
+    elif t is Reduce:
+        if e.index in out:
+            raise ProgramError(
+                f"reduction index {e.index!r} also appears on the left side of "
+                f"{target.name}[{', '.join(out)}]", text or None,
+                reduce_index_position(text, e))
+        _count_free(e.body, bound + (e.index,), counts, out, text, target)
+    elif t is not Literal:
+        for c in children(e):
+            _count_free(c, bound, counts, out, text, target)
+
+
+def _wrap(e: Expr, total: dict, pending: list) -> tuple[Expr, dict]:
+    """Rebuild ``e`` bottom-up; return it with its counts of free uses of the
+    still-pending implicit indices. An index is wrapped at the first (deepest)
+    node whose count reaches its total."""
+    t = type(e)
+    if t is Access:
+        counts: dict = {}
+        for k in e.indices:
+            if k in total:
+                counts[k] = counts.get(k, 0) + 1
+        node = e
+    elif t is Literal:
+        return e, {}
+    else:
+        kids = children(e)
+        new = []
+        counts = {}
+        for c in kids:
+            nc, cc = _wrap(c, total, pending)
+            new.append(nc)
+            for k, v in cc.items():
+                counts[k] = counts.get(k, 0) + v
+        if t is Reduce:
+            counts.pop(e.index, None)
+        node = e if all(a is b for a, b in zip(new, kids)) else _rebuild(e, new)
+    done = [k for k in pending if counts.get(k, 0) == total[k]]
+    if done:
+        for k in reversed(done):
+            node = Reduce("sum", k, node, node.span, implicit=True)
+            pending.remove(k)
+            del counts[k]
+    return node, counts
+
+
+def _explicit_value(st: Assignment, text: str) -> Expr:
+    target = st.target
+    out = target.indices
+    counts: dict[str, int] = {}
+    _count_free(st.value, (), counts, out, text, target)
+    for n, k in enumerate(out):
+        if k not in counts:
+            spans = target.index_spans
+            raise ProgramError(f"output index {k!r} is not bound on the right",
+                               text or None, spans[n].start if spans else None)
+    if len(counts) == len(out):
+        return st.value
+    total = {k: v for k, v in counts.items() if k not in out}
+    return _wrap(st.value, total, list(total))[0]
+
+
+def make_reductions_explicit(program: Program) -> Program:
+    """Wrap every implicitly reduced index in ``Reduce("sum", k, ..., implicit=True)``.
+
+    Raises :class:`~spfuse.errors.ProgramError` when an output index is not
+    used on the right, or an explicit reduction binds an output index.
+
+    >>> from spfuse.frontend.parser import parse
+    >>> from spfuse.frontend.canonical import to_text
+    >>> p = make_reductions_explicit(parse("Z[i,j] = A[i,k] * X[k,h] * W[h,j]"))
+    >>> print(to_text(p))
+    Z[i, j] = sum(h, sum(k, A[i, k] * X[k, h]) * W[h, j])
+    >>> make_reductions_explicit(parse("y[i,j] = A[i,k]"))
+    Traceback (most recent call last):
+    ...
+    spfuse.errors.ProgramError: output index 'j' is not bound on the right
+      y[i,j] = A[i,k]
+          ^
+    """
+    statements = []
+    changed = False
+    for st in program.statements:
+        value = _explicit_value(st, program.text)
+        if value is not st.value:
+            changed = True
+            st = Assignment(st.target, value, st.span)
+        statements.append(st)
+    return Program(tuple(statements), program.text) if changed else program
