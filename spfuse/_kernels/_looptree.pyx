@@ -1,0 +1,798 @@
+"""Generic loop-tree executor: interprets a lowered index tree under ``nogil``.
+
+The plan is plain data built by :mod:`spfuse.runtime.looptree` (see its module
+docstring for the encoding).  This module only turns the plan's numpy arrays
+into a C struct of pointers (:class:`_Program`) and walks the preorder node
+arrays recursively:
+
+* LOOP nodes co-iterate one variable (DENSE range, INTERSECT of driver
+  levels, UNION k-way merge) and locate every other level bound by it with a
+  galloping search from a monotone cursor (O(m log(n/m)) per segment);
+* STATEMENT nodes evaluate a postfix byte code on a fixed C stack and apply
+  ``=``, ``+=``, ``max=`` or ``min=`` to a dense buffer, a pattern buffer, or
+  append to a growable COO buffer;
+* RESET nodes fill a buffer region with a constant.
+
+Nothing in the interpreted loop takes the GIL or allocates (COO buffers grow
+geometrically with ``realloc``).  A top-level loop flagged parallel by the
+builder runs as contiguous static blocks, one per thread, with thread-private
+copies of ``private`` buffers; COO emissions of the threads are appended in
+thread (= iteration) order, so results are identical for any thread count.
+"""
+from libc.stdint cimport int64_t, INT64_MAX
+from libc.stdlib cimport malloc, calloc, realloc, free
+from libc.string cimport memcpy
+from libc.math cimport exp, log, tanh, sqrt, fabs
+from cython.parallel cimport parallel
+cimport numpy as cnp
+import numpy as np
+
+from spfuse._kernels._openmp_helpers cimport omp_get_thread_num, omp_get_num_threads
+
+cnp.import_array()
+
+# -- constants shared with spfuse/runtime/looptree.py (keep in sync) --------
+cdef enum:
+    N_LOOP = 0
+    N_STMT = 1
+    N_RESET = 2
+
+    M_DENSE = 0
+    M_INTERSECT = 1
+    M_UNION = 2
+
+    L_DENSE = 0
+    L_COMPRESSED = 1
+
+    T_BUF = 0
+    T_PATTERN = 1
+    T_COO = 2
+
+    A_ASSIGN = 0
+    A_SUM = 1
+    A_MAX = 2
+    A_MIN = 3
+
+    OP_LOAD_ACC = 0
+    OP_LOAD_BUF = 1
+    OP_CONST = 2
+    OP_ADD = 10
+    OP_SUB = 11
+    OP_MUL = 12
+    OP_DIV = 13
+    OP_MAX = 14
+    OP_MIN = 15
+    OP_LT = 16
+    OP_LE = 17
+    OP_GT = 18
+    OP_GE = 19
+    OP_EQ = 20
+    OP_NE = 21
+    OP_WHERE = 30
+    OP_NEG = 40
+    OP_ABS = 41
+    OP_SQRT = 42
+    OP_EXP = 43
+    OP_LOG = 44
+    OP_TANH = 45
+    OP_SIGMOID = 46
+    OP_RELU = 47
+
+    STACK_SIZE = 64
+
+STACK_LIMIT = STACK_SIZE
+
+
+ctypedef struct Plan:
+    int64_t* node_kind
+    int64_t* node_end
+    int64_t* node_arg
+    int64_t* loop_var
+    int64_t* loop_mode
+    int64_t* loop_lev_start
+    int64_t* loop_ndrv
+    int64_t* loop_nlev
+    int64_t* loop_levs
+    int64_t* var_extent
+    int64_t* lev_kind
+    int64_t* lev_size
+    int64_t* lev_parent
+    int64_t** lev_pos
+    int64_t** lev_crd
+    int64_t* acc_last
+    double** acc_vals
+    int64_t* bref_buf
+    int64_t* bref_tstart
+    int64_t* bref_nterm
+    int64_t* term_var
+    int64_t* term_stride
+    int64_t* stmt_tkind
+    int64_t* stmt_target
+    int64_t* stmt_op
+    int64_t* stmt_cstart
+    int64_t* stmt_clen
+    int64_t* pat_buf
+    int64_t* pat_level
+    int64_t* coo_nvar
+    int64_t* coo_vstart
+    int64_t* coo_vars
+    int64_t* reset_buf
+    int64_t* reset_whole
+    int64_t* reset_tstart
+    int64_t* reset_nbound
+    int64_t* reset_nfree
+    int64_t* rterm_a
+    int64_t* rterm_b
+    double* reset_value
+    int64_t* buf_size
+    int64_t* code
+    double* consts
+
+
+ctypedef struct Ctx:
+    int64_t* ival      # current value of each loop variable
+    int64_t* curpos    # current position of each level (-1 = absent)
+    int64_t* cur       # seek cursor of each level (compressed) / merge cursor
+    int64_t* cend      # end of the level's current segment
+    int64_t* base      # dense level: parent*size, -1 if the parent is absent
+    int64_t* odo       # odometer scratch for RESET regions
+    double** buf       # buffer data pointers (thread-private copies differ)
+    int64_t** coo_crd
+    double** coo_val
+    int64_t* coo_n
+    int64_t* coo_cap
+    int err
+
+
+# ---------------------------------------------------------------- levels --
+
+cdef inline void seek_setup(Plan* P, Ctx* C, int64_t L) noexcept nogil:
+    """Open level L's segment under its parent's current position."""
+    cdef int64_t par = P.lev_parent[L]
+    cdef int64_t p = 0 if par < 0 else C.curpos[par]
+    if p < 0:
+        C.base[L] = -1
+        C.cur[L] = 0
+        C.cend[L] = 0
+        return
+    if P.lev_kind[L] == L_DENSE:
+        C.base[L] = p * P.lev_size[L]
+        C.cur[L] = C.base[L]
+        C.cend[L] = C.base[L] + P.lev_size[L]
+    else:
+        C.base[L] = 0
+        C.cur[L] = P.lev_pos[L][p]
+        C.cend[L] = P.lev_pos[L][p + 1]
+
+
+cdef inline int64_t coord(Plan* P, Ctx* C, int64_t L, int64_t q) noexcept nogil:
+    if P.lev_kind[L] == L_DENSE:
+        return q - C.base[L]
+    return P.lev_crd[L][q]
+
+
+cdef inline int64_t locate(Plan* P, Ctx* C, int64_t L, int64_t i) noexcept nogil:
+    """Position of coordinate i in level L's open segment, or -1.
+
+    Compressed levels gallop forward from a cursor: callers ask for
+    increasing i within one opened segment."""
+    cdef int64_t b, c, e, lo, hi, step, mid
+    cdef int64_t* crd
+    if P.lev_kind[L] == L_DENSE:
+        b = C.base[L]
+        return b + i if b >= 0 else -1
+    c = C.cur[L]
+    e = C.cend[L]
+    if c >= e:
+        return -1
+    crd = P.lev_crd[L]
+    if crd[c] >= i:
+        return c if crd[c] == i else -1
+    lo = c
+    step = 1
+    while lo + step < e and crd[lo + step] < i:
+        lo += step
+        step <<= 1
+    hi = lo + step
+    if hi > e:
+        hi = e
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if crd[mid] < i:
+            lo = mid
+        else:
+            hi = mid
+    C.cur[L] = hi
+    if hi < e and crd[hi] == i:
+        return hi
+    return -1
+
+
+# ------------------------------------------------------------ statements --
+
+cdef inline int64_t bref_offset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
+    cdef int64_t k, off = 0
+    cdef int64_t s = P.bref_tstart[r]
+    for k in range(s, s + P.bref_nterm[r]):
+        off += P.term_stride[k] * C.ival[P.term_var[k]]
+    return off
+
+
+cdef double eval_code(Plan* P, Ctx* C, int64_t pc, int64_t end) noexcept nogil:
+    cdef double st[STACK_SIZE]
+    cdef int sp = 0
+    cdef int64_t op, q, r
+    cdef double x, y
+    cdef int64_t* code = P.code
+    while pc < end:
+        op = code[pc]
+        if op == OP_LOAD_ACC:
+            r = code[pc + 1]
+            q = C.curpos[P.acc_last[r]]
+            st[sp] = P.acc_vals[r][q] if q >= 0 else 0.0
+            sp += 1
+            pc += 2
+            continue
+        elif op == OP_LOAD_BUF:
+            r = code[pc + 1]
+            st[sp] = C.buf[P.bref_buf[r]][bref_offset(P, C, r)]
+            sp += 1
+            pc += 2
+            continue
+        elif op == OP_CONST:
+            st[sp] = P.consts[code[pc + 1]]
+            sp += 1
+            pc += 2
+            continue
+        elif op == OP_WHERE:
+            sp -= 2
+            st[sp - 1] = st[sp] if st[sp - 1] != 0.0 else st[sp + 1]
+            pc += 1
+            continue
+        elif op < OP_WHERE:
+            sp -= 1
+            x = st[sp - 1]
+            y = st[sp]
+            if op == OP_ADD:
+                x = x + y
+            elif op == OP_SUB:
+                x = x - y
+            elif op == OP_MUL:
+                x = x * y
+            elif op == OP_DIV:
+                x = 0.0 if x == 0.0 else x / y
+            elif op == OP_MAX:
+                x = x if x >= y or x != x else y
+            elif op == OP_MIN:
+                x = x if x <= y or x != x else y
+            elif op == OP_LT:
+                x = 1.0 if x < y else 0.0
+            elif op == OP_LE:
+                x = 1.0 if x <= y else 0.0
+            elif op == OP_GT:
+                x = 1.0 if x > y else 0.0
+            elif op == OP_GE:
+                x = 1.0 if x >= y else 0.0
+            elif op == OP_EQ:
+                x = 1.0 if x == y else 0.0
+            elif op == OP_NE:
+                x = 1.0 if x != y else 0.0
+            st[sp - 1] = x
+            pc += 1
+            continue
+        else:
+            x = st[sp - 1]
+            if op == OP_NEG:
+                x = -x
+            elif op == OP_ABS:
+                x = fabs(x)
+            elif op == OP_SQRT:
+                x = sqrt(x)
+            elif op == OP_EXP:
+                x = exp(x)
+            elif op == OP_LOG:
+                x = log(x)
+            elif op == OP_TANH:
+                x = tanh(x)
+            elif op == OP_SIGMOID:
+                if x >= 0:
+                    x = 1.0 / (1.0 + exp(-x))
+                else:
+                    y = exp(x)
+                    x = y / (1.0 + y)
+            elif op == OP_RELU:
+                x = x if x > 0.0 else 0.0
+            st[sp - 1] = x
+            pc += 1
+    return st[0]
+
+
+cdef inline void apply_op(double* dst, int64_t op, double v) noexcept nogil:
+    if op == A_SUM:
+        dst[0] += v
+    elif op == A_ASSIGN:
+        dst[0] = v
+    elif op == A_MAX:
+        if v > dst[0] or v != v:
+            dst[0] = v
+    else:
+        if v < dst[0] or v != v:
+            dst[0] = v
+
+
+cdef int coo_grow(Ctx* C, int64_t c, int64_t nvar) noexcept nogil:
+    cdef int64_t cap = C.coo_cap[c] * 2
+    if cap < 64:
+        cap = 64
+    cdef int64_t* ncrd = <int64_t*>realloc(C.coo_crd[c], cap * (nvar if nvar > 0 else 1) * sizeof(int64_t))
+    if ncrd == NULL:
+        return -1
+    C.coo_crd[c] = ncrd
+    cdef double* nval = <double*>realloc(C.coo_val[c], cap * sizeof(double))
+    if nval == NULL:
+        return -1
+    C.coo_val[c] = nval
+    C.coo_cap[c] = cap
+    return 0
+
+
+cdef void exec_stmt(Plan* P, Ctx* C, int64_t s) noexcept nogil:
+    cdef double v = eval_code(P, C, P.stmt_cstart[s], P.stmt_cstart[s] + P.stmt_clen[s])
+    cdef int64_t tk = P.stmt_tkind[s]
+    cdef int64_t t = P.stmt_target[s]
+    cdef int64_t q, n, nv, k, vs
+    cdef int64_t* dst
+    if tk == T_BUF:
+        apply_op(C.buf[P.bref_buf[t]] + bref_offset(P, C, t), P.stmt_op[s], v)
+    elif tk == T_PATTERN:
+        q = C.curpos[P.pat_level[t]]
+        if q >= 0:
+            apply_op(C.buf[P.pat_buf[t]] + q, P.stmt_op[s], v)
+    else:
+        n = C.coo_n[t]
+        nv = P.coo_nvar[t]
+        if n >= C.coo_cap[t]:
+            if coo_grow(C, t, nv) != 0:
+                C.err = 1
+                return
+        dst = C.coo_crd[t] + n * nv
+        vs = P.coo_vstart[t]
+        for k in range(nv):
+            dst[k] = C.ival[P.coo_vars[vs + k]]
+        C.coo_val[t][n] = v
+        C.coo_n[t] = n + 1
+
+
+cdef void exec_reset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
+    cdef double* b = C.buf[P.reset_buf[r]]
+    cdef double v = P.reset_value[r]
+    cdef int64_t k, n, off, ts, nb, nf, d
+    if P.reset_whole[r]:
+        n = P.buf_size[P.reset_buf[r]]
+        for k in range(n):
+            b[k] = v
+        return
+    ts = P.reset_tstart[r]
+    nb = P.reset_nbound[r]
+    nf = P.reset_nfree[r]
+    off = 0
+    for k in range(ts, ts + nb):
+        off += P.rterm_b[k] * C.ival[P.rterm_a[k]]
+    ts += nb   # free dims: rterm_a = extent, rterm_b = stride (outermost first)
+    for k in range(nf):
+        if P.rterm_a[ts + k] == 0:
+            return
+        C.odo[k] = 0
+    while True:
+        n = off
+        for k in range(nf):
+            n += C.odo[k] * P.rterm_b[ts + k]
+        b[n] = v
+        d = nf - 1
+        while d >= 0:
+            C.odo[d] += 1
+            if C.odo[d] < P.rterm_a[ts + d]:
+                break
+            C.odo[d] = 0
+            d -= 1
+        if d < 0:
+            return
+
+
+# ----------------------------------------------------------------- loops --
+
+cdef void exec_children(Plan* P, Ctx* C, int64_t node) noexcept nogil:
+    cdef int64_t c = node + 1
+    cdef int64_t e = P.node_end[node]
+    cdef int64_t k
+    while c < e:
+        k = P.node_kind[c]
+        if k == N_STMT:
+            exec_stmt(P, C, P.node_arg[c])
+        elif k == N_LOOP:
+            exec_loop(P, C, c)
+        else:
+            exec_reset(P, C, P.node_arg[c])
+        if C.err:
+            return
+        c = P.node_end[c]
+
+
+cdef bint loop_range(Plan* P, Ctx* C, int64_t node, int64_t* lo, int64_t* hi) noexcept nogil:
+    """Iteration range of a DENSE/INTERSECT loop (coordinates, resp. the
+    positions of the first driver).  False when the driver is absent."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t L, par, p
+    if P.loop_mode[lid] == M_DENSE:
+        lo[0] = 0
+        hi[0] = P.var_extent[P.loop_var[lid]]
+        return True
+    L = P.loop_levs[P.loop_lev_start[lid]]
+    par = P.lev_parent[L]
+    p = 0 if par < 0 else C.curpos[par]
+    if p < 0:
+        return False
+    if P.lev_kind[L] == L_DENSE:
+        lo[0] = p * P.lev_size[L]
+        hi[0] = lo[0] + P.lev_size[L]
+    else:
+        lo[0] = P.lev_pos[L][p]
+        hi[0] = P.lev_pos[L][p + 1]
+    return True
+
+
+cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t v = P.loop_var[lid]
+    cdef int64_t nd = P.loop_ndrv[lid]
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef int64_t k, q, i, r, L0, base0 = 0
+    cdef int64_t* crd0 = NULL
+    cdef bint ok
+    if P.loop_mode[lid] == M_DENSE:
+        for k in range(nl):
+            seek_setup(P, C, levs[k])
+        for i in range(qlo, qhi):
+            C.ival[v] = i
+            for k in range(nl):
+                C.curpos[levs[k]] = locate(P, C, levs[k], i)
+            exec_children(P, C, node)
+            if C.err:
+                return
+        return
+    # INTERSECT: iterate the first driver, locate the rest
+    L0 = levs[0]
+    for k in range(1, nl):
+        seek_setup(P, C, levs[k])
+    if P.lev_kind[L0] == L_DENSE:
+        k = P.lev_parent[L0]
+        base0 = (0 if k < 0 else C.curpos[k]) * P.lev_size[L0]
+    else:
+        crd0 = P.lev_crd[L0]
+    for q in range(qlo, qhi):
+        i = crd0[q] if crd0 != NULL else q - base0
+        ok = True
+        for k in range(1, nd):
+            r = locate(P, C, levs[k], i)
+            if r < 0:
+                ok = False
+                break
+            C.curpos[levs[k]] = r
+        if not ok:
+            continue
+        for k in range(nd, nl):
+            C.curpos[levs[k]] = locate(P, C, levs[k], i)
+        C.curpos[L0] = q
+        C.ival[v] = i
+        exec_children(P, C, node)
+        if C.err:
+            return
+
+
+cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t v = P.loop_var[lid]
+    cdef int64_t nd = P.loop_ndrv[lid]
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef int64_t k, L, i, c
+    for k in range(nl):
+        seek_setup(P, C, levs[k])
+    while True:
+        i = INT64_MAX
+        for k in range(nd):
+            L = levs[k]
+            if C.cur[L] < C.cend[L]:
+                c = coord(P, C, L, C.cur[L])
+                if c < i:
+                    i = c
+        if i == INT64_MAX:
+            return
+        for k in range(nd):
+            L = levs[k]
+            if C.cur[L] < C.cend[L] and coord(P, C, L, C.cur[L]) == i:
+                C.curpos[L] = C.cur[L]
+                C.cur[L] += 1
+            else:
+                C.curpos[L] = -1
+        for k in range(nd, nl):
+            C.curpos[levs[k]] = locate(P, C, levs[k], i)
+        C.ival[v] = i
+        exec_children(P, C, node)
+        if C.err:
+            return
+
+
+cdef void exec_loop(Plan* P, Ctx* C, int64_t node) noexcept nogil:
+    cdef int64_t lo, hi
+    if P.loop_mode[P.node_arg[node]] == M_UNION:
+        exec_union(P, C, node)
+    elif loop_range(P, C, node, &lo, &hi):
+        exec_loop_range(P, C, node, lo, hi)
+
+
+cdef void exec_node(Plan* P, Ctx* C, int64_t node) noexcept nogil:
+    cdef int64_t k = P.node_kind[node]
+    if k == N_LOOP:
+        exec_loop(P, C, node)
+    elif k == N_STMT:
+        exec_stmt(P, C, P.node_arg[node])
+    else:
+        exec_reset(P, C, P.node_arg[node])
+
+
+# ------------------------------------------------------------- program ----
+
+cdef inline int64_t* _ip(cnp.ndarray a):
+    return <int64_t*>cnp.PyArray_DATA(a)
+
+
+cdef inline double* _dp(cnp.ndarray a):
+    return <double*>cnp.PyArray_DATA(a)
+
+
+def _i64(a):
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    return a
+
+
+def _f64(a):
+    a = np.ascontiguousarray(a, dtype=np.float64)
+    if a.ndim != 1:
+        a = a.reshape(-1)
+    return a
+
+
+_INT_FIELDS = (
+    "node_kind", "node_end", "node_arg",
+    "loop_var", "loop_mode", "loop_lev_start", "loop_ndrv", "loop_nlev", "loop_levs",
+    "var_extent", "lev_kind", "lev_size", "lev_parent", "lev_pos_arr", "lev_crd_arr",
+    "acc_last", "acc_vals_arr",
+    "bref_buf", "bref_tstart", "bref_nterm", "term_var", "term_stride",
+    "stmt_tkind", "stmt_target", "stmt_op", "stmt_cstart", "stmt_clen",
+    "pat_buf", "pat_level", "coo_nvar", "coo_vstart", "coo_vars",
+    "reset_buf", "reset_whole", "reset_tstart", "reset_nbound", "reset_nfree",
+    "rterm_a", "rterm_b", "buf_size", "code", "top_parallel",
+)
+
+
+cdef class _Program:
+    """A plan's arrays pinned as C pointers (built once per :func:`run`)."""
+    cdef Plan P
+    cdef dict keep
+    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free
+    cdef tuple index_arrays, value_arrays
+
+    def __cinit__(self):
+        self.P.lev_pos = NULL
+        self.P.lev_crd = NULL
+        self.P.acc_vals = NULL
+
+    def __init__(self, plan):
+        cdef int64_t k, j
+        keep = {}
+        for f in _INT_FIELDS:
+            keep[f] = _i64(getattr(plan, f))
+        keep["reset_value"] = _f64(plan.reset_value)
+        keep["consts"] = _f64(plan.consts)
+        self.keep = keep
+        self.index_arrays = tuple(_i64(a) for a in plan.index_arrays)
+        self.value_arrays = tuple(_f64(a) for a in plan.value_arrays)
+        self.nlev = len(keep["lev_kind"])
+        self.nacc = len(keep["acc_last"])
+        self.nvars = len(keep["var_extent"])
+        self.nbuf = len(keep["buf_size"])
+        self.ncoo = len(keep["coo_nvar"])
+        self.nnodes = len(keep["node_kind"])
+        self.max_free = int(keep["reset_nfree"].max()) if len(keep["reset_nfree"]) else 0
+        P = &self.P
+        P.node_kind = _ip(keep["node_kind"]); P.node_end = _ip(keep["node_end"])
+        P.node_arg = _ip(keep["node_arg"])
+        P.loop_var = _ip(keep["loop_var"]); P.loop_mode = _ip(keep["loop_mode"])
+        P.loop_lev_start = _ip(keep["loop_lev_start"]); P.loop_ndrv = _ip(keep["loop_ndrv"])
+        P.loop_nlev = _ip(keep["loop_nlev"]); P.loop_levs = _ip(keep["loop_levs"])
+        P.var_extent = _ip(keep["var_extent"])
+        P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])
+        P.lev_parent = _ip(keep["lev_parent"])
+        P.acc_last = _ip(keep["acc_last"])
+        P.bref_buf = _ip(keep["bref_buf"]); P.bref_tstart = _ip(keep["bref_tstart"])
+        P.bref_nterm = _ip(keep["bref_nterm"]); P.term_var = _ip(keep["term_var"])
+        P.term_stride = _ip(keep["term_stride"])
+        P.stmt_tkind = _ip(keep["stmt_tkind"]); P.stmt_target = _ip(keep["stmt_target"])
+        P.stmt_op = _ip(keep["stmt_op"]); P.stmt_cstart = _ip(keep["stmt_cstart"])
+        P.stmt_clen = _ip(keep["stmt_clen"])
+        P.pat_buf = _ip(keep["pat_buf"]); P.pat_level = _ip(keep["pat_level"])
+        P.coo_nvar = _ip(keep["coo_nvar"]); P.coo_vstart = _ip(keep["coo_vstart"])
+        P.coo_vars = _ip(keep["coo_vars"])
+        P.reset_buf = _ip(keep["reset_buf"]); P.reset_whole = _ip(keep["reset_whole"])
+        P.reset_tstart = _ip(keep["reset_tstart"]); P.reset_nbound = _ip(keep["reset_nbound"])
+        P.reset_nfree = _ip(keep["reset_nfree"]); P.rterm_a = _ip(keep["rterm_a"])
+        P.rterm_b = _ip(keep["rterm_b"]); P.reset_value = _dp(keep["reset_value"])
+        P.buf_size = _ip(keep["buf_size"]); P.code = _ip(keep["code"])
+        P.consts = _dp(keep["consts"])
+        P.lev_pos = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
+        P.lev_crd = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
+        P.acc_vals = <double**>calloc(self.nacc + 1, sizeof(double*))
+        if P.lev_pos == NULL or P.lev_crd == NULL or P.acc_vals == NULL:
+            raise MemoryError()
+        pos_arr = keep["lev_pos_arr"]
+        crd_arr = keep["lev_crd_arr"]
+        for k in range(self.nlev):
+            j = pos_arr[k]
+            if j >= 0:
+                P.lev_pos[k] = _ip(self.index_arrays[j])
+            j = crd_arr[k]
+            if j >= 0:
+                P.lev_crd[k] = _ip(self.index_arrays[j])
+        vals_arr = keep["acc_vals_arr"]
+        for k in range(self.nacc):
+            P.acc_vals[k] = _dp(self.value_arrays[vals_arr[k]])
+
+    def __dealloc__(self):
+        free(self.P.lev_pos)
+        free(self.P.lev_crd)
+        free(self.P.acc_vals)
+
+    def execute(self, list buffers, list private_flags, int nthreads):
+        """Run every top-level node in order.
+
+        ``buffers``: one flat float64 array per plan buffer, initialised by the
+        caller and written in place.  Returns, per COO output, a pair
+        ``(coords (n, nvar) int64, values (n,) float64)`` in emission order.
+        """
+        cdef int64_t nctx = nthreads + 1           # ctx[nthreads] = serial
+        cdef int64_t t, b, c, node, lo, hi, nvar, n, total, chunk, a, e
+        cdef int tid, nt, err = 0
+        cdef Ctx* ctxs
+        cdef Ctx* C
+        cdef Ctx* S
+        cdef Plan* P = &self.P
+        cdef int64_t nb = self.nbuf, nc = self.ncoo, nn = self.nnodes
+        cdef int64_t* toppar = _ip(self.keep["top_parallel"])
+        cdef bint any_par = nthreads > 1 and bool(self.keep["top_parallel"].any())
+        cdef int64_t* bufsz = P.buf_size
+        cdef bint* priv
+        cdef double** shared
+        cdef int64_t* scratch
+        cdef int64_t per = 5 * self.nlev + self.nvars + self.max_free + 1
+        if len(buffers) != nb:
+            raise ValueError("buffer count mismatch")
+        bufs = [_f64(x) for x in buffers]
+        for b in range(nb):
+            if bufs[b] is not buffers[b] or len(bufs[b]) != bufsz[b]:
+                raise ValueError(f"buffer {b} must be a contiguous float64 array of size {bufsz[b]}")
+        if not any_par:
+            nctx = 1
+            nthreads = 0
+        private_copies = []
+        if any_par:
+            for b in range(nb):
+                if private_flags[b]:
+                    private_copies.append(np.empty((nthreads, bufsz[b])))
+                else:
+                    private_copies.append(None)
+        ctxs = <Ctx*>calloc(nctx, sizeof(Ctx))
+        scratch = <int64_t*>calloc(nctx * per, sizeof(int64_t))
+        priv = <bint*>calloc(nb + 1, sizeof(bint))
+        shared = <double**>calloc(nb + 1, sizeof(double*))
+        if ctxs == NULL or scratch == NULL or priv == NULL or shared == NULL:
+            free(ctxs); free(scratch); free(priv); free(shared)
+            raise MemoryError()
+        try:
+            for b in range(nb):
+                priv[b] = bool(private_flags[b])
+                shared[b] = _dp(bufs[b])
+            for t in range(nctx):
+                C = &ctxs[t]
+                C.ival = scratch + t * per
+                C.curpos = C.ival + self.nvars
+                C.cur = C.curpos + self.nlev
+                C.cend = C.cur + self.nlev
+                C.base = C.cend + self.nlev
+                C.odo = C.base + self.nlev
+                C.buf = <double**>calloc(nb + 1, sizeof(double*))
+                C.coo_crd = <int64_t**>calloc(nc + 1, sizeof(int64_t*))
+                C.coo_val = <double**>calloc(nc + 1, sizeof(double*))
+                C.coo_n = <int64_t*>calloc(nc + 1, sizeof(int64_t))
+                C.coo_cap = <int64_t*>calloc(nc + 1, sizeof(int64_t))
+                if C.buf == NULL or C.coo_crd == NULL or C.coo_val == NULL or C.coo_n == NULL or C.coo_cap == NULL:
+                    raise MemoryError()
+                for b in range(nb):
+                    if t < nthreads and priv[b]:
+                        C.buf[b] = _dp(private_copies[b][t])
+                    else:
+                        C.buf[b] = shared[b]
+            S = &ctxs[nctx - 1]
+            with nogil:
+                node = 0
+                while node < nn and err == 0:
+                    if (nthreads > 1 and toppar[node] and P.node_kind[node] == N_LOOP
+                            and loop_range(P, S, node, &lo, &hi) and hi - lo > 1):
+                        for b in range(nb):
+                            if priv[b]:
+                                for t in range(nthreads):
+                                    memcpy(ctxs[t].buf[b], shared[b], bufsz[b] * sizeof(double))
+                        with parallel(num_threads=nthreads):
+                            tid = omp_get_thread_num()
+                            nt = omp_get_num_threads()
+                            chunk = (hi - lo + nt - 1) // nt
+                            a = lo + tid * chunk
+                            e = a + chunk
+                            if e > hi:
+                                e = hi
+                            if a < e:
+                                # outer (serial) variable values are shared state
+                                memcpy(ctxs[tid].ival, S.ival, self.nvars * sizeof(int64_t))
+                                exec_loop_range(P, &ctxs[tid], node, a, e)
+                        # append thread COO emissions in thread order
+                        for t in range(nthreads):
+                            C = &ctxs[t]
+                            if C.err:
+                                err = 1
+                            for c in range(nc):
+                                n = C.coo_n[c]
+                                if n == 0:
+                                    continue
+                                nvar = P.coo_nvar[c]
+                                while S.coo_n[c] + n > S.coo_cap[c]:
+                                    if coo_grow(S, c, nvar) != 0:
+                                        err = 1
+                                        break
+                                if err:
+                                    break
+                                memcpy(S.coo_crd[c] + S.coo_n[c] * nvar, C.coo_crd[c],
+                                       n * nvar * sizeof(int64_t))
+                                memcpy(S.coo_val[c] + S.coo_n[c], C.coo_val[c], n * sizeof(double))
+                                S.coo_n[c] += n
+                                C.coo_n[c] = 0
+                    else:
+                        exec_node(P, S, node)
+                        if S.err:
+                            err = 1
+                    node = P.node_end[node]
+            if err:
+                raise MemoryError("loop-tree executor: out of memory growing a COO output")
+            out = []
+            for c in range(nc):
+                nvar = P.coo_nvar[c]
+                n = S.coo_n[c]
+                crd = np.empty((n, nvar), dtype=np.int64)
+                val = np.empty(n, dtype=np.float64)
+                if n > 0:
+                    if nvar > 0:
+                        memcpy(cnp.PyArray_DATA(crd), S.coo_crd[c], n * nvar * sizeof(int64_t))
+                    memcpy(cnp.PyArray_DATA(val), S.coo_val[c], n * sizeof(double))
+                out.append((crd, val))
+            return out
+        finally:
+            for t in range(nctx):
+                C = &ctxs[t]
+                if C.coo_crd != NULL:
+                    for c in range(nc):
+                        free(C.coo_crd[c])
+                        free(C.coo_val[c])
+                free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
+            free(ctxs); free(scratch); free(priv); free(shared)

@@ -1,0 +1,1 @@
+"""Runtime: executors of lowered plans (generic loop-tree interpreter)."""

@@ -1,0 +1,1170 @@
+"""Generic loop-tree plans: build, print and run any lowered index tree.
+
+Lowering turns a (fused) index tree into a :class:`LoopTreePlan` with a
+:class:`LoopTreeBuilder`; :func:`run` executes it in the Cython interpreter
+``spfuse._kernels._looptree`` under ``nogil``.  Template kernels cover the
+common shapes faster; this is the path that runs *every* legal program,
+including trie-fused multi-statement trees with temporaries and resets.
+
+>>> import numpy as np
+>>> from spfuse.runtime.looptree import LoopTreeBuilder, access_from_arrays, run
+>>> A = access_from_arrays([("dense", 2), ("compressed", 3, [0, 1, 3], [2, 0, 1])],
+...                        [5.0, 1.0, 2.0])          # CSR [[0,0,5],[1,2,0]]
+>>> b = LoopTreeBuilder()
+>>> i, j = b.var("i", 2), b.var("j", 3)
+>>> a, x = b.access(A, (i, j)), b.access(np.array([1.0, 10.0, 100.0]), (j,))
+>>> y = b.buffer((2,), name="y")
+>>> with b.loop(i):
+...     with b.loop(j, intersect=[a]):
+...         b.statement(y[i], "sum", a * x)
+>>> run(b.build())["y"]
+array([500.,  21.])
+
+Semantics
+---------
+* Tensors are TACO level formats: storage level ``l`` holds mode
+  ``mode_order[l]``; a dense level has ``parent_positions * size`` positions,
+  a compressed level ``pos[p]:pos[p+1]`` into ``crd``; the last level's
+  positions index ``values``.  Fill value 0.
+* An *access* binds each storage level to a loop variable.  Along the path to
+  every statement that reads it the variables must be bound in storage order
+  (concordance, checked by :meth:`LoopTreeBuilder.build`).
+* ``loop(v)`` is DENSE (``0..extent``); ``loop(v, intersect=[...])`` iterates
+  the first driver's segment and skips coordinates absent from any other
+  driver; ``loop(v, union=[...])`` visits each coordinate present in any
+  driver (absent drivers get position -1).  Every other access whose next
+  level binds ``v`` and that is used below is *located* (absent allowed).
+  Absent positions propagate to deeper levels; loading an absent access
+  yields 0.
+* Statements ``target op= expr`` with op in ``assign sum max min``; targets
+  are buffer references ``buf[vars]``, pattern outputs (a value per position
+  of an access's last level, written at the current position, skipped when
+  absent) or COO outputs (emit the current values of its variables and the
+  value; duplicates are combined by ``op`` — ``sum`` adds, ``max``/``min``
+  reduce, ``assign`` keeps the last emitted — when results are canonicalised).
+* Division follows spfuse's sparse convention ``x / y = 0 if x == 0``.
+* ``reset(buf[vars], value)`` fills the elements the reference can address
+  once the variables already bound above the reset are fixed: bound variables
+  contribute their current value, unbound ones range over their full extent.
+  ``reset(buf, value)`` fills the whole buffer.
+
+Parallelism
+-----------
+A top-level loop runs in parallel (contiguous static blocks, one per thread)
+when it is DENSE or an INTERSECT whose single driver is a root level, and
+every buffer written below it is either ``private`` (each thread gets a copy,
+initialised from the shared buffer when the loop starts; its content after
+the loop is unspecified) or addressed through the loop variable in *every*
+reference below the loop, every pattern output written below it belongs to
+an access whose root level binds the loop variable.  COO outputs are always
+allowed: thread buffers are appended in thread order, which is the serial
+emission order.  Consequently results are bitwise identical for any thread
+count.  :meth:`LoopTreePlan.describe` marks parallel loops.
+
+Plan encoding (all int64 numpy arrays unless noted; see ``_looptree.pyx``)
+--------------------------------------------------------------------------
+``node_kind/node_end/node_arg`` — preorder tree: kind 0 LOOP / 1 STATEMENT /
+2 RESET, index one past the subtree, row in the kind's table.  Top-level
+nodes are visited by following ``node_end`` from 0.
+``loop_var/loop_mode(0 dense,1 intersect,2 union)/loop_lev_start/loop_ndrv/
+loop_nlev/loop_levs`` — levels a loop advances: drivers first, then located.
+``lev_kind(0 dense,1 compressed)/lev_size/lev_parent/lev_pos_arr/
+lev_crd_arr`` — every access's levels (global numbering), arrays referenced by
+index into ``index_arrays``; ``acc_last/acc_vals_arr`` into ``value_arrays``.
+``bref_buf/bref_tstart/bref_nterm/term_var/term_stride`` — buffer references
+(offset = sum stride * value of var).  ``stmt_tkind(0 buffer,1 pattern,2 coo)
+/stmt_target/stmt_op(0 assign,1 sum,2 max,3 min)/stmt_cstart/stmt_clen`` plus
+``code`` (postfix byte code, ops below) and ``consts`` (float64).
+``pat_buf/pat_level``, ``coo_nvar/coo_vstart/coo_vars``,
+``reset_buf/reset_whole/reset_tstart/reset_nbound/reset_nfree/rterm_a/
+rterm_b/reset_value`` (bound terms (var, stride) then free dims (extent,
+stride)), ``buf_size``, ``top_parallel`` (per node, 1 = run in parallel).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError
+
+__all__ = [
+    "LoopTreeBuilder", "LoopTreePlan", "LevelTensor", "COOResult",
+    "Var", "Access", "Buffer", "BufferRef", "PatternOutput", "COOOutput", "Expr",
+    "access_from_arrays", "const", "where", "unary", "maximum", "minimum", "run",
+]
+
+# -- constants shared with _looptree.pyx ------------------------------------
+N_LOOP, N_STMT, N_RESET = 0, 1, 2
+M_DENSE, M_INTERSECT, M_UNION = 0, 1, 2
+L_DENSE, L_COMPRESSED = 0, 1
+T_BUF, T_PATTERN, T_COO = 0, 1, 2
+ASSIGN_OPS = {"assign": 0, "sum": 1, "max": 2, "min": 3}
+_ASSIGN_SYM = {"assign": "=", "sum": "+=", "max": "max=", "min": "min="}
+OP_LOAD_ACC, OP_LOAD_BUF, OP_CONST = 0, 1, 2
+BINARY_OPS = {"+": 10, "-": 11, "*": 12, "/": 13, "max": 14, "min": 15,
+              "<": 16, "<=": 17, ">": 18, ">=": 19, "==": 20, "!=": 21}
+OP_WHERE = 30
+UNARY_OPS = {"neg": 40, "abs": 41, "sqrt": 42, "exp": 43, "log": 44,
+             "tanh": 45, "sigmoid": 46, "relu": 47}
+STACK_LIMIT = 64
+_MODE_NAMES = {M_DENSE: "dense", M_INTERSECT: "intersect", M_UNION: "union"}
+
+
+# ============================================================ operands ====
+
+@dataclass(frozen=True, eq=False)
+class LevelTensor:
+    """A tensor in TACO level format with arrays normalised for the runtime.
+
+    ``levels[l]`` is ``("dense", size)`` or ``("compressed", size, pos, crd)``
+    (int64, contiguous); ``values`` float64 contiguous; ``mode_order[l]`` is
+    the tensor mode stored at level ``l``.
+    """
+    levels: tuple
+    values: np.ndarray
+    mode_order: tuple
+
+    @property
+    def ndim(self) -> int:
+        return len(self.levels)
+
+    @property
+    def shape(self) -> tuple:
+        shape = [0] * self.ndim
+        for lev, m in zip(self.levels, self.mode_order):
+            shape[m] = lev[1]
+        return tuple(shape)
+
+
+def _as_index(a: Any, what: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise OperandTypeError(f"{what}: expected an integer array, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+
+
+def access_from_arrays(levels_spec: Sequence[Sequence[Any]], values: Any,
+                       mode_order: Sequence[int] | None = None, *,
+                       check: bool = True) -> LevelTensor:
+    """Build a :class:`LevelTensor` from plain arrays (converted once).
+
+    ``levels_spec``: per storage level ``("dense", size)`` or
+    ``("compressed", size, pos, crd)``.  ``mode_order`` defaults to identity.
+    With ``check`` (default) the O(nnz) validity checks run too: ``pos``
+    non-decreasing from 0, ``crd`` in range and strictly increasing within
+    every segment (the executor binary-searches segments unchecked).
+    """
+    levels = []
+    npos = 1
+    for l, spec in enumerate(levels_spec):
+        kind = spec[0]
+        size = int(spec[1])
+        if size < 0:
+            raise InvalidOperandError(f"level {l}: negative size {size}")
+        if kind == "dense":
+            levels.append(("dense", size))
+            npos *= size
+        elif kind == "compressed":
+            pos = _as_index(spec[2], f"level {l} pos")
+            crd = _as_index(spec[3], f"level {l} crd")
+            if len(pos) != npos + 1:
+                raise InvalidOperandError(
+                    f"level {l}: expected pos of length {npos + 1} (parent positions + 1), got {len(pos)}")
+            if pos[0] != 0 or len(crd) != pos[-1]:
+                raise InvalidOperandError(
+                    f"level {l}: expected pos[0] == 0 and len(crd) == pos[-1], got pos[0]={pos[0]}, "
+                    f"pos[-1]={pos[-1]}, len(crd)={len(crd)}")
+            if check:
+                if np.any(np.diff(pos) < 0):
+                    raise InvalidOperandError(f"level {l}: pos must be non-decreasing")
+                if len(crd) and (crd.min() < 0 or crd.max() >= size):
+                    raise InvalidOperandError(f"level {l}: coordinates must lie in [0, {size})")
+                if len(crd) > 1:
+                    inc = np.diff(crd) > 0
+                    starts = np.zeros(len(crd), dtype=bool)
+                    starts[pos[1:-1][pos[1:-1] < len(crd)]] = True
+                    if not np.all(inc | starts[1:]):
+                        raise InvalidOperandError(
+                            f"level {l}: coordinates must be strictly increasing within each segment "
+                            "(Hint: canonicalise — sort indices, sum duplicates)")
+            levels.append(("compressed", size, pos, crd))
+            npos = len(crd)
+        else:
+            raise InvalidOperandError(f"level {l}: unknown level kind {kind!r} (expected 'dense' or 'compressed')")
+    vals = np.asarray(values)
+    if vals.dtype.kind not in "biuf":
+        raise OperandTypeError(f"values: expected a real numeric array, got dtype {vals.dtype}")
+    vals = np.ascontiguousarray(vals.reshape(-1), dtype=np.float64)
+    if len(vals) != npos:
+        raise InvalidOperandError(f"values: expected {npos} entries (positions of the last level), got {len(vals)}")
+    if mode_order is None:
+        mode_order = tuple(range(len(levels)))
+    mode_order = tuple(int(m) for m in mode_order)
+    if sorted(mode_order) != list(range(len(levels))):
+        raise InvalidOperandError(f"mode_order {mode_order} is not a permutation of 0..{len(levels) - 1}")
+    return LevelTensor(tuple(levels), vals, mode_order)
+
+
+def as_level_tensor(obj: Any, *, check: bool = True) -> LevelTensor:
+    """Normalise an operand: LevelTensor, numpy array (all dense levels),
+    scipy CSR/CSC (canonicalised on a copy if needed), or a duck-typed
+    ``spfuse.tensor.Tensor`` (``.levels`` with ``.size`` and ``.pos``/``.crd``
+    on compressed levels, ``.values``, ``.format.mode_order``)."""
+    if isinstance(obj, LevelTensor):
+        return obj
+    if isinstance(obj, np.ndarray) or np.isscalar(obj):
+        arr = np.ascontiguousarray(obj, dtype=np.float64)
+        return LevelTensor(tuple(("dense", int(s)) for s in arr.shape), arr.reshape(-1),
+                           tuple(range(arr.ndim)))
+    fmt = getattr(obj, "format", None)
+    if isinstance(fmt, str) and fmt in ("csr", "csc") and hasattr(obj, "indptr"):
+        m = obj
+        if not m.has_canonical_format:
+            m = m.copy()
+            m.sum_duplicates()
+        n0, n1 = m.shape
+        if fmt == "csr":
+            return access_from_arrays([("dense", n0), ("compressed", n1, m.indptr, m.indices)],
+                                      m.data, (0, 1), check=check)
+        return access_from_arrays([("dense", n1), ("compressed", n0, m.indptr, m.indices)],
+                                  m.data, (1, 0), check=check)
+    if hasattr(obj, "levels") and hasattr(obj, "values"):
+        spec = []
+        for lev in obj.levels:
+            if hasattr(lev, "crd"):
+                spec.append(("compressed", lev.size, lev.pos, lev.crd))
+            else:
+                spec.append(("dense", lev.size))
+        mo = getattr(getattr(obj, "format", None), "mode_order", None)
+        if mo is None:
+            mo = getattr(obj, "mode_order", None)
+        return access_from_arrays(spec, obj.values, mo, check=check)
+    raise OperandTypeError(
+        f"expected a numpy array, scipy CSR/CSC, spfuse Tensor or LevelTensor, got {type(obj).__name__}")
+
+
+# ========================================================== expressions ===
+
+class Expr:
+    """An expression over loads; combine with ``+ - * /`` and helpers."""
+
+    def __add__(self, o): return _Bin("+", self, _wrap(o))
+    def __radd__(self, o): return _Bin("+", _wrap(o), self)
+    def __sub__(self, o): return _Bin("-", self, _wrap(o))
+    def __rsub__(self, o): return _Bin("-", _wrap(o), self)
+    def __mul__(self, o): return _Bin("*", self, _wrap(o))
+    def __rmul__(self, o): return _Bin("*", _wrap(o), self)
+    def __truediv__(self, o): return _Bin("/", self, _wrap(o))
+    def __rtruediv__(self, o): return _Bin("/", _wrap(o), self)
+    def __neg__(self): return _Un("neg", self)
+
+    def _leaf_ref(self) -> "Expr":
+        return self
+
+
+def _wrap(x: Any) -> Expr:
+    if isinstance(x, Expr):
+        return x._leaf_ref()
+    if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+        return _Const(float(x))
+    raise ProgramError(f"cannot use {x!r} in a loop-tree expression")
+
+
+@dataclass(frozen=True, eq=False)
+class _Const(Expr):
+    value: float
+
+    def __str__(self): return repr(self.value)
+
+
+@dataclass(frozen=True, eq=False)
+class _Bin(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    def __str__(self):
+        if self.op in ("max", "min"):
+            return f"{self.op}({self.a}, {self.b})"
+        return f"({self.a} {self.op} {self.b})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Un(Expr):
+    op: str
+    a: Expr
+
+    def __str__(self): return f"{self.op}({self.a})"
+
+
+@dataclass(frozen=True, eq=False)
+class _Where(Expr):
+    c: Expr
+    a: Expr
+    b: Expr
+
+    def __str__(self): return f"where({self.c}, {self.a}, {self.b})"
+
+
+def const(x: float) -> Expr:
+    """A float constant."""
+    return _Const(float(x))
+
+
+def where(c: Any, a: Any, b: Any) -> Expr:
+    """``a`` where ``c != 0`` else ``b`` (both evaluated)."""
+    return _Where(_wrap(c), _wrap(a), _wrap(b))
+
+
+def unary(name: str, e: Any) -> Expr:
+    """``name`` in relu sigmoid tanh exp log abs sqrt neg."""
+    if name not in UNARY_OPS:
+        raise ProgramError(f"unknown unary op {name!r}; expected one of {sorted(UNARY_OPS)}")
+    return _Un(name, _wrap(e))
+
+
+def maximum(a: Any, b: Any) -> Expr:
+    return _Bin("max", _wrap(a), _wrap(b))
+
+
+def minimum(a: Any, b: Any) -> Expr:
+    return _Bin("min", _wrap(a), _wrap(b))
+
+
+def compare(op: str, a: Any, b: Any) -> Expr:
+    """1.0/0.0 comparison, op in ``< <= > >= == !=``."""
+    if op not in ("<", "<=", ">", ">=", "==", "!="):
+        raise ProgramError(f"unknown comparison {op!r}")
+    return _Bin(op, _wrap(a), _wrap(b))
+
+
+# ============================================================ handles =====
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    name: str
+    extent: int
+    id: int
+
+    def __str__(self): return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class Access(Expr):
+    """One use of a tensor; ``vars[m]`` is the loop variable of mode ``m``."""
+    tensor: LevelTensor
+    vars: tuple
+    name: str
+    id: int
+
+    @property
+    def level_vars(self) -> tuple:
+        return tuple(self.vars[m] for m in self.tensor.mode_order)
+
+    def __str__(self): return f"{self.name}[{','.join(v.name for v in self.vars)}]"
+
+
+@dataclass(frozen=True, eq=False)
+class Buffer:
+    """A dense float64 C-contiguous array: output or temporary."""
+    shape: tuple
+    name: str
+    private: bool
+    init: Any
+    id: int
+
+    def __getitem__(self, vars) -> "BufferRef":
+        if not isinstance(vars, tuple):
+            vars = (vars,)
+        if len(vars) != len(self.shape):
+            raise ProgramError(f"buffer {self.name} has {len(self.shape)} axes, indexed with {len(vars)}")
+        for ax, (v, s) in enumerate(zip(vars, self.shape)):
+            if not isinstance(v, Var):
+                raise ProgramError(f"buffer {self.name}: axis {ax} must be indexed by a loop variable, got {v!r}")
+            if v.extent != s:
+                raise ProgramError(f"buffer {self.name}: axis {ax} has size {s}, variable {v} has extent {v.extent}")
+        return BufferRef(self, tuple(vars))
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+
+@dataclass(frozen=True, eq=False)
+class BufferRef(Expr):
+    buffer: Buffer
+    vars: tuple
+
+    def strides(self) -> dict:
+        """var -> element stride (C order; repeated vars add up)."""
+        out: dict = {}
+        step = 1
+        for v, s in reversed(list(zip(self.vars, self.buffer.shape))):
+            out[v] = out.get(v, 0) + step
+            step *= s
+        return {v: st for v, st in out.items() if st}
+
+    def __str__(self):
+        if not self.vars:
+            return self.buffer.name
+        return f"{self.buffer.name}[{','.join(v.name for v in self.vars)}]"
+
+
+def _buffer_leaf(self: Buffer) -> Expr:
+    if self.shape:
+        raise ProgramError(f"buffer {self.name} has shape {self.shape}; index it with its variables")
+    return BufferRef(self, ())
+
+
+# a 0-d Buffer can be used directly in expressions
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__",
+              "__truediv__", "__rtruediv__", "__neg__"):
+    setattr(Buffer, _name, (lambda nm: lambda self, *o: getattr(_buffer_leaf(self), nm)(*o))(_name))
+Buffer._leaf_ref = _buffer_leaf
+
+
+@dataclass(frozen=True, eq=False)
+class PatternOutput:
+    """Values aligned with the positions of ``access``'s last level."""
+    access: Access
+    name: str
+    buffer: Buffer
+
+
+@dataclass(frozen=True, eq=False)
+class COOOutput:
+    """A sparse result emitted as (coordinates of ``vars``, value)."""
+    vars: tuple
+    name: str
+    id: int
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(v.extent for v in self.vars)
+
+
+class COOResult(tuple):
+    """``(coords, values, shape)``: canonical COO (row-major sorted, unique)."""
+    __slots__ = ()
+
+    def __new__(cls, coords, values, shape):
+        return tuple.__new__(cls, (coords, values, shape))
+
+    coords = property(lambda self: self[0])
+    values = property(lambda self: self[1])
+    shape = property(lambda self: self[2])
+
+    def todense(self) -> np.ndarray:
+        out = np.zeros(self.shape)
+        if len(self.values):
+            out[tuple(self.coords)] = self.values
+        return out
+
+
+# ======================================================= builder nodes ====
+
+@dataclass(eq=False)
+class _LoopNode:
+    var: Var
+    mode: int
+    drivers: list
+    children: list
+
+
+@dataclass(eq=False)
+class _StmtNode:
+    target: Any
+    op: str
+    expr: Expr
+
+
+@dataclass(eq=False)
+class _ResetNode:
+    target: Any   # BufferRef or Buffer (whole)
+    value: float
+
+
+def _expr_leaves(e: Expr, out: list) -> list:
+    if isinstance(e, (Access, BufferRef, _Const)):
+        out.append(e)
+    elif isinstance(e, _Bin):
+        _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+    elif isinstance(e, _Un):
+        _expr_leaves(e.a, out)
+    elif isinstance(e, _Where):
+        _expr_leaves(e.c, out); _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+    else:
+        raise ProgramError(f"not a loop-tree expression: {e!r}")
+    return out
+
+
+def _target_str(t: Any) -> str:
+    if isinstance(t, PatternOutput):
+        return f"{t.name}@{t.access}"
+    if isinstance(t, COOOutput):
+        return f"{t.name}<coo>[{','.join(v.name for v in t.vars)}]"
+    return str(t)
+
+
+# ============================================================== plan ======
+
+@dataclass(frozen=True, eq=False)
+class LoopTreePlan:
+    """Executable plan: numpy arrays only (see the module docstring)."""
+    var_names: tuple
+    var_extent: np.ndarray
+    node_kind: np.ndarray
+    node_end: np.ndarray
+    node_arg: np.ndarray
+    top_parallel: np.ndarray
+    loop_var: np.ndarray
+    loop_mode: np.ndarray
+    loop_lev_start: np.ndarray
+    loop_ndrv: np.ndarray
+    loop_nlev: np.ndarray
+    loop_levs: np.ndarray
+    lev_kind: np.ndarray
+    lev_size: np.ndarray
+    lev_parent: np.ndarray
+    lev_pos_arr: np.ndarray
+    lev_crd_arr: np.ndarray
+    acc_last: np.ndarray
+    acc_vals_arr: np.ndarray
+    index_arrays: tuple
+    value_arrays: tuple
+    bref_buf: np.ndarray
+    bref_tstart: np.ndarray
+    bref_nterm: np.ndarray
+    term_var: np.ndarray
+    term_stride: np.ndarray
+    stmt_tkind: np.ndarray
+    stmt_target: np.ndarray
+    stmt_op: np.ndarray
+    stmt_cstart: np.ndarray
+    stmt_clen: np.ndarray
+    code: np.ndarray
+    consts: np.ndarray
+    pat_buf: np.ndarray
+    pat_level: np.ndarray
+    coo_nvar: np.ndarray
+    coo_vstart: np.ndarray
+    coo_vars: np.ndarray
+    reset_buf: np.ndarray
+    reset_whole: np.ndarray
+    reset_tstart: np.ndarray
+    reset_nbound: np.ndarray
+    reset_nfree: np.ndarray
+    rterm_a: np.ndarray
+    rterm_b: np.ndarray
+    reset_value: np.ndarray
+    buf_size: np.ndarray
+    buf_names: tuple
+    buf_shapes: tuple
+    buf_private: tuple
+    buf_inits: tuple
+    buf_kind: tuple          # "buffer" | "pattern" per buffer
+    coo_names: tuple
+    coo_ops: tuple
+    coo_shapes: tuple
+    text: str = dataclasses.field(repr=False, default="")
+
+    @property
+    def parallel_nodes(self) -> tuple:
+        return tuple(int(n) for n in np.flatnonzero(self.top_parallel))
+
+    def describe(self) -> str:
+        """The loop tree as indented text (parallel loops marked)."""
+        return self.text
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+# ============================================================ builder =====
+
+class LoopTreeBuilder:
+    """Record a loop tree with Python handles, then :meth:`build` a plan."""
+
+    def __init__(self) -> None:
+        self._vars: list[Var] = []
+        self._accesses: list[Access] = []
+        self._buffers: list[Buffer] = []
+        self._coos: list[COOOutput] = []
+        self._patterns: list[PatternOutput] = []
+        self._tensors: dict[int, tuple] = {}
+        self._root: list = []
+        self._stack: list[list] = [self._root]
+        self._open_vars: list[Var] = []
+
+    # -- declarations -----------------------------------------------------
+    def var(self, name: str, extent: int) -> Var:
+        extent = int(extent)
+        if extent < 0:
+            raise ProgramError(f"variable {name}: negative extent {extent}")
+        v = Var(name, extent, len(self._vars))
+        self._vars.append(v)
+        return v
+
+    def access(self, tensor: Any, vars: Sequence[Var], name: str | None = None, *,
+               check: bool = True) -> Access:
+        """Use ``tensor`` with loop variable ``vars[m]`` for mode ``m``.
+
+        The operand is normalised once per tensor object (shared between
+        accesses of the same object)."""
+        hit = self._tensors.get(id(tensor))
+        if hit is not None and hit[0] is tensor:
+            lt = hit[1]
+        else:
+            lt = as_level_tensor(tensor, check=check)
+            self._tensors[id(tensor)] = (tensor, lt)   # holding tensor keeps id() unique
+        vars = tuple(vars)
+        if len(vars) != lt.ndim:
+            raise ProgramError(f"access has {lt.ndim} modes, got {len(vars)} variables")
+        for m, (v, s) in enumerate(zip(vars, lt.shape)):
+            if not isinstance(v, Var):
+                raise ProgramError(f"mode {m}: expected a loop variable, got {v!r}")
+            if v.extent != s:
+                raise ProgramError(f"mode {m} has size {s} but variable {v} has extent {v.extent}")
+        lv = tuple(vars[m] for m in lt.mode_order)
+        if len(set(lv)) != len(lv):
+            raise ProgramError("repeated variables inside one access (diagonals) must be resolved "
+                               "before lowering")
+        a = Access(lt, vars, name or f"T{len(self._accesses)}", len(self._accesses))
+        self._accesses.append(a)
+        return a
+
+    def buffer(self, shape: Sequence[int] = (), name: str | None = None, *,
+               private: bool = False, init: float | np.ndarray = 0.0) -> Buffer:
+        """A dense float64 buffer, filled with ``init`` (scalar or array) at
+        the start of every :func:`run`.  ``private`` marks a temporary that
+        threads may copy."""
+        shape = tuple(int(s) for s in shape)
+        if not np.isscalar(init):
+            init = np.ascontiguousarray(init, dtype=np.float64)
+            if init.shape != shape:
+                raise ProgramError(f"buffer init has shape {init.shape}, expected {shape}")
+        else:
+            init = float(init)
+        b = Buffer(shape, name or f"buf{len(self._buffers)}", bool(private), init, len(self._buffers))
+        self._check_name(b.name)
+        self._buffers.append(b)
+        return b
+
+    def pattern_output(self, access: Access, name: str | None = None) -> PatternOutput:
+        """An output with one value per position of ``access``'s last level."""
+        n = len(access.tensor.values)
+        name = name or f"pat{len(self._patterns)}"
+        self._check_name(name)
+        buf = Buffer((n,), name, False, 0.0, len(self._buffers))
+        self._buffers.append(buf)
+        p = PatternOutput(access, name, buf)
+        self._patterns.append(p)
+        return p
+
+    def coo_output(self, vars: Sequence[Var], name: str | None = None) -> COOOutput:
+        """A sparse output emitted as coordinate lists (canonicalised by :func:`run`)."""
+        name = name or f"coo{len(self._coos)}"
+        self._check_name(name)
+        c = COOOutput(tuple(vars), name, len(self._coos))
+        self._coos.append(c)
+        return c
+
+    def _check_name(self, name: str) -> None:
+        used = {b.name for b in self._buffers} | {c.name for c in self._coos}
+        if name in used:
+            raise ProgramError(f"output/buffer name {name!r} used twice")
+
+    # -- tree -------------------------------------------------------------
+    @contextlib.contextmanager
+    def loop(self, var: Var, *, intersect: Sequence[Access] | None = None,
+             union: Sequence[Access] | None = None) -> Iterator[None]:
+        """A loop over ``var``: DENSE, or co-iterating drivers (∩ or ∪)."""
+        if intersect and union:
+            raise ProgramError("a loop is either an intersection or a union")
+        if var in self._open_vars:
+            raise ProgramError(f"variable {var} is already bound by an enclosing loop")
+        mode = M_INTERSECT if intersect else M_UNION if union else M_DENSE
+        node = _LoopNode(var, mode, list(intersect or union or ()), [])
+        self._stack[-1].append(node)
+        self._stack.append(node.children)
+        self._open_vars.append(var)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+            self._open_vars.pop()
+
+    def statement(self, target: Any, op: str, expr: Any) -> None:
+        if op not in ASSIGN_OPS:
+            raise ProgramError(f"unknown statement op {op!r}; expected one of {sorted(ASSIGN_OPS)}")
+        if isinstance(target, Buffer):
+            target = _buffer_leaf(target)
+        if not isinstance(target, (BufferRef, PatternOutput, COOOutput)):
+            raise ProgramError(f"cannot assign to {target!r}")
+        self._stack[-1].append(_StmtNode(target, op, _wrap(expr)))
+
+    def reset(self, target: Buffer | BufferRef, value: float = 0.0) -> None:
+        if not isinstance(target, (Buffer, BufferRef)):
+            raise ProgramError(f"reset needs a buffer or buffer reference, got {target!r}")
+        self._stack[-1].append(_ResetNode(target, float(value)))
+
+    # -- lowering to arrays -----------------------------------------------
+    def build(self) -> LoopTreePlan:
+        if len(self._stack) != 1:
+            raise ProgramError("build() called inside an open loop")
+        return _Lowerer(self).lower()
+
+
+class _Lowerer:
+    def __init__(self, b: LoopTreeBuilder):
+        self.b = b
+        # arrays of tensors
+        self.index_arrays: list = []
+        self.value_arrays: list = []
+        idx_of: dict[int, int] = {}
+        val_of: dict[int, int] = {}
+
+        def index_slot(arr):
+            k = idx_of.get(id(arr))
+            if k is None:
+                k = idx_of[id(arr)] = len(self.index_arrays)
+                self.index_arrays.append(arr)
+            return k
+
+        lev_kind, lev_size, lev_var, lev_parent, lev_pos, lev_crd = [], [], [], [], [], []
+        self.acc_levels: list[list[int]] = []
+        acc_last, acc_vals = [], []
+        for a in b._accesses:
+            t = a.tensor
+            levs = []
+            for l, lev in enumerate(t.levels):
+                g = len(lev_kind)
+                lev_kind.append(L_DENSE if lev[0] == "dense" else L_COMPRESSED)
+                lev_size.append(lev[1])
+                lev_var.append(a.vars[t.mode_order[l]].id)
+                lev_parent.append(levs[-1] if levs else -1)
+                if lev[0] == "compressed":
+                    lev_pos.append(index_slot(lev[2])); lev_crd.append(index_slot(lev[3]))
+                else:
+                    lev_pos.append(-1); lev_crd.append(-1)
+                levs.append(g)
+            self.acc_levels.append(levs)
+            k = val_of.get(id(t.values))
+            if k is None:
+                k = val_of[id(t.values)] = len(self.value_arrays)
+                self.value_arrays.append(t.values)
+            acc_vals.append(k)
+            # a 0-d access has no level: give it a pseudo dense root of size 1
+            acc_last.append(levs[-1] if levs else -2)
+        self.lev = dict(kind=lev_kind, size=lev_size, var=lev_var, parent=lev_parent,
+                        pos=lev_pos, crd=lev_crd)
+        self.acc_last = acc_last
+        self.acc_vals = acc_vals
+        self.brefs: list = []
+        self.bref_key: dict = {}
+        self.term_var, self.term_stride = [], []
+        self.bref_tstart, self.bref_nterm, self.bref_buf = [], [], []
+        self.code: list[int] = []
+        self.consts: list[float] = []
+        self.const_of: dict = {}
+        self.lines: list[str] = []
+        self.top_parallel_marks: dict = {}
+        self.coo_op: dict = {}
+        self.desc: list = []
+
+    # ------------------------------------------------------------------
+    def bref(self, r: BufferRef) -> int:
+        strides = r.strides()
+        key = (r.buffer.id, tuple(sorted((v.id, s) for v, s in strides.items())))
+        k = self.bref_key.get(key)
+        if k is None:
+            k = self.bref_key[key] = len(self.bref_buf)
+            self.bref_buf.append(r.buffer.id)
+            self.bref_tstart.append(len(self.term_var))
+            self.bref_nterm.append(len(strides))
+            for v, s in strides.items():
+                self.term_var.append(v.id); self.term_stride.append(s)
+        return k
+
+    def const(self, x: float) -> int:
+        key = np.float64(x).tobytes()
+        k = self.const_of.get(key)
+        if k is None:
+            k = self.const_of[key] = len(self.consts)
+            self.consts.append(x)
+        return k
+
+    def emit_expr(self, e: Expr) -> int:
+        """Append postfix code; return the max stack depth."""
+        if isinstance(e, Access):
+            self.code += [OP_LOAD_ACC, e.id]
+            return 1
+        if isinstance(e, BufferRef):
+            self.code += [OP_LOAD_BUF, self.bref(e)]
+            return 1
+        if isinstance(e, _Const):
+            self.code += [OP_CONST, self.const(e.value)]
+            return 1
+        if isinstance(e, _Un):
+            d = self.emit_expr(e.a)
+            self.code.append(UNARY_OPS[e.op])
+            return d
+        if isinstance(e, _Bin):
+            d1 = self.emit_expr(e.a)
+            d2 = self.emit_expr(e.b)
+            self.code.append(BINARY_OPS[e.op])
+            return max(d1, d2 + 1)
+        if isinstance(e, _Where):
+            d1 = self.emit_expr(e.c)
+            d2 = self.emit_expr(e.a)
+            d3 = self.emit_expr(e.b)
+            self.code.append(OP_WHERE)
+            return max(d1, d2 + 1, d3 + 2)
+        raise ProgramError(f"not a loop-tree expression: {e!r}")
+
+    # ------------------------------------------------------------------
+    @staticmethod
+    def used_accesses(node) -> set:
+        if isinstance(node, _StmtNode):
+            s = {l.id for l in _expr_leaves(node.expr, []) if isinstance(l, Access)}
+            if isinstance(node.target, PatternOutput):
+                s.add(node.target.access.id)
+            return s
+        if isinstance(node, _LoopNode):
+            s = {d.id for d in node.drivers}
+            for c in node.children:
+                s |= _Lowerer.used_accesses(c)
+            return s
+        return set()
+
+    def lower(self) -> LoopTreePlan:
+        b = self.b
+        self.nodes: list = []    # [kind, end, arg]
+        self.loops: list = []    # (var, mode, lev_start, ndrv, nlev)
+        self.loop_levs: list[int] = []
+        self.stmts: list = []    # (tkind, target, op, cstart, clen)
+        self.resets: list = []   # (buf, whole, tstart, nbound, nfree, value)
+        self.rterm_a, self.rterm_b = [], []
+        self.top_parallel: list[int] = []
+        depth = [0] * len(b._accesses)   # levels bound per access
+        for a in b._accesses:
+            if not a.tensor.levels:
+                raise ProgramError(f"access {a}: 0-d tensors are not supported; use a constant")
+        for node in b._root:
+            start = len(self.nodes)
+            self.walk(node, depth, [], 0)
+            if isinstance(node, _LoopNode):
+                par, why = self.parallel_ok(node)
+                self.top_parallel_marks[start] = (par, why)
+        top_par = np.zeros(len(self.nodes), dtype=np.int64)
+        for n, (par, _) in self.top_parallel_marks.items():
+            top_par[n] = int(par)
+        self.describe_lines(top_par)
+
+        def i64(x):
+            arr = np.asarray(x, dtype=np.int64).reshape(-1)
+            arr.flags.writeable = False
+            return arr
+
+        nodes = np.asarray(self.nodes, dtype=np.int64).reshape(-1, 3)
+        loops = np.asarray(self.loops, dtype=np.int64).reshape(-1, 5)
+        stmts = np.asarray(self.stmts, dtype=np.int64).reshape(-1, 5)
+        resets = np.asarray([r[:5] for r in self.resets], dtype=np.int64).reshape(-1, 5)
+        bufs = b._buffers
+        return LoopTreePlan(
+            var_names=tuple(v.name for v in b._vars),
+            var_extent=i64([v.extent for v in b._vars]),
+            node_kind=i64(nodes[:, 0]), node_end=i64(nodes[:, 1]), node_arg=i64(nodes[:, 2]),
+            top_parallel=i64(top_par),
+            loop_var=i64(loops[:, 0]), loop_mode=i64(loops[:, 1]), loop_lev_start=i64(loops[:, 2]),
+            loop_ndrv=i64(loops[:, 3]), loop_nlev=i64(loops[:, 4]), loop_levs=i64(self.loop_levs),
+            lev_kind=i64(self.lev["kind"]), lev_size=i64(self.lev["size"]),
+            lev_parent=i64(self.lev["parent"]), lev_pos_arr=i64(self.lev["pos"]),
+            lev_crd_arr=i64(self.lev["crd"]),
+            acc_last=i64(self.acc_last), acc_vals_arr=i64(self.acc_vals),
+            index_arrays=tuple(self.index_arrays), value_arrays=tuple(self.value_arrays),
+            bref_buf=i64(self.bref_buf), bref_tstart=i64(self.bref_tstart),
+            bref_nterm=i64(self.bref_nterm), term_var=i64(self.term_var),
+            term_stride=i64(self.term_stride),
+            stmt_tkind=i64(stmts[:, 0]), stmt_target=i64(stmts[:, 1]), stmt_op=i64(stmts[:, 2]),
+            stmt_cstart=i64(stmts[:, 3]), stmt_clen=i64(stmts[:, 4]),
+            code=i64(self.code), consts=np.asarray(self.consts, dtype=np.float64),
+            pat_buf=i64([p.buffer.id for p in b._patterns]),
+            pat_level=i64([self.acc_last[p.access.id] for p in b._patterns]),
+            coo_nvar=i64([len(c.vars) for c in b._coos]),
+            coo_vstart=i64(np.cumsum([0] + [len(c.vars) for c in b._coos])[:-1]),
+            coo_vars=i64([v.id for c in b._coos for v in c.vars]),
+            reset_buf=i64(resets[:, 0]), reset_whole=i64(resets[:, 1]),
+            reset_tstart=i64(resets[:, 2]), reset_nbound=i64(resets[:, 3]),
+            reset_nfree=i64(resets[:, 4]), rterm_a=i64(self.rterm_a), rterm_b=i64(self.rterm_b),
+            reset_value=np.asarray([r[5] for r in self.resets], dtype=np.float64),
+            buf_size=i64([x.size for x in bufs]),
+            buf_names=tuple(x.name for x in bufs), buf_shapes=tuple(x.shape for x in bufs),
+            buf_private=tuple(x.private for x in bufs), buf_inits=tuple(x.init for x in bufs),
+            buf_kind=tuple("pattern" if any(p.buffer is x for p in b._patterns) else "buffer"
+                           for x in bufs),
+            coo_names=tuple(c.name for c in b._coos),
+            coo_ops=tuple(self.coo_op.get(c.id, "sum") for c in b._coos),
+            coo_shapes=tuple(c.shape for c in b._coos),
+            text="\n".join(self.lines),
+        )
+
+    def walk(self, node, depth: list, bound: list, level: int) -> None:
+        b = self.b
+        me = len(self.nodes)
+        self.nodes.append([0, 0, 0])
+        if isinstance(node, _LoopNode):
+            v = node.var
+            used = self.used_accesses(node)
+            drivers, located = [], []
+            for d in node.drivers:
+                if depth[d.id] >= len(d.tensor.levels) or d.level_vars[depth[d.id]] is not v:
+                    raise ProgramError(
+                        f"loop {v}: driver {d} does not bind {v} at its next level "
+                        f"(levels bound so far: {depth[d.id]}, level variables "
+                        f"{[x.name for x in d.level_vars]})")
+                if d.id in [x.id for x in drivers]:
+                    continue
+                drivers.append(d)
+            for aid in sorted(used):
+                a = b._accesses[aid]
+                lv = a.level_vars
+                if depth[aid] < len(lv) and lv[depth[aid]] is v:
+                    if a not in drivers:
+                        located.append(a)
+                elif v in lv[depth[aid]:]:
+                    raise ProgramError(
+                        f"access {a} is not concordant with the loop order: loop {v} binds its level "
+                        f"{lv.index(v)} before level {depth[aid]} ({lv[depth[aid]]}) is bound")
+            mode = node.mode
+            if mode == M_INTERSECT:
+                # iterate a compressed driver if there is one
+                comp = [d for d in drivers if self.lev["kind"][self.acc_levels[d.id][depth[d.id]]] == L_COMPRESSED]
+                if comp:
+                    drivers.remove(comp[0]); drivers.insert(0, comp[0])
+            if mode != M_DENSE and not drivers:
+                mode = M_DENSE
+            levs = [self.acc_levels[a.id][depth[a.id]] for a in drivers + located]
+            lid = len(self.loops)
+            self.loops.append([v.id, mode, len(self.loop_levs), len(drivers), len(levs)])
+            self.loop_levs.extend(levs)
+            self.nodes[me][0] = N_LOOP
+            self.nodes[me][2] = lid
+            drv = f" {_MODE_NAMES[mode]}({', '.join(str(d) for d in drivers)})" if mode != M_DENSE else " dense"
+            loc = f"  locate {', '.join(str(a) for a in located)}" if located else ""
+            self.desc.append([level, f"for {v} in 0..{v.extent}{drv}{loc}", me])
+            for a in drivers + located:
+                depth[a.id] += 1
+            bound.append(v)
+            for c in node.children:
+                self.walk(c, depth, bound, level + 1)
+            bound.pop()
+            for a in drivers + located:
+                depth[a.id] -= 1
+        elif isinstance(node, _StmtNode):
+            for leaf in _expr_leaves(node.expr, []):
+                if isinstance(leaf, Access):
+                    self.check_bound_access(leaf, depth, "reads")
+                elif isinstance(leaf, BufferRef):
+                    self.check_bound_ref(leaf, bound)
+            t = node.target
+            if isinstance(t, BufferRef):
+                self.check_bound_ref(t, bound)
+                tk, tid = T_BUF, self.bref(t)
+            elif isinstance(t, PatternOutput):
+                self.check_bound_access(t.access, depth, "is the pattern of a write to")
+                tk, tid = T_PATTERN, b._patterns.index(t)
+            else:
+                for v in t.vars:
+                    if v not in bound:
+                        raise ProgramError(f"COO output {t.name}: variable {v} is not bound here")
+                prev = self.coo_op.setdefault(t.id, node.op)
+                if prev != node.op:
+                    raise ProgramError(f"COO output {t.name} is written with both {prev!r} and {node.op!r}")
+                tk, tid = T_COO, t.id
+            cstart = len(self.code)
+            d = self.emit_expr(node.expr)
+            if d > STACK_LIMIT:
+                raise ProgramError(f"expression needs a stack of {d} > {STACK_LIMIT}: {node.expr}")
+            self.stmts.append([tk, tid, ASSIGN_OPS[node.op], cstart, len(self.code) - cstart])
+            self.nodes[me][0] = N_STMT
+            self.nodes[me][2] = len(self.stmts) - 1
+            self.desc.append([level, f"{_target_str(t)} {_ASSIGN_SYM[node.op]} {node.expr}", me])
+        else:
+            t = node.target
+            if isinstance(t, Buffer):
+                buf, whole, tstart, nb, nf = t, 1, len(self.rterm_a), 0, 0
+                what = t.name
+            else:
+                buf = t.buffer
+                strides = t.strides()
+                bnd = [(v, s) for v, s in strides.items() if v in bound]
+                free = sorted([(v, s) for v, s in strides.items() if v not in bound], key=lambda x: -x[1])
+                tstart = len(self.rterm_a)
+                for v, s in bnd:
+                    self.rterm_a.append(v.id); self.rterm_b.append(s)
+                for v, s in free:
+                    self.rterm_a.append(v.extent); self.rterm_b.append(s)
+                nb, nf = len(bnd), len(free)
+                whole = int(not bnd and math.prod(v.extent for v, _ in free) == buf.size
+                            and len(set(v for v, _ in free)) == len(free))
+                what = str(t)
+            self.resets.append([buf.id, whole, tstart, nb, nf, node.value])
+            self.nodes[me][0] = N_RESET
+            self.nodes[me][2] = len(self.resets) - 1
+            self.desc.append([level, f"reset {what} = {node.value!r}", me])
+        self.nodes[me][1] = len(self.nodes)
+
+    def check_bound_access(self, a: Access, depth: list, verb: str) -> None:
+        if depth[a.id] != len(a.tensor.levels):
+            lv = a.level_vars
+            raise ProgramError(
+                f"a statement {verb} {a} but only {depth[a.id]} of its levels are bound here "
+                f"(needs loops over {', '.join(v.name for v in lv[depth[a.id]:])} in storage order)")
+
+    @staticmethod
+    def check_bound_ref(r: BufferRef, bound: list) -> None:
+        for v in r.strides():
+            if v not in bound:
+                raise ProgramError(f"buffer reference {r}: variable {v} is not bound here")
+
+    # ------------------------------------------------------------------
+    def parallel_ok(self, node: _LoopNode) -> tuple:
+        """Can this top-level loop run as static blocks over threads?"""
+        mode = node.mode
+        v = node.var
+        if mode == M_UNION and len(node.drivers) > 0:
+            return False, "union loop"
+        if mode == M_INTERSECT and len({d.id for d in node.drivers}) > 1:
+            return False, "intersection of several drivers"
+        bad = []
+
+        def visit(n):
+            if isinstance(n, _LoopNode):
+                for c in n.children:
+                    visit(c)
+                return
+            refs = []
+            written = None
+            if isinstance(n, _StmtNode):
+                refs = [l for l in _expr_leaves(n.expr, []) if isinstance(l, BufferRef)]
+                t = n.target
+                if isinstance(t, BufferRef):
+                    written = t
+                elif isinstance(t, PatternOutput):
+                    if t.access.level_vars[0] is not v:
+                        bad.append(f"pattern output {t.name} is not split by {v}")
+            else:
+                written = n.target if isinstance(n.target, BufferRef) else None
+                if isinstance(n.target, Buffer) and not n.target.private:
+                    bad.append(f"whole-buffer reset of shared {n.target.name}")
+            if written is not None:
+                refs.append(written)
+            for r in refs:
+                all_refs.setdefault(r.buffer.id, []).append(r)
+            if written is not None:
+                writes.add(written.buffer.id)
+
+        all_refs: dict = {}
+        writes: set = set()
+        visit(node)
+        for bid in writes:
+            buf = self.b._buffers[bid]
+            if buf.private:
+                continue
+            for r in all_refs[bid]:
+                if v not in r.strides():
+                    bad.append(f"{r} is written below the loop but not split by {v}")
+                    break
+        if bad:
+            return False, bad[0]
+        return True, ""
+
+    def describe_lines(self, top_par) -> None:
+        b = self.b
+        out = [f"LoopTreePlan: {len(b._vars)} vars, {len(b._accesses)} accesses, "
+               f"{len(b._buffers)} buffers, {len(b._coos)} COO outputs"]
+        if b._vars:
+            out.append("  vars: " + ", ".join(f"{v.name}={v.extent}" for v in b._vars))
+        for a in b._accesses:
+            kinds = "".join("d" if lev[0] == "dense" else "c" for lev in a.tensor.levels)
+            out.append(f"  access {a}: levels {kinds} mode_order {a.tensor.mode_order} "
+                       f"nnz {len(a.tensor.values)}")
+        for x in b._buffers:
+            flag = " private" if x.private else ""
+            out.append(f"  buffer {x.name}{list(x.shape)}{flag}")
+        for level, text, n in self.desc:
+            mark = ""
+            if n in self.top_parallel_marks:
+                par, why = self.top_parallel_marks[n]
+                mark = "   [parallel]" if par else f"   [serial: {why}]"
+            out.append("  " + "  " * level + text + mark)
+        self.lines = out
+
+
+# ================================================================ run =====
+
+def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> COOResult:
+    nvar = len(shape)
+    if len(val) == 0:
+        return COOResult(np.zeros((nvar, 0), dtype=np.int64), val, shape)
+    if nvar == 0:
+        keys = np.zeros(len(val), dtype=np.int64)
+        order = np.arange(len(val))
+    elif math.prod(shape) < 2 ** 62:
+        keys = np.ravel_multi_index(tuple(crd.T), shape) if nvar > 1 else crd[:, 0].copy()
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+    else:
+        order = np.lexsort(tuple(crd[:, d] for d in reversed(range(nvar))))
+        keys = None
+    crd_s = crd[order]
+    val_s = val[order]
+    if keys is not None:
+        new = np.empty(len(keys), dtype=bool)
+        new[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    else:
+        new = np.ones(len(val_s), dtype=bool)
+        new[1:] = np.any(crd_s[1:] != crd_s[:-1], axis=1)
+    starts = np.flatnonzero(new)
+    if op == "sum":
+        vals = np.add.reduceat(val_s, starts)
+    elif op == "max":
+        vals = np.maximum.reduceat(val_s, starts)
+    elif op == "min":
+        vals = np.minimum.reduceat(val_s, starts)
+    else:  # assign: last emitted wins
+        ends = np.append(starts[1:], len(val_s)) - 1
+        vals = val_s[ends]
+    return COOResult(np.ascontiguousarray(crd_s[starts].T), vals, shape)
+
+
+def run(plan: LoopTreePlan, num_threads: int | None = None) -> dict:
+    """Execute ``plan``; return ``{name: array}`` for non-private buffers
+    (reshaped), ``{name: 1-d array}`` for pattern outputs, and
+    ``{name: COOResult}`` for COO outputs."""
+    from spfuse._kernels import _looptree
+    from spfuse.threads import effective_num_threads
+
+    nthreads = effective_num_threads(num_threads)
+    bufs = []
+    for size, init in zip(plan.buf_size, plan.buf_inits):
+        if isinstance(init, np.ndarray):
+            bufs.append(np.array(init, dtype=np.float64).reshape(-1))
+        else:
+            bufs.append(np.full(int(size), init, dtype=np.float64))
+    prog = _looptree._Program(plan)
+    coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
+    out: dict = {}
+    for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
+        if not priv:
+            out[name] = buf.reshape(shape)
+    for (crd, val), name, op, shape in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes):
+        out[name] = _canonical_coo(crd, val, op, shape)
+    return out
