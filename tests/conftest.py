@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 SEED = int(os.environ.get("SPFUSE_TEST_SEED", "0"))
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED_DATA = Path(__file__).parents[2] / "shared" / "data"
 
 
 def pytest_report_header(config):
