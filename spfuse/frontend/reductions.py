@@ -96,7 +96,7 @@ def _count_free(e: Expr, bound: tuple, counts: dict, out: tuple, text: str, targ
             _count_free(c, bound, counts, out, text, target)
 
 
-def _wrap(e: Expr, total: dict, pending: list) -> tuple[Expr, dict]:
+def _wrap(e: Expr, total: dict, pending: list, bound: tuple) -> tuple[Expr, dict]:
     """Rebuild ``e`` bottom-up; return it with its counts of free uses of the
     still-pending implicit indices. An index is wrapped at the first (deepest)
     node whose count reaches its total."""
@@ -104,7 +104,7 @@ def _wrap(e: Expr, total: dict, pending: list) -> tuple[Expr, dict]:
     if t is Access:
         counts: dict = {}
         for k in e.indices:
-            if k in total:
+            if k in total and k not in bound:
                 counts[k] = counts.get(k, 0) + 1
         node = e
     elif t is Literal:
@@ -113,13 +113,12 @@ def _wrap(e: Expr, total: dict, pending: list) -> tuple[Expr, dict]:
         kids = children(e)
         new = []
         counts = {}
+        inner = bound + (e.index,) if t is Reduce else bound
         for c in kids:
-            nc, cc = _wrap(c, total, pending)
+            nc, cc = _wrap(c, total, pending, inner)
             new.append(nc)
             for k, v in cc.items():
                 counts[k] = counts.get(k, 0) + v
-        if t is Reduce:
-            counts.pop(e.index, None)
         node = e if all(a is b for a, b in zip(new, kids)) else _rebuild(e, new)
     done = [k for k in pending if counts.get(k, 0) == total[k]]
     if done:
@@ -143,7 +142,7 @@ def _explicit_value(st: Assignment, text: str) -> Expr:
     if len(counts) == len(out):
         return st.value
     total = {k: v for k, v in counts.items() if k not in out}
-    return _wrap(st.value, total, list(total))[0]
+    return _wrap(st.value, total, list(total), ())[0]
 
 
 def make_reductions_explicit(program: Program) -> Program:
