@@ -1,0 +1,1 @@
+"""Passes over the IR.  Each is a pure function: IR in, new IR out."""

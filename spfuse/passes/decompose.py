@@ -1,0 +1,175 @@
+"""Break compound statements into unit operations (ReACT 4.1.3).
+
+Input: a :class:`~spfuse.frontend.ast.Program` whose reductions are explicit
+(the front end wraps each implicit reduction around the smallest
+sub-expression containing all uses of its index).  Output: a tuple of
+:class:`~spfuse.ir.ops.UnitOp` in execution order, introducing temporaries
+``T0, T1, ...`` whose indices are inferred from the operators.
+
+Before splitting, sums are *factored*: in ``sum(k, a * b)`` every factor that
+does not use ``k`` is pulled out of the reduction (distributivity), so the
+three-address form never multiplies inside a loop it does not depend on --
+the algebraic half of removing ReACT's reduction redundancy.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterable
+
+from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program,
+                                 Reduce, Unary, Where)
+from spfuse.ir.ops import Const, Leaf, Ref, UnitOp
+
+__all__ = ["decompose", "factor_reductions", "free_indices"]
+
+
+def free_indices(expr: Expr) -> tuple[str, ...]:
+    """Indices used in ``expr`` and not bound by a reduction inside it, in order
+    of first appearance.
+
+    >>> from spfuse.frontend.ast import Access, Binary, Reduce
+    >>> e = Reduce("sum", "k", Binary("*", Access("C", ("i", "k")), Access("D", ("k", "j"))))
+    >>> free_indices(e)
+    ('i', 'j')
+    """
+    if isinstance(expr, Access):
+        return tuple(dict.fromkeys(expr.indices))
+    if isinstance(expr, Literal):
+        return ()
+    if isinstance(expr, Reduce):
+        return tuple(i for i in free_indices(expr.body) if i != expr.index)
+    out: dict[str, None] = {}
+    for child in _children(expr):
+        out.update(dict.fromkeys(free_indices(child)))
+    return tuple(out)
+
+
+def _children(expr: Expr) -> tuple[Expr, ...]:
+    if isinstance(expr, Binary):
+        return (expr.left, expr.right)
+    if isinstance(expr, Unary):
+        return (expr.arg,)
+    if isinstance(expr, Where):
+        return (expr.cond, expr.then, expr.other)
+    if isinstance(expr, Reduce):
+        return (expr.body,)
+    return ()
+
+
+def _product_factors(expr: Expr) -> list[Expr]:
+    """Flatten a chain of ``*`` into its factors (left to right)."""
+    if isinstance(expr, Binary) and expr.op == "*":
+        return _product_factors(expr.left) + _product_factors(expr.right)
+    return [expr]
+
+
+def _product(factors: Iterable[Expr], span) -> Expr:
+    factors = list(factors)
+    out = factors[0]
+    for f in factors[1:]:
+        out = Binary("*", out, f, span)
+    return out
+
+
+def factor_reductions(expr: Expr) -> Expr:
+    """Pull factors that do not use a summed index out of the sum.
+
+    ``sum(k, B[i,j] * C[i,k] * D[k,j])`` becomes ``B[i,j] * sum(k, C[i,k] * D[k,j])``.
+    Only ``sum`` over products is rewritten (max/min do not distribute).
+
+    >>> from spfuse.frontend.ast import Access, Binary, Reduce
+    >>> B, C, D = Access("B", ("i", "j")), Access("C", ("i", "k")), Access("D", ("k", "j"))
+    >>> e = factor_reductions(Reduce("sum", "k", Binary("*", Binary("*", B, C), D)))
+    >>> e == Binary("*", B, Reduce("sum", "k", Binary("*", C, D)))
+    True
+    """
+    if isinstance(expr, (Access, Literal)):
+        return expr
+    if isinstance(expr, Binary):
+        return Binary(expr.op, factor_reductions(expr.left), factor_reductions(expr.right), expr.span)
+    if isinstance(expr, Unary):
+        return Unary(expr.fn, factor_reductions(expr.arg), expr.span)
+    if isinstance(expr, Where):
+        return Where(*(factor_reductions(c) for c in (expr.cond, expr.then, expr.other)), expr.span)
+    assert isinstance(expr, Reduce)
+    body = factor_reductions(expr.body)
+    if expr.op == "sum":
+        factors = _product_factors(body)
+        dependent = [f for f in factors if expr.index in free_indices(f)]
+        independent = [f for f in factors if expr.index not in free_indices(f)]
+        if independent and dependent:
+            inner = Reduce("sum", expr.index, _product(dependent, expr.span), expr.span, expr.implicit)
+            return _product(independent + [inner], expr.span)
+    return Reduce(expr.op, expr.index, body, expr.span, expr.implicit)
+
+
+class _Decomposer:
+    def __init__(self, program: Program):
+        taken = set(program.assigned) | set(program.inputs)
+        self._names = (f"T{n}" for n in itertools.count() if f"T{n}" not in taken)
+        self.ops: list[UnitOp] = []
+        self.statement = 0
+
+    def _emit(self, out, out_indices, operator, args, reduction=None, reduced=(), span=None):
+        op = UnitOp(len(self.ops), out, tuple(out_indices), operator, tuple(args), reduction,
+                    tuple(reduced), self.statement, span or _nospan())
+        self.ops.append(op)
+        return Ref(out, tuple(out_indices))
+
+    def _temp_indices(self, expr: Expr) -> tuple[str, ...]:
+        # Appearance order keeps a temporary's layout concordant with the
+        # operands it is computed from (T[i,j,r] for X[i,j,k]*C[k,r]).
+        return free_indices(expr)
+
+    def leaf(self, expr: Expr) -> Leaf:
+        """Return a leaf for ``expr``, emitting ops for anything compound."""
+        if isinstance(expr, Access):
+            return Ref(expr.name, expr.indices)
+        if isinstance(expr, Literal):
+            return Const(float(expr.value))
+        return self.node(expr, None, None)
+
+    def node(self, expr: Expr, out: str | None, out_indices: tuple[str, ...] | None) -> Ref:
+        if out is None:
+            out, out_indices = next(self._names), self._temp_indices(expr)
+        reduced: list[str] = []
+        reduction = None
+        body = expr
+        if isinstance(expr, Reduce):
+            reduction = expr.op
+            while isinstance(body, Reduce) and body.op == reduction:
+                reduced.append(body.index)
+                body = body.body
+        if isinstance(body, Binary):
+            args, operator = (self.leaf(body.left), self.leaf(body.right)), body.op
+        elif isinstance(body, Unary):
+            args, operator = (self.leaf(body.arg),), body.fn
+        elif isinstance(body, Where):
+            args, operator = tuple(self.leaf(c) for c in (body.cond, body.then, body.other)), "where"
+        else:  # Access, Literal, or a reduction of another kind
+            args, operator = (self.leaf(body),), None
+        return self._emit(out, out_indices, operator, args, reduction, reduced, expr.span)
+
+
+def _nospan():
+    from spfuse.frontend.ast import Span
+    return Span(0, 0)
+
+
+def decompose(program: Program) -> tuple[UnitOp, ...]:
+    """Three-address form of ``program`` (reductions must already be explicit).
+
+    >>> from spfuse.frontend.ast import Access, Assignment, Binary, Program, Reduce
+    >>> B, C, D = Access("B", ("i", "j")), Access("C", ("i", "k")), Access("D", ("k", "j"))
+    >>> sddmm = Program((Assignment(Access("A", ("i", "j")),
+    ...                  Binary("*", B, Reduce("sum", "k", Binary("*", C, D)))),))
+    >>> for op in decompose(sddmm): print(op)
+    T0[i,j] = sum(k, C[i,k] * D[k,j])
+    A[i,j] = B[i,j] * T0[i,j]
+    """
+    d = _Decomposer(program)
+    for n, stmt in enumerate(program.statements):
+        d.statement = n
+        value = factor_reductions(stmt.value)
+        d.node(value, stmt.target.name, stmt.target.indices)
+    return tuple(d.ops)
