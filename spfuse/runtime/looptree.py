@@ -211,12 +211,21 @@ def access_from_arrays(levels_spec: Sequence[Sequence[Any]], values: Any,
 
 
 def as_level_tensor(obj: Any, *, check: bool = True) -> LevelTensor:
-    """Normalise an operand: LevelTensor, numpy array (all dense levels),
+    """Normalise an operand: LevelTensor, numpy array (all dense levels;
+    a Fortran-ordered array gets the reversed mode order, so ``np.asfortranarray``
+    is how a lowering asks for a transposed dense operand),
     scipy CSR/CSC (canonicalised on a copy if needed), or a duck-typed
     ``spfuse.tensor.Tensor`` (``.levels`` with ``.size`` and ``.pos``/``.crd``
     on compressed levels, ``.values``, ``.format.mode_order``)."""
     if isinstance(obj, LevelTensor):
         return obj
+    if isinstance(obj, np.ndarray) and obj.ndim > 1 and obj.flags.f_contiguous \
+            and not obj.flags.c_contiguous:
+        # Fortran order = dense levels in reversed mode order (no transpose copy)
+        arr = np.asfortranarray(obj, dtype=np.float64)
+        order = tuple(reversed(range(arr.ndim)))
+        return LevelTensor(tuple(("dense", int(arr.shape[m])) for m in order),
+                           arr.ravel(order="F"), order)
     if isinstance(obj, np.ndarray) or np.isscalar(obj):
         arr = np.ascontiguousarray(obj, dtype=np.float64)
         return LevelTensor(tuple(("dense", int(s)) for s in arr.shape), arr.reshape(-1),
@@ -270,6 +279,8 @@ class Expr:
 def _wrap(x: Any) -> Expr:
     if isinstance(x, Expr):
         return x._leaf_ref()
+    if isinstance(x, Buffer):
+        return _buffer_leaf(x)
     if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
         return _Const(float(x))
     raise ProgramError(f"cannot use {x!r} in a loop-tree expression")
