@@ -81,7 +81,7 @@ class _Parser:
         target = self.target()
         self.expect("=", "'=' after the assigned tensor")
         value = self.expr()
-        return Assignment(target, value, Span(target.span.start, value.span.end))
+        return Assignment(target, value, Span(target.span.start, self.toks[self.pos - 1][3]))
 
     def target(self) -> Access:
         tok = self.expect("name", "the name of the assigned tensor")
@@ -123,33 +123,35 @@ class _Parser:
 
     # -- expressions -------------------------------------------------------
     def expr(self) -> Expr:
-        left = self.term()
         toks = self.toks
+        start = toks[self.pos][2]  # spans include parentheses around operands
+        left = self.term()
         while True:
             op = toks[self.pos][0]
             if op != "+" and op != "-":
                 return left
             self.pos += 1
             right = self.term()
-            left = Binary(op, left, right, Span(left.span.start, right.span.end))
+            left = Binary(op, left, right, Span(start, toks[self.pos - 1][3]))
 
     def term(self) -> Expr:
-        left = self.unary()
         toks = self.toks
+        start = toks[self.pos][2]  # spans include parentheses around operands
+        left = self.unary()
         while True:
             op = toks[self.pos][0]
             if op != "*" and op != "/":
                 return left
             self.pos += 1
             right = self.unary()
-            left = Binary(op, left, right, Span(left.span.start, right.span.end))
+            left = Binary(op, left, right, Span(start, toks[self.pos - 1][3]))
 
     def unary(self) -> Expr:
         tok = self.toks[self.pos]
         if tok[0] == "-":
             self.pos += 1
             arg = self.unary()
-            return Unary("neg", arg, Span(tok[2], arg.span.end))
+            return Unary("neg", arg, Span(tok[2], self.toks[self.pos - 1][3]))
         return self.primary()
 
     def primary(self) -> Expr:
