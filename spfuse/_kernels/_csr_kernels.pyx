@@ -1,0 +1,1058 @@
+# cython: language_level=3
+"""Template kernels over CSR operands (the fast path the planner lowers to).
+
+Conventions shared by every routine of this module
+--------------------------------------------------
+* A CSR matrix is ``(indptr, indices, data)``; ``indptr`` has ``m + 1``
+  entries, ``indptr[0]`` need not be 0 (slices of a bigger matrix work), row
+  ``i`` owns positions ``indptr[i] <= p < indptr[i + 1]``.
+* Values are ``cython.floating`` (float32 or float64, the same for every value
+  array of a call); every reduction accumulates in C ``double`` and rounds once
+  when the result is stored.
+* All index arrays of one call (indptr, indices, and index outputs) share ONE
+  index type, int32 or int64.  With int32, ``m``, ``n`` and every nnz must be
+  below 2**31 (the Python wrappers upcast before calling otherwise).
+* Inputs are ``const T[::1]`` (1-D, C-contiguous; read-only arrays welcome),
+  dense matrices are ``T[:, ::1]`` (C-contiguous, rows contiguous).  Operands
+  called ``Dt`` are given transposed so that the rows used by a dot product
+  are contiguous.
+* NOTHING is validated here (the Python layer did it): out-of-range indices,
+  non-monotone indptr, wrong shapes or wrong lengths are undefined behaviour.
+* ``num_threads`` (>= 1) is explicit.  Rows are split into blocks balanced by
+  work (binary search on a prefix array, e.g. ``indptr[r] + r``) and the
+  blocks are handed out by ``prange(schedule="dynamic", chunksize=1)``.  The
+  arithmetic of one row never depends on the thread count, so results are
+  bit-identical for any ``num_threads``.
+* Thread-private workspaces are allocated once per call per thread inside
+  ``with nogil, parallel():`` and freed in the same block; an allocation
+  failure raises ``MemoryError`` after the parallel region.
+* Sparse outputs are built in two phases: a symbolic pass that counts the
+  entries of each row, a prefix sum (numpy ``cumsum``, in Python), and a
+  numeric pass in which each row fills its own disjoint slice.  Output rows
+  are sorted by column; structural entries are kept even when their value
+  cancels to 0 (like scipy's symbolic pattern).
+"""
+cimport cython
+from cython cimport floating
+from cython.parallel cimport parallel, prange
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcpy, memset
+
+import numpy as np
+
+from spfuse._kernels._kernel_common cimport (
+    SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
+)
+from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
+
+__all__ = [
+    "SDDMM_OPS", "SPMM_K_TILE",
+    "spmv", "spmm", "sddmm",
+    "spgemm_symbolic", "spgemm_numeric", "spgemm",
+    "spadd_symbolic", "spadd_numeric", "spadd",
+    "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
+]
+
+#: op codes of :func:`sddmm`, :func:`sddmm_spmm`, :func:`sddmm_spmm_gemm`
+SDDMM_OPS = {"mul": SDDMM_MUL, "div": SDDMM_DIV, "dot": SDDMM_DOT}
+
+# Column tile of the SpMM accumulator: 256 doubles = 2 KiB.  The thread's
+# accumulator tile stays in L1 (32-48 KiB) next to the B-row segments being
+# streamed (a row of ~10-20 nnz touches 20-40 KiB of B per tile, which stays
+# in L1/L2), and 2 KiB contiguous runs per B row are long enough for the
+# hardware prefetcher.  K <= 256 (the common case) needs one pass.
+cdef enum:
+    K_TILE = 256
+SPMM_K_TILE = K_TILE
+
+# Blocks handed out per thread by the dynamic schedule (load balance vs. the
+# cost of one atomic per block).
+cdef enum:
+    BLOCKS_PER_THREAD = 16
+# Rows are sorted by quicksort above this size, by insertion sort below.
+cdef enum:
+    INSERTION_SORT_MAX = 24
+
+
+# --------------------------------------------------------------------------
+# small nogil helpers
+# --------------------------------------------------------------------------
+cdef inline Py_ssize_t _num_blocks(Py_ssize_t m, int num_threads, int per_thread) noexcept nogil:
+    """Number of row blocks for ``m`` rows (0 when ``m == 0``)."""
+    cdef Py_ssize_t nb
+    if m <= 0:
+        return 0
+    if num_threads <= 1:
+        return 1
+    nb = <Py_ssize_t>num_threads * per_thread
+    return nb if nb < m else m
+
+
+cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
+                              Py_ssize_t nb) noexcept nogil:
+    """First row of block ``b`` of ``nb`` blocks balancing ``ptr[r] + r``.
+
+    ``ptr`` is a non-decreasing prefix array of ``m + 1`` entries (e.g. an
+    indptr).  Block ``b`` is ``[_split(b), _split(b + 1))``; blocks are
+    disjoint and cover ``[0, m)``.  O(log m).
+    """
+    cdef Py_ssize_t lo, hi, mid
+    cdef double target
+    if b <= 0:
+        return 0
+    if b >= nb:
+        return m
+    target = (<double>(ptr[m] - ptr[0]) + <double>m) * (<double>b / <double>nb)
+    lo = 0
+    hi = m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if <double>(ptr[mid] - ptr[0]) + <double>mid < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
+                               Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, 2 chains."""
+    cdef double s0 = 0.0, s1 = 0.0
+    cdef Py_ssize_t p = start
+    while p + 1 < end:
+        s0 += <double>val[p] * <double>x[ind[p]]
+        s1 += <double>val[p + 1] * <double>x[ind[p + 1]]
+        p += 2
+    if p < end:
+        s0 += <double>val[p] * <double>x[ind[p]]
+    return s0 + s1
+
+
+cdef inline double _dot(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
+    """Dot of two contiguous vectors in double with 8 independent chains.
+
+    The summation order is fixed by ``n`` only (deterministic), it is not the
+    sequential order (8 chains give the adds room to pipeline without
+    -ffast-math).
+    """
+    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
+    cdef double s4 = 0.0, s5 = 0.0, s6 = 0.0, s7 = 0.0
+    cdef Py_ssize_t k = 0
+    while k + 8 <= n:
+        s0 += <double>a[k] * <double>b[k]
+        s1 += <double>a[k + 1] * <double>b[k + 1]
+        s2 += <double>a[k + 2] * <double>b[k + 2]
+        s3 += <double>a[k + 3] * <double>b[k + 3]
+        s4 += <double>a[k + 4] * <double>b[k + 4]
+        s5 += <double>a[k + 5] * <double>b[k + 5]
+        s6 += <double>a[k + 6] * <double>b[k + 6]
+        s7 += <double>a[k + 7] * <double>b[k + 7]
+        k += 8
+    while k < n:
+        s0 += <double>a[k] * <double>b[k]
+        k += 1
+    return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
+
+
+cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:
+    """acc[0:n] += v * x[0:n] (vectorisable)."""
+    cdef Py_ssize_t k
+    for k in range(n):
+        acc[k] += v * <double>x[k]
+
+
+cdef inline double _sddmm_value(int op, double b, double s) noexcept nogil:
+    """``b op s`` of the SDDMM family (see SDDMM_OPS)."""
+    if op == SDDMM_MUL:
+        return b * s
+    elif op == SDDMM_DIV:
+        return b / s if b != 0.0 else 0.0
+    return s
+
+
+cdef void _sort_indices(index_t* a, Py_ssize_t n) noexcept nogil:
+    """Sort ``a[0:n]`` ascending in place (keys are distinct here).
+
+    Quicksort, median-of-three pivot placed in the middle (Hoare partition
+    then always leaves both parts non-empty), recursion on the smaller part
+    (depth <= log2 n), insertion sort below INSERTION_SORT_MAX.  O(n log n)
+    expected, no extra memory.
+    """
+    cdef Py_ssize_t i, j, mid
+    cdef index_t pivot, t
+    while n > INSERTION_SORT_MAX:
+        mid = n >> 1
+        if a[mid] < a[0]:
+            t = a[mid]; a[mid] = a[0]; a[0] = t
+        if a[n - 1] < a[0]:
+            t = a[n - 1]; a[n - 1] = a[0]; a[0] = t
+        if a[n - 1] < a[mid]:
+            t = a[n - 1]; a[n - 1] = a[mid]; a[mid] = t
+        pivot = a[mid]
+        i = -1
+        j = n
+        while True:
+            i += 1
+            while a[i] < pivot:
+                i += 1
+            j -= 1
+            while a[j] > pivot:
+                j -= 1
+            if i >= j:
+                break
+            t = a[i]; a[i] = a[j]; a[j] = t
+        # [0, j] <= pivot <= [j + 1, n)
+        if j + 1 < n - j - 1:
+            _sort_indices(a, j + 1)
+            a = a + j + 1
+            n = n - j - 1
+        else:
+            _sort_indices(a + j + 1, n - j - 1)
+            n = j + 1
+    for i in range(1, n):
+        t = a[i]
+        j = i - 1
+        while j >= 0 and a[j] > t:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = t
+
+
+cdef inline Py_ssize_t _bit_length(Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t b = 0
+    while n > 0:
+        b += 1
+        n >>= 1
+    return b
+
+
+cdef inline void _compact_row(const index_t* mark, const double* acc, index_t stamp,
+                              index_t* out_idx, floating* out_val, Py_ssize_t cnt,
+                              Py_ssize_t minc, Py_ssize_t maxc, bint sort_rows) noexcept nogil:
+    """Turn a scattered row into a sorted sparse row.
+
+    ``out_idx[0:cnt]`` holds the touched columns in first-touch order and
+    ``acc[col]`` their sums; columns touched in this row have
+    ``mark[col] == stamp`` and lie in ``[minc, maxc]``.  When the span is
+    small relative to ``cnt * log2(cnt)`` the marker range is scanned
+    (O(span), already sorted), otherwise the coordinate list is sorted
+    (O(cnt log cnt)) -- unless ``sort_rows`` is false, then the list stays in
+    first-touch order.  Then ``out_val[t] = acc[out_idx[t]]``.
+    """
+    cdef Py_ssize_t k, c
+    if cnt == 0:
+        return
+    if sort_rows and maxc - minc + 1 <= 2 * cnt * _bit_length(cnt):
+        c = 0
+        for k in range(minc, maxc + 1):
+            if mark[k] == stamp:
+                out_idx[c] = <index_t>k
+                out_val[c] = <floating>acc[k]
+                c += 1
+        return
+    if sort_rows:
+        _sort_indices(out_idx, cnt)
+    for c in range(cnt):
+        out_val[c] = <floating>acc[out_idx[c]]
+
+
+cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+# --------------------------------------------------------------------------
+# SpMV, SpMM, SDDMM
+# --------------------------------------------------------------------------
+def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+         const floating[::1] x, floating[::1] out, int num_threads):
+    """``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
+
+    Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``), indices in
+    ``[0, n)`` (need not be sorted; duplicates are summed), ``len(x) == n``,
+    ``len(out) == m``; ``out`` must not alias ``x``.  ``out`` is fully
+    overwritten.  Sum of a row: two interleaved chains in double.
+    Complexity O(nnz + m) work, O(1) extra memory; memory bound.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* xp = _fptr(x)
+    cdef floating* op = &out[0] if m > 0 else NULL
+    with nogil:
+        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+
+
+def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+         const floating[:, ::1] B, floating[:, ::1] out, int num_threads):
+    """``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
+
+    Row-axpy: for each row ``i`` and each ``p`` in it,
+    ``acc += data[p] * B[indices[p], :]`` into a thread-private double
+    accumulator of ``SPMM_K_TILE`` (256) columns; ``K`` larger than that is
+    processed tile by tile (the row's nnz are re-read per tile, from L1).
+    Preconditions: ``out`` is C-contiguous ``(m, K)``, does not alias ``B``;
+    indices in ``[0, n)`` (any order).  ``out`` is fully overwritten (empty
+    rows become 0).  Complexity O(nnz * K + m * K); workspace 2 KiB/thread.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t K = out.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, k, k0, kw
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* bp = &B[0, 0] if B.shape[0] > 0 and K > 0 else NULL
+    cdef floating* op = &out[0, 0] if m > 0 and K > 0 else NULL
+    cdef floating* orow
+    cdef double* acc
+    cdef int failed = 0
+    if m == 0 or K == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        acc = <double*>malloc(K_TILE * sizeof(double))
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if acc == NULL:
+                failed += 1
+                continue
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                orow = op + i * K
+                k0 = 0
+                while k0 < K:
+                    kw = K - k0
+                    if kw > K_TILE:
+                        kw = K_TILE
+                    memset(acc, 0, kw * sizeof(double))
+                    for p in range(ip[i], ip[i + 1]):
+                        _axpy(acc, <double>val[p], bp + <Py_ssize_t>ind[p] * K + k0, kw)
+                    for k in range(kw):
+                        orow[k0 + k] = <floating>acc[k]
+                    k0 = k0 + kw
+        free(acc)
+    if failed:
+        raise MemoryError("spmm: cannot allocate the thread workspace")
+
+
+def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
+          const floating[:, ::1] C, const floating[:, ::1] Dt, floating[::1] out_data,
+          int op, int num_threads):
+    """Sampled dense-dense product on B's pattern.
+
+    For each stored ``p`` of row ``i`` of CSR ``B`` (m x n), ``j = indices[p]``,
+    ``s = dot(C[i, :], Dt[j, :])`` (double, 8 chains) and
+    ``op == 0`` (mul): ``out_data[p] = bdata[p] * s``;
+    ``op == 1`` (div): ``out_data[p] = bdata[p] / s`` if ``bdata[p] != 0`` else 0
+    (sparse convention 0/x = 0; b/0 gives inf/nan as in numpy);
+    ``op == 2`` (dot): ``out_data[p] = s`` (masked GEMM, ``bdata`` unused).
+    The result has B's pattern (reuse ``indptr``/``indices``).
+    Preconditions: ``C`` is (m, K), ``Dt`` is (n, K), both C-contiguous;
+    ``len(out_data) == len(bdata) == nnz``; ``out_data`` may alias ``bdata``.
+    Complexity O(nnz * K); no workspace.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t K = C.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* bv = _fptr(bdata)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
+    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
+    cdef double s
+    with nogil:
+        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                for p in range(ip[i], ip[i + 1]):
+                    s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
+                    ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
+
+
+# --------------------------------------------------------------------------
+# SpGEMM (Gustavson, two phases)
+# --------------------------------------------------------------------------
+def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
+                    const index_t[::1] b_indptr, const index_t[::1] b_indices,
+                    Py_ssize_t n_cols, int64_t[::1] row_nnz, int num_threads):
+    """Phase 1 of ``C = A @ B``: ``row_nnz[i]`` = number of distinct columns of row i.
+
+    Preconditions: A is ``m x n`` CSR, B is ``n x n_cols`` CSR, indices in
+    range (any order, duplicates allowed — they count once), ``len(row_nnz)
+    == m``.  Each thread owns a marker array of ``n_cols`` index_t (stamp =
+    row number).  Complexity O(flops + m) with flops = sum over A's entries
+    of the length of the B row they select; workspace n_cols * itemsize per
+    thread.
+    """
+    cdef Py_ssize_t m = a_indptr.shape[0] - 1
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, q, z, cnt
+    cdef index_t j, k
+    cdef const index_t* aip = &a_indptr[0]
+    cdef const index_t* aind = _iptr(a_indices)
+    cdef const index_t* bip = &b_indptr[0]
+    cdef const index_t* bind = _iptr(b_indices)
+    cdef int64_t* rn = &row_nnz[0] if m > 0 else NULL
+    cdef index_t* mark
+    cdef int failed = 0
+    if m == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+        if mark != NULL:
+            for z in range(n_cols):
+                mark[z] = -1
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if mark == NULL:
+                failed += 1
+                continue
+            r0 = _split(aip, m, b, nb)
+            r1 = _split(aip, m, b + 1, nb)
+            for i in range(r0, r1):
+                cnt = 0
+                for p in range(aip[i], aip[i + 1]):
+                    j = aind[p]
+                    for q in range(bip[j], bip[j + 1]):
+                        k = bind[q]
+                        if mark[k] != <index_t>i:
+                            mark[k] = <index_t>i
+                            cnt = cnt + 1
+                rn[i] = cnt
+        free(mark)
+    if failed:
+        raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
+
+
+cdef struct _RowWS:
+    # Thread-private SpGEMM workspace.  The scatter part (marker + dense
+    # accumulator, n_cols each) is allocated on the first row that needs it;
+    # the merge buffers grow geometrically (a handful of reallocations per
+    # call at most).  ``idx*`` hold index_t values (a struct cannot be fused).
+    void* mark
+    double* acc
+    Py_ssize_t n_cols
+    Py_ssize_t cap          # capacity of idx0/idx1/val0/val1 (entries)
+    Py_ssize_t rcap         # capacity of run0/run1 (run offsets)
+    void* idx0
+    void* idx1
+    double* val0
+    double* val1
+    Py_ssize_t* run0
+    Py_ssize_t* run1
+
+
+cdef void _ws_free(_RowWS* ws) noexcept nogil:
+    free(ws.mark); free(ws.acc)
+    free(ws.idx0); free(ws.idx1); free(ws.val0); free(ws.val1)
+    free(ws.run0); free(ws.run1)
+    memset(ws, 0, sizeof(_RowWS))
+
+
+cdef int _ws_scatter(_RowWS* ws, index_t itype) noexcept nogil:
+    """Allocate the scatter workspace once (marker = -1); 0 or -1 on failure."""
+    cdef Py_ssize_t z
+    cdef index_t* mark
+    if ws.acc != NULL:
+        return 0
+    ws.mark = malloc((ws.n_cols + 1) * sizeof(index_t))
+    ws.acc = <double*>malloc((ws.n_cols + 1) * sizeof(double))
+    if ws.mark == NULL or ws.acc == NULL:
+        return -1
+    mark = <index_t*>ws.mark
+    for z in range(ws.n_cols):
+        mark[z] = -1
+    return 0
+
+
+cdef int _ws_merge(_RowWS* ws, Py_ssize_t cap, Py_ssize_t rcap, index_t itype) noexcept nogil:
+    """Make the merge buffers hold ``cap`` entries and ``rcap`` runs."""
+    if cap > ws.cap:
+        if cap < 2 * ws.cap:
+            cap = 2 * ws.cap
+        free(ws.idx0); free(ws.idx1); free(ws.val0); free(ws.val1)
+        ws.idx0 = malloc(cap * sizeof(index_t))
+        ws.idx1 = malloc(cap * sizeof(index_t))
+        ws.val0 = <double*>malloc(cap * sizeof(double))
+        ws.val1 = <double*>malloc(cap * sizeof(double))
+        ws.cap = cap
+        if ws.idx0 == NULL or ws.idx1 == NULL or ws.val0 == NULL or ws.val1 == NULL:
+            ws.cap = 0
+            return -1
+    if rcap > ws.rcap:
+        if rcap < 2 * ws.rcap:
+            rcap = 2 * ws.rcap
+        free(ws.run0); free(ws.run1)
+        ws.run0 = <Py_ssize_t*>malloc(rcap * sizeof(Py_ssize_t))
+        ws.run1 = <Py_ssize_t*>malloc(rcap * sizeof(Py_ssize_t))
+        ws.rcap = rcap
+        if ws.run0 == NULL or ws.run1 == NULL:
+            ws.rcap = 0
+            return -1
+    return 0
+
+
+cdef inline Py_ssize_t _merge_scaled(const index_t* ia, const floating* va, double sa, Py_ssize_t na,
+                                     const index_t* ib, const floating* vb, double sb, Py_ssize_t nb,
+                                     index_t* oi, double* ov) noexcept nogil:
+    """Merge two sorted duplicate-free runs, values scaled, equal keys summed.
+
+    Branch-free body (the comparison outcome is data dependent).  Returns the
+    output length.  The value of a key present in both is ``sa*va + sb*vb``.
+    """
+    cdef Py_ssize_t a = 0, b = 0, n = 0
+    cdef index_t ka, kb
+    cdef bint ta, tb
+    cdef double x, y
+    while a < na and b < nb:
+        ka = ia[a]
+        kb = ib[b]
+        ta = ka <= kb
+        tb = kb <= ka
+        x = sa * <double>va[a] if ta else 0.0
+        y = sb * <double>vb[b] if tb else 0.0
+        oi[n] = ka if ta else kb
+        ov[n] = x + y if (ta and tb) else (x if ta else y)
+        a += ta
+        b += tb
+        n += 1
+    while a < na:
+        oi[n] = ia[a]
+        ov[n] = sa * <double>va[a]
+        a += 1
+        n += 1
+    while b < nb:
+        oi[n] = ib[b]
+        ov[n] = sb * <double>vb[b]
+        b += 1
+        n += 1
+    return n
+
+
+cdef inline Py_ssize_t _merge_acc(const index_t* ia, const double* va, Py_ssize_t na,
+                                  const index_t* ib, const double* vb, Py_ssize_t nb,
+                                  index_t* oi, double* ov) noexcept nogil:
+    """Merge two sorted duplicate-free double runs, equal keys summed (a + b)."""
+    cdef Py_ssize_t a = 0, b = 0, n = 0
+    cdef index_t ka, kb
+    cdef bint ta, tb
+    cdef double x, y
+    while a < na and b < nb:
+        ka = ia[a]
+        kb = ib[b]
+        ta = ka <= kb
+        tb = kb <= ka
+        x = va[a]
+        y = vb[b]
+        oi[n] = ka if ta else kb
+        ov[n] = x + y if (ta and tb) else (x if ta else y)
+        a += ta
+        b += tb
+        n += 1
+    if a < na:
+        memcpy(oi + n, ia + a, (na - a) * sizeof(index_t))
+        memcpy(ov + n, va + a, (na - a) * sizeof(double))
+        n += na - a
+    if b < nb:
+        memcpy(oi + n, ib + b, (nb - b) * sizeof(index_t))
+        memcpy(ov + n, vb + b, (nb - b) * sizeof(double))
+        n += nb - b
+    return n
+
+
+cdef int _row_merge(_RowWS* ws, const index_t* aind, const floating* aval, Py_ssize_t pa0,
+                    Py_ssize_t pa1, const index_t* bip, const index_t* bind,
+                    const floating* bval, Py_ssize_t flops,
+                    index_t* out_idx, floating* out_val) noexcept nogil:
+    """Row i of A @ B by a pairwise merge tree of the scaled B rows.
+
+    Level 1 merges pairs of B rows straight from B; later levels merge runs
+    between two thread-private buffers; the result (sorted, duplicates
+    summed, cancellation zeros kept) is copied to ``out_*``.  Needs B rows
+    sorted and duplicate free.  O(flops * ceil(log2(nnz of A's row))), no
+    random access.  Returns -1 if the buffers cannot grow.
+    """
+    cdef Py_ssize_t na = pa1 - pa0
+    cdef Py_ssize_t t, nr, nr2, pos, n, j0, j1
+    cdef index_t* si
+    cdef index_t* di
+    cdef double* sv
+    cdef double* dv
+    cdef Py_ssize_t* sr
+    cdef Py_ssize_t* dr
+    cdef void* tmp
+    cdef double* tmpv
+    cdef Py_ssize_t* tmpr
+    cdef index_t itype = 0
+    if _ws_merge(ws, flops, na // 2 + 2, itype) != 0:
+        return -1
+    si = <index_t*>ws.idx0
+    sv = ws.val0
+    sr = ws.run0
+    di = <index_t*>ws.idx1
+    dv = ws.val1
+    dr = ws.run1
+    # level 1, straight from B
+    pos = 0
+    nr = 0
+    sr[0] = 0
+    t = pa0
+    while t + 1 < pa1:
+        j0 = aind[t]
+        j1 = aind[t + 1]
+        pos += _merge_scaled(bind + bip[j0], bval + bip[j0], <double>aval[t], bip[j0 + 1] - bip[j0],
+                             bind + bip[j1], bval + bip[j1], <double>aval[t + 1], bip[j1 + 1] - bip[j1],
+                             si + pos, sv + pos)
+        nr += 1
+        sr[nr] = pos
+        t += 2
+    if t < pa1:
+        j0 = aind[t]
+        pos += _merge_scaled(bind + bip[j0], bval + bip[j0], <double>aval[t], bip[j0 + 1] - bip[j0],
+                             bind, bval, 0.0, 0, si + pos, sv + pos)
+        nr += 1
+        sr[nr] = pos
+    # later levels
+    while nr > 1:
+        pos = 0
+        nr2 = 0
+        dr[0] = 0
+        t = 0
+        while t + 1 < nr:
+            pos += _merge_acc(si + sr[t], sv + sr[t], sr[t + 1] - sr[t],
+                              si + sr[t + 1], sv + sr[t + 1], sr[t + 2] - sr[t + 1],
+                              di + pos, dv + pos)
+            nr2 += 1
+            dr[nr2] = pos
+            t += 2
+        if t < nr:
+            n = sr[t + 1] - sr[t]
+            memcpy(di + pos, si + sr[t], n * sizeof(index_t))
+            memcpy(dv + pos, sv + sr[t], n * sizeof(double))
+            pos += n
+            nr2 += 1
+            dr[nr2] = pos
+        si, di = di, si
+        sv, dv = dv, sv
+        sr, dr = dr, sr
+        nr = nr2
+    memcpy(out_idx, si, pos * sizeof(index_t))
+    for t in range(pos):
+        out_val[t] = <floating>sv[t]
+    return 0
+
+
+cdef int _row_scatter(_RowWS* ws, index_t stamp, const index_t* aind, const floating* aval,
+                      Py_ssize_t pa0, Py_ssize_t pa1, const index_t* bip, const index_t* bind,
+                      const floating* bval, index_t* out_idx, floating* out_val,
+                      bint sort_rows) noexcept nogil:
+    """Row ``stamp`` of A @ B by Gustavson scatter into the dense workspace.
+
+    Products summed in A-row then B-row order.  The coordinate list is built
+    in ``out_idx`` and compacted by ``_compact_row`` (scan or sort).
+    O(flops + compaction).  Returns -1 if the workspace cannot be allocated.
+    """
+    cdef Py_ssize_t p, q, cnt = 0, minc, maxc
+    cdef index_t j, k
+    cdef double v
+    cdef index_t* mark
+    cdef double* acc
+    if _ws_scatter(ws, stamp) != 0:
+        return -1
+    mark = <index_t*>ws.mark
+    acc = ws.acc
+    minc = ws.n_cols
+    maxc = -1
+    for p in range(pa0, pa1):
+        j = aind[p]
+        v = aval[p]
+        for q in range(bip[j], bip[j + 1]):
+            k = bind[q]
+            if mark[k] != stamp:
+                mark[k] = stamp
+                acc[k] = v * <double>bval[q]
+                out_idx[cnt] = k
+                cnt = cnt + 1
+                if k < minc:
+                    minc = k
+                if k > maxc:
+                    maxc = k
+            else:
+                acc[k] += v * <double>bval[q]
+    _compact_row(mark, acc, stamp, out_idx, out_val, cnt, minc, maxc, sort_rows)
+    return 0
+
+
+def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
+                   const floating[::1] a_data,
+                   const index_t[::1] b_indptr, const index_t[::1] b_indices,
+                   const floating[::1] b_data, Py_ssize_t n_cols,
+                   const index_t[::1] c_indptr, index_t[::1] c_indices,
+                   floating[::1] c_data, int num_threads, bint sort_rows=True):
+    """Phase 2 of ``C = A @ B``: fill ``c_indices``/``c_data`` row by row.
+
+    Preconditions: as :func:`spgemm_symbolic`, and B's rows sorted without
+    duplicates (canonical; A may be non-canonical); ``c_indptr`` is the
+    prefix sum of the symbolic ``row_nnz`` (``c_indptr[0]`` is an arbitrary
+    offset, usually 0); ``c_indices``/``c_data`` have ``c_indptr[m] -
+    c_indptr[0]`` entries, row i at ``[c_indptr[i] - c_indptr[0],
+    c_indptr[i + 1] - c_indptr[0])``.
+    Per row, one of two strategies chosen from the row's shape only (so the
+    choice, and the arithmetic, never depends on threads):
+
+    * *merge* (row of A with <= 64 entries and an output row sparse relative
+      to ``n_cols``): pairwise merge tree of the scaled, sorted B rows in two
+      thread-private buffers -- sorted output for free and no random access;
+      duplicates summed in tree order; O(flops * log2(nnz of A's row)).
+    * *scatter* (Gustavson): thread-private dense double accumulator + marker
+      + coordinate list built in the row's output slice, then a marker scan
+      (dense rows) or a sort; O(flops + cnt log cnt).
+
+    With ``sort_rows=False`` the scatter path is always used and rows keep
+    first-touch order (unsorted, like scipy's csr_matmat).  Explicit zeros
+    from cancellation are kept.  Workspace per thread: n_cols * (8 + itemsize)
+    bytes (scatter, allocated on first use) + 2 * max row flops * (8 +
+    itemsize) (merge, grown geometrically).
+    """
+    cdef Py_ssize_t m = a_indptr.shape[0] - 1
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, cs, cnt, flops, na
+    cdef const index_t* aip = &a_indptr[0]
+    cdef const index_t* aind = _iptr(a_indices)
+    cdef const floating* aval = _fptr(a_data)
+    cdef const index_t* bip = &b_indptr[0]
+    cdef const index_t* bind = _iptr(b_indices)
+    cdef const floating* bval = _fptr(b_data)
+    cdef const index_t* cip = &c_indptr[0]
+    cdef index_t* cind = &c_indices[0] if c_indices.shape[0] > 0 else NULL
+    cdef floating* cval = &c_data[0] if c_data.shape[0] > 0 else NULL
+    cdef _RowWS* ws
+    cdef int failed = 0, rc
+    if m == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        ws = <_RowWS*>calloc(1, sizeof(_RowWS))   # private: assigned in the block
+        if ws != NULL:
+            ws.n_cols = n_cols
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if ws == NULL:
+                failed += 1
+                continue
+            # balance by output nnz (known now) + rows
+            r0 = _split(cip, m, b, nb)
+            r1 = _split(cip, m, b + 1, nb)
+            for i in range(r0, r1):
+                cs = cip[i] - cip[0]
+                cnt = cip[i + 1] - cip[i]
+                if cnt == 0:
+                    continue
+                na = aip[i + 1] - aip[i]
+                flops = 0
+                for p in range(aip[i], aip[i + 1]):
+                    flops = flops + bip[aind[p] + 1] - bip[aind[p]]
+                if sort_rows and na <= 64 and cnt * 32 < n_cols:
+                    rc = _row_merge(ws, aind, aval, aip[i], aip[i + 1], bip, bind, bval,
+                                    flops, cind + cs, cval + cs)
+                else:
+                    rc = _row_scatter(ws, <index_t>i, aind, aval, aip[i], aip[i + 1], bip,
+                                      bind, bval, cind + cs, cval + cs, sort_rows)
+                if rc != 0:
+                    failed += 1
+        if ws != NULL:
+            _ws_free(ws)
+            free(ws)
+    if failed:
+        raise MemoryError("spgemm_numeric: cannot allocate the thread workspace")
+
+
+def _prefix_sum(row_nnz, idx_dtype):
+    """indptr (m + 1) from per-row counts; int64 if the total needs it."""
+    indptr = np.empty(row_nnz.shape[0] + 1, dtype=np.int64)
+    indptr[0] = 0
+    np.cumsum(row_nnz, out=indptr[1:])
+    if idx_dtype == np.int32 and indptr[len(indptr) - 1] <= np.iinfo(np.int32).max:
+        return indptr.astype(np.int32)
+    return indptr
+
+
+def spgemm(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data,
+           Py_ssize_t n_cols, int num_threads):
+    """``C = A @ B`` for CSR A (m x n) and CSR B (n x n_cols) -> ``(indptr, indices, data)``.
+
+    Two phases (:func:`spgemm_symbolic`, cumsum, :func:`spgemm_numeric`).
+    Preconditions: all four index arrays the same dtype (int32/int64), both
+    data arrays the same float dtype, 1-D contiguous, indices in range.
+    Output: int32 index arrays when the inputs are int32 and nnz(C) fits,
+    int64 otherwise (then the inputs are upcast on a copy); data has the
+    input float dtype; rows sorted, structural zeros kept.
+    """
+    idx_dtype = np.asarray(a_indptr).dtype
+    m = len(a_indptr) - 1
+    row_nnz = np.empty(m, dtype=np.int64)
+    spgemm_symbolic(a_indptr, a_indices, b_indptr, b_indices, n_cols, row_nnz, num_threads)
+    indptr = _prefix_sum(row_nnz, idx_dtype)
+    if indptr.dtype != idx_dtype:
+        a_indptr, a_indices, b_indptr, b_indices = (
+            np.asarray(a, dtype=np.int64) for a in (a_indptr, a_indices, b_indptr, b_indices))
+    nnz = int(indptr[len(indptr) - 1])
+    indices = np.empty(nnz, dtype=indptr.dtype)
+    data = np.empty(nnz, dtype=np.asarray(a_data).dtype)
+    spgemm_numeric(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, n_cols,
+                   indptr, indices, data, num_threads)
+    return indptr, indices, data
+
+
+# --------------------------------------------------------------------------
+# SpAdd-n: one workspace per row, n-way union
+# --------------------------------------------------------------------------
+cdef struct _Operands:
+    # ``n`` CSR operands of the same shape, by pointer (int index type and
+    # float value type fixed by the specialisation that reads them).
+    Py_ssize_t n
+    void** indptr
+    void** indices
+    void** data
+
+
+cdef int _collect(list arrays, void** out) except -1:
+    cdef Py_ssize_t t
+    for t in range(len(arrays)):
+        a = arrays[t]
+        out[t] = <void*><size_t>a.ctypes.data if a.size else NULL
+    return 0
+
+
+cdef void _spadd_rows(_Operands ops, const double* coef, Py_ssize_t m, Py_ssize_t n_cols,
+                      index_t itype, floating ftype, bint numeric,
+                      int64_t* row_nnz, const index_t* cip, index_t* cind, floating* cval,
+                      int num_threads, int* failed) noexcept nogil:
+    """Shared body of spadd_symbolic (numeric=False) / spadd_numeric (True)."""
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, q, z, t, cnt, cs, minc, maxc
+    cdef index_t k
+    cdef double c
+    cdef const index_t* ip
+    cdef const index_t* ind
+    cdef const floating* val
+    cdef const index_t* ip0 = <const index_t*>ops.indptr[0]
+    cdef index_t* mark
+    cdef double* acc
+    cdef int nfail = 0
+    with parallel(num_threads=num_threads):
+        mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+        acc = NULL
+        if numeric:
+            acc = <double*>malloc((n_cols + 1) * sizeof(double))
+        if mark != NULL:
+            for z in range(n_cols):
+                mark[z] = -1
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if mark == NULL or (numeric and acc == NULL):
+                nfail += 1
+                continue
+            if numeric:
+                r0 = _split(cip, m, b, nb)
+                r1 = _split(cip, m, b + 1, nb)
+            else:
+                r0 = _split(ip0, m, b, nb)
+                r1 = _split(ip0, m, b + 1, nb)
+            for i in range(r0, r1):
+                cnt = 0
+                minc = n_cols
+                maxc = -1
+                cs = cip[i] - cip[0] if numeric else 0
+                for t in range(ops.n):
+                    ip = <const index_t*>ops.indptr[t]
+                    ind = <const index_t*>ops.indices[t]
+                    val = <const floating*>ops.data[t]
+                    c = coef[t]
+                    for p in range(ip[i], ip[i + 1]):
+                        k = ind[p]
+                        if mark[k] != <index_t>i:
+                            mark[k] = <index_t>i
+                            cnt = cnt + 1
+                            if numeric:
+                                acc[k] = c * <double>val[p]
+                                cind[cs + cnt - 1] = k
+                                if k < minc:
+                                    minc = k
+                                if k > maxc:
+                                    maxc = k
+                        elif numeric:
+                            acc[k] += c * <double>val[p]
+                if numeric:
+                    _compact_row(mark, acc, <index_t>i, cind + cs, cval + cs, cnt, minc, maxc, True)
+                else:
+                    row_nnz[i] = cnt
+        free(mark)
+        free(acc)
+    failed[0] = nfail
+
+
+cdef object _spadd_run(list indptrs, list indices, list datas, const double[::1] coefficients,
+                       Py_ssize_t n_rows, Py_ssize_t n_cols, int num_threads,
+                       index_t itype, floating ftype, size_t rn_addr, size_t cip_addr,
+                       size_t cind_addr, size_t cval_addr, bint numeric):
+    cdef Py_ssize_t n = len(indptrs)
+    cdef _Operands ops
+    cdef int failed = 0
+    cdef const double* coef = &coefficients[0] if n > 0 else NULL
+    cdef int64_t* rn = <int64_t*>rn_addr
+    cdef const index_t* cip = <const index_t*>cip_addr
+    cdef index_t* cind = <index_t*>cind_addr
+    cdef floating* cval = <floating*>cval_addr
+    if n_rows == 0:
+        return
+    if n == 0:
+        if not numeric:
+            memset(rn, 0, n_rows * sizeof(int64_t))
+        return
+    ops.n = n
+    ops.indptr = <void**>malloc(3 * n * sizeof(void*))
+    if ops.indptr == NULL:
+        raise MemoryError()
+    ops.indices = ops.indptr + n
+    ops.data = ops.indptr + 2 * n
+    try:
+        _collect(indptrs, ops.indptr)
+        _collect(indices, ops.indices)
+        _collect(datas, ops.data)
+        with nogil:
+            _spadd_rows(ops, coef, n_rows, n_cols, itype, ftype, numeric,
+                        rn, cip, cind, cval, num_threads, &failed)
+    finally:
+        free(ops.indptr)
+    if failed:
+        raise MemoryError("spadd: cannot allocate the thread workspace")
+
+
+def _check_operand_dtypes(indptrs, indices, datas, index_dtype, value_dtype):
+    """Fail loudly (not UB) if the operand lists mix dtypes or are not contiguous."""
+    for group, dt in ((indptrs, index_dtype), (indices, index_dtype), (datas, value_dtype)):
+        for a in group:
+            if not isinstance(a, np.ndarray) or a.dtype != dt or not a.flags.c_contiguous:
+                raise TypeError("spadd operands must be C-contiguous numpy arrays of one "
+                                f"index dtype and one value dtype; got {type(a).__name__} "
+                                f"{getattr(a, 'dtype', None)}")
+
+
+def spadd_symbolic(list indptrs, list indices, list datas, const double[::1] coefficients,
+                   Py_ssize_t n_rows, Py_ssize_t n_cols, int64_t[::1] row_nnz,
+                   int num_threads):
+    """Phase 1 of ``sum_t coefficients[t] * B_t``: ``row_nnz[i]`` = size of the union of row i.
+
+    Operands are passed as three Python lists of numpy arrays (``indptrs[t]``,
+    ``indices[t]``, ``datas[t]`` of operand ``t``), all ``n_rows x n_cols``
+    CSR, every index array the same dtype (int32/int64), every data array the
+    same float dtype, all C-contiguous (checked: O(n_operands)); the kernel
+    reads them through an array of raw pointers (no stacking copy).  Column
+    indices in range, any order.  Complexity O(sum nnz + n_rows * n_ops);
+    workspace n_cols * itemsize per thread.
+    """
+    if not indptrs:
+        row_nnz[:] = 0
+        return
+    idt = indptrs[0].dtype
+    vdt = datas[0].dtype
+    _check_operand_dtypes(indptrs, indices, datas, idt, vdt)
+    _spadd_dispatch(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                    row_nnz, None, None, None, False)
+
+
+def spadd_numeric(list indptrs, list indices, list datas, const double[::1] coefficients,
+                  Py_ssize_t n_rows, Py_ssize_t n_cols, c_indptr, c_indices, c_data,
+                  int num_threads):
+    """Phase 2 of SpAdd-n: fill ``c_indices``/``c_data`` (sorted rows).
+
+    ``C[i, k] = sum_t coefficients[t] * B_t[i, k]`` over the union pattern,
+    summed in operand order (then position order for duplicates) in double,
+    independent of threads; cancellation zeros are kept.  One scatter
+    workspace per row for all operands (not pairwise merges).  Preconditions
+    as :func:`spadd_symbolic`; ``c_indptr`` (index dtype of the operands) is
+    the prefix sum of its ``row_nnz``; ``c_indices``/``c_data`` have
+    ``c_indptr[len(indptr) - 1]`` entries.  Complexity O(sum nnz + nnz(C) log(row nnz)).
+    """
+    if not indptrs:
+        return
+    idt = indptrs[0].dtype
+    vdt = datas[0].dtype
+    _check_operand_dtypes(indptrs, indices, datas, idt, vdt)
+    _check_operand_dtypes([c_indptr], [c_indices], [c_data], idt, vdt)
+    _spadd_dispatch(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                    None, c_indptr, c_indices, c_data, True)
+
+
+cdef _spadd_dispatch(list indptrs, list indices, list datas, const double[::1] coefficients,
+                     Py_ssize_t n_rows, Py_ssize_t n_cols, int num_threads,
+                     row_nnz, c_indptr, c_indices, c_data, bint numeric):
+    idt = indptrs[0].dtype
+    vdt = datas[0].dtype
+    if row_nnz is None:
+        row_nnz = np.empty(1, dtype=np.int64)
+    if not numeric:
+        c_indptr = np.zeros(1, dtype=idt)
+        c_indices = np.empty(0, dtype=idt)
+        c_data = np.empty(0, dtype=vdt)
+    cdef int32_t i32 = 0
+    cdef int64_t i64 = 0
+    cdef float f32 = 0
+    cdef double f64 = 0
+    row_nnz, c_indptr, c_indices, c_data = (np.asarray(a) for a in (row_nnz, c_indptr, c_indices, c_data))
+    cdef size_t rn = row_nnz.ctypes.data, cip = c_indptr.ctypes.data
+    cdef size_t cind = c_indices.ctypes.data, cval = c_data.ctypes.data
+    if idt == np.int32 and vdt == np.float64:
+        _spadd_run(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                   i32, f64, rn, cip, cind, cval, numeric)
+    elif idt == np.int64 and vdt == np.float64:
+        _spadd_run(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                   i64, f64, rn, cip, cind, cval, numeric)
+    elif idt == np.int32 and vdt == np.float32:
+        _spadd_run(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                   i32, f32, rn, cip, cind, cval, numeric)
+    elif idt == np.int64 and vdt == np.float32:
+        _spadd_run(indptrs, indices, datas, coefficients, n_rows, n_cols, num_threads,
+                   i64, f32, rn, cip, cind, cval, numeric)
+    else:
+        raise TypeError(f"spadd: unsupported dtypes index={idt} value={vdt}")
+
+
+def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_rows,
+          Py_ssize_t n_cols, int num_threads):
+    """``C = sum_t coefficients[t] * B_t`` (n-way union) -> ``(indptr, indices, data)``.
+
+    ``coefficients``: float64 array (e.g. +1/-1 for subtraction), one per
+    operand.  Operands as in :func:`spadd_symbolic`.  Output index dtype is
+    the operands' (int64 if int32 cannot hold nnz(C); operands are then
+    upcast on a copy), value dtype the operands'; rows sorted, structural
+    zeros kept.  With no operands: an all-zero float64 matrix.
+    """
+    coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
+    if not indptrs:
+        return (np.zeros(n_rows + 1, dtype=np.int32), np.empty(0, dtype=np.int32),
+                np.empty(0, dtype=np.float64))
+    idx_dtype = indptrs[0].dtype
+    row_nnz = np.empty(n_rows, dtype=np.int64)
+    spadd_symbolic(indptrs, indices, datas, coefficients, n_rows, n_cols, row_nnz, num_threads)
+    indptr = _prefix_sum(row_nnz, idx_dtype)
+    if indptr.dtype != idx_dtype:
+        indptrs = [np.asarray(a, dtype=np.int64) for a in indptrs]
+        indices = [np.asarray(a, dtype=np.int64) for a in indices]
+    nnz = int(indptr[len(indptr) - 1])
+    out_indices = np.empty(nnz, dtype=indptr.dtype)
+    out_data = np.empty(nnz, dtype=datas[0].dtype)
+    spadd_numeric(indptrs, indices, datas, coefficients, n_rows, n_cols,
+                  indptr, out_indices, out_data, num_threads)
+    return indptr, out_indices, out_data
