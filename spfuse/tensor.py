@@ -70,7 +70,11 @@ class DenseLevel:
     kind: ClassVar[str] = DENSE
 
     def num_positions(self, parent_positions: int) -> int:
-        """Positions of this level given the parent level's position count."""
+        """Positions of this level given the parent level's position count.
+
+        >>> DenseLevel(5).num_positions(2)
+        10
+        """
         return parent_positions * self.size
 
 
@@ -96,7 +100,11 @@ class CompressedLevel:
         object.__setattr__(self, "crd", np.asarray(self.crd))
 
     def num_positions(self, parent_positions: int) -> int:
-        """Positions of this level: the number of stored coordinates."""
+        """Positions of this level: the number of stored coordinates.
+
+        >>> CompressedLevel(9, [0, 1, 3], [4, 0, 8]).num_positions(2)
+        3
+        """
         return len(self.crd)
 
     def __repr__(self) -> str:
@@ -492,47 +500,83 @@ class Tensor:
     # -- attributes -----------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
-        """Extent of every mode, in mode order."""
+        """Extent of every mode, in mode order.
+
+        >>> Tensor.from_numpy(np.zeros((2, 3))).shape
+        (2, 3)
+        """
         return self._shape
 
     @property
     def ndim(self) -> int:
-        """Number of modes."""
+        """Number of modes.
+
+        >>> Tensor.from_numpy(np.zeros((2, 3, 4))).ndim
+        3
+        """
         return len(self._shape)
 
     @property
     def dtype(self) -> np.dtype:
-        """Value dtype: float32 or float64."""
+        """Value dtype: float32 or float64.
+
+        >>> Tensor.from_numpy(np.zeros(2, np.float32)).dtype
+        dtype('float32')
+        """
         return self._values.dtype
 
     @property
     def format(self) -> Format:
-        """The storage :class:`~spfuse.formats.Format`."""
+        """The storage :class:`~spfuse.formats.Format`.
+
+        >>> Tensor.from_numpy(np.eye(2), "csc").format
+        Format(levels=('dense', 'compressed'), mode_order=(1, 0))
+        """
         return self._format
 
     @property
     def levels(self) -> tuple[Level, ...]:
-        """Levels in storage order (read-only arrays)."""
+        """Levels in storage order (read-only arrays).
+
+        >>> Tensor.from_numpy(np.eye(2), "csr").levels
+        (DenseLevel(size=2), CompressedLevel(size=2, nnz=2, index=int32))
+        """
         return self._levels
 
     @property
     def values(self) -> np.ndarray:
-        """Stored values, 1-D, C-contiguous, read-only; indexed by last-level positions."""
+        """Stored values, 1-D, C-contiguous, read-only; indexed by last-level positions.
+
+        >>> Tensor.from_numpy([[0.0, 2.0], [3.0, 0.0]], "csr").values
+        array([2., 3.])
+        """
         return self._values
 
     @property
     def index_dtype(self) -> np.dtype:
-        """int32 or int64, shared by every index array of this tensor."""
+        """int32 or int64, shared by every index array of this tensor.
+
+        >>> Tensor.from_coo([[0], [2**31]], [1.0], (1, 2**31 + 1), "dcsr").index_dtype
+        dtype('int64')
+        """
         return self._index_dtype
 
     @property
     def nnz(self) -> int:
-        """Number of stored entries (``len(values)``; dense levels store their zeros)."""
+        """Number of stored entries (``len(values)``; dense levels store their zeros).
+
+        >>> a = np.eye(3); Tensor.from_numpy(a, "csr").nnz, Tensor.from_numpy(a).nnz
+        (3, 9)
+        """
         return int(self._values.shape[0])
 
     @property
     def size(self) -> int:
-        """Number of elements of the dense tensor (product of the shape)."""
+        """Number of elements of the dense tensor (product of the shape).
+
+        >>> Tensor.from_numpy(np.eye(3), "csr").size
+        9
+        """
         return math.prod(self._shape)
 
     @property
@@ -642,7 +686,11 @@ class Tensor:
 
     @property
     def T(self) -> "Tensor":
-        """``transpose()`` (all modes reversed)."""
+        """``transpose()`` (all modes reversed).
+
+        >>> Tensor.from_numpy(np.zeros((2, 5)), "csr").T.shape
+        (5, 2)
+        """
         return self.transpose()
 
     def copy(self) -> "Tensor":
@@ -673,7 +721,15 @@ class Tensor:
         return out
 
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
-        """``np.asarray(tensor)``: dense formats give a (read-only) view unless a copy is asked."""
+        """``np.asarray(tensor)``: dense formats give a (read-only) view unless a copy is asked.
+
+        Honours numpy 2's ``copy`` keyword: ``copy=False`` raises ``ValueError``
+        when a copy cannot be avoided (sparse formats, dtype changes).
+
+        >>> t = Tensor.from_numpy(np.eye(2))
+        >>> np.shares_memory(np.asarray(t), t.values), np.array(t, copy=True).flags.writeable
+        (True, True)
+        """
         if self._format.is_dense:
             st = self._values.reshape(self._format.storage_shape(self._shape))
             view = st.transpose(self._format.inverse_order) if not self._format.is_identity_order else st
