@@ -1,4 +1,8 @@
-"""Generic loop-tree executor: hand-built plans against numpy oracles."""
+"""Generic loop-tree executor: hand-built plans against numpy oracles.
+
+Every plan also runs with 2 threads and with block mode off; results must be
+bitwise identical to the 1-thread block-mode run.
+"""
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -21,15 +25,15 @@ def rand_csr(m, n, density, rng, fmt="csr"):
 def both_threads(plan):
     """Run with 1 and 2 threads; the results must be bitwise identical."""
     r1 = run(plan, num_threads=1)
-    r2 = run(plan, num_threads=2)
-    assert r1.keys() == r2.keys()
-    for k in r1:
-        a, b = r1[k], r2[k]
-        if isinstance(a, tuple):
-            np.testing.assert_array_equal(a.coords, b.coords)
-            np.testing.assert_array_equal(a.values, b.values)
-        else:
-            np.testing.assert_array_equal(a, b)
+    for other in (run(plan, num_threads=2), run(plan, num_threads=1, blocks=False)):
+        assert r1.keys() == other.keys()
+        for k in r1:
+            a, b = r1[k], other[k]
+            if isinstance(a, tuple):
+                np.testing.assert_array_equal(a.coords, b.coords)
+                np.testing.assert_array_equal(a.values, b.values)
+            else:
+                np.testing.assert_array_equal(a, b)
     return r1
 
 

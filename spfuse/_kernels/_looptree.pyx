@@ -79,6 +79,7 @@ cdef enum:
     OP_RELU = 47
 
     STACK_SIZE = 64
+    BLK = 256
 
 STACK_LIMIT = STACK_SIZE
 
@@ -93,6 +94,7 @@ ctypedef struct Plan:
     int64_t* loop_ndrv
     int64_t* loop_nlev
     int64_t* loop_levs
+    int64_t* loop_block
     int64_t* var_extent
     int64_t* lev_kind
     int64_t* lev_size
@@ -141,6 +143,9 @@ ctypedef struct Ctx:
     double** coo_val
     int64_t* coo_n
     int64_t* coo_cap
+    int64_t* blk_i     # block mode: coordinates of up to BLK iterations
+    int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
+    double* vst        # block mode: vector stack, one row of BLK per slot
     int err
 
 
@@ -399,6 +404,245 @@ cdef void exec_reset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
             return
 
 
+
+# ------------------------------------------------------------ block mode --
+# An innermost loop whose body is only statements, none of which reads a
+# buffer written in the body and no two of which write the same buffer, is
+# run in blocks: the co-iteration collects up to BLK iterations (coordinate
+# and positions), then every statement's byte code runs once per block over
+# vectors.  Each target still receives its updates in iteration order, so the
+# results are bitwise those of the per-element interpretation.
+
+cdef inline int64_t find_level(int64_t* levs, int64_t nl, int64_t L) noexcept nogil:
+    cdef int64_t k
+    for k in range(nl):
+        if levs[k] == L:
+            return k
+    return -1
+
+
+cdef inline void bref_split(Plan* P, Ctx* C, int64_t r, int64_t v,
+                            int64_t* base, int64_t* sv) noexcept nogil:
+    """offset(e) = base + sv * blk_i[e] for a reference inside loop v."""
+    cdef int64_t k, s = P.bref_tstart[r]
+    base[0] = 0
+    sv[0] = 0
+    for k in range(s, s + P.bref_nterm[r]):
+        if P.term_var[k] == v:
+            sv[0] += P.term_stride[k]
+        else:
+            base[0] += P.term_stride[k] * C.ival[P.term_var[k]]
+
+
+cdef void flush_block(Plan* P, Ctx* C, int64_t node, int64_t n) noexcept nogil:
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t v = P.loop_var[lid]
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef int64_t* bi = C.blk_i
+    cdef int64_t c = node + 1
+    cdef int64_t end = P.node_end[node]
+    cdef int64_t s, pc, pend, op, r, L, k, e, q, base, sv, tk, aop, nv, vs, cn
+    cdef int sp
+    cdef double x
+    cdef double* d
+    cdef double* a
+    cdef double* b
+    cdef double* vals
+    cdef double* buf
+    cdef int64_t* pos
+    cdef int64_t* code = P.code
+    cdef int64_t* dst
+    while c < end:
+        s = P.node_arg[c]
+        c = P.node_end[c]
+        pc = P.stmt_cstart[s]
+        pend = pc + P.stmt_clen[s]
+        sp = 0
+        while pc < pend:
+            op = code[pc]
+            if op <= OP_CONST:
+                d = C.vst + sp * BLK
+                r = code[pc + 1]
+                if op == OP_LOAD_ACC:
+                    L = P.acc_last[r]
+                    vals = P.acc_vals[r]
+                    k = find_level(levs, nl, L)
+                    if k >= 0:
+                        pos = C.blk_pos + k * BLK
+                        for e in range(n):
+                            q = pos[e]
+                            d[e] = vals[q] if q >= 0 else 0.0
+                    else:
+                        q = C.curpos[L]
+                        x = vals[q] if q >= 0 else 0.0
+                        for e in range(n):
+                            d[e] = x
+                elif op == OP_LOAD_BUF:
+                    bref_split(P, C, r, v, &base, &sv)
+                    buf = C.buf[P.bref_buf[r]] + base
+                    if sv == 0:
+                        x = buf[0]
+                        for e in range(n):
+                            d[e] = x
+                    else:
+                        for e in range(n):
+                            d[e] = buf[sv * bi[e]]
+                else:
+                    x = P.consts[r]
+                    for e in range(n):
+                        d[e] = x
+                sp += 1
+                pc += 2
+                continue
+            pc += 1
+            if op == OP_WHERE:
+                sp -= 2
+                d = C.vst + (sp - 1) * BLK
+                a = d + BLK
+                b = a + BLK
+                for e in range(n):
+                    d[e] = a[e] if d[e] != 0.0 else b[e]
+            elif op < OP_WHERE:
+                sp -= 1
+                d = C.vst + (sp - 1) * BLK
+                b = d + BLK
+                if op == OP_ADD:
+                    for e in range(n):
+                        d[e] = d[e] + b[e]
+                elif op == OP_SUB:
+                    for e in range(n):
+                        d[e] = d[e] - b[e]
+                elif op == OP_MUL:
+                    for e in range(n):
+                        d[e] = d[e] * b[e]
+                elif op == OP_DIV:
+                    for e in range(n):
+                        d[e] = 0.0 if d[e] == 0.0 else d[e] / b[e]
+                elif op == OP_MAX:
+                    for e in range(n):
+                        if not (d[e] >= b[e] or d[e] != d[e]):
+                            d[e] = b[e]
+                elif op == OP_MIN:
+                    for e in range(n):
+                        if not (d[e] <= b[e] or d[e] != d[e]):
+                            d[e] = b[e]
+                elif op == OP_LT:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] < b[e] else 0.0
+                elif op == OP_LE:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] <= b[e] else 0.0
+                elif op == OP_GT:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] > b[e] else 0.0
+                elif op == OP_GE:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] >= b[e] else 0.0
+                elif op == OP_EQ:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] == b[e] else 0.0
+                elif op == OP_NE:
+                    for e in range(n):
+                        d[e] = 1.0 if d[e] != b[e] else 0.0
+            else:
+                d = C.vst + (sp - 1) * BLK
+                if op == OP_NEG:
+                    for e in range(n):
+                        d[e] = -d[e]
+                elif op == OP_ABS:
+                    for e in range(n):
+                        d[e] = fabs(d[e])
+                elif op == OP_SQRT:
+                    for e in range(n):
+                        d[e] = sqrt(d[e])
+                elif op == OP_EXP:
+                    for e in range(n):
+                        d[e] = exp(d[e])
+                elif op == OP_LOG:
+                    for e in range(n):
+                        d[e] = log(d[e])
+                elif op == OP_TANH:
+                    for e in range(n):
+                        d[e] = tanh(d[e])
+                elif op == OP_SIGMOID:
+                    for e in range(n):
+                        x = d[e]
+                        if x >= 0:
+                            d[e] = 1.0 / (1.0 + exp(-x))
+                        else:
+                            x = exp(x)
+                            d[e] = x / (1.0 + x)
+                elif op == OP_RELU:
+                    for e in range(n):
+                        if not (d[e] > 0.0):
+                            d[e] = 0.0
+        # ---- apply to the target, in iteration order
+        d = C.vst
+        tk = P.stmt_tkind[s]
+        r = P.stmt_target[s]
+        aop = P.stmt_op[s]
+        if tk == T_BUF:
+            bref_split(P, C, r, v, &base, &sv)
+            buf = C.buf[P.bref_buf[r]] + base
+            if aop == A_SUM:
+                if sv == 0:
+                    x = buf[0]
+                    for e in range(n):
+                        x += d[e]
+                    buf[0] = x
+                else:
+                    for e in range(n):
+                        buf[sv * bi[e]] += d[e]
+            elif aop == A_ASSIGN:
+                for e in range(n):
+                    buf[sv * bi[e]] = d[e]
+            else:
+                for e in range(n):
+                    apply_op(buf + sv * bi[e], aop, d[e])
+        elif tk == T_PATTERN:
+            L = P.pat_level[r]
+            buf = C.buf[P.pat_buf[r]]
+            k = find_level(levs, nl, L)
+            if k >= 0:
+                pos = C.blk_pos + k * BLK
+                for e in range(n):
+                    if pos[e] >= 0:
+                        apply_op(buf + pos[e], aop, d[e])
+            elif C.curpos[L] >= 0:
+                for e in range(n):
+                    apply_op(buf + C.curpos[L], aop, d[e])
+        else:
+            nv = P.coo_nvar[r]
+            vs = P.coo_vstart[r]
+            while C.coo_n[r] + n > C.coo_cap[r]:
+                if coo_grow(C, r, nv) != 0:
+                    C.err = 1
+                    return
+            cn = C.coo_n[r]
+            for e in range(n):
+                dst = C.coo_crd[r] + (cn + e) * nv
+                for k in range(nv):
+                    L = P.coo_vars[vs + k]
+                    dst[k] = bi[e] if L == v else C.ival[L]
+                C.coo_val[r][cn + e] = d[e]
+            C.coo_n[r] = cn + n
+
+
+cdef inline int64_t block_push(Plan* P, Ctx* C, int64_t node, int64_t* levs, int64_t nl,
+                               int64_t i, int64_t n) noexcept nogil:
+    """Record iteration i (positions are in C.curpos); flush when full."""
+    cdef int64_t k
+    C.blk_i[n] = i
+    for k in range(nl):
+        C.blk_pos[k * BLK + n] = C.curpos[levs[k]]
+    n += 1
+    if n == BLK:
+        flush_block(P, C, node, n)
+        n = 0
+    return n
+
+
 # ----------------------------------------------------------------- loops --
 
 cdef void exec_children(Plan* P, Ctx* C, int64_t node) noexcept nogil:
@@ -447,9 +691,10 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
     cdef int64_t nd = P.loop_ndrv[lid]
     cdef int64_t nl = P.loop_nlev[lid]
     cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
-    cdef int64_t k, q, i, r, L0, base0 = 0
+    cdef int64_t k, q, i, r, L0, base0 = 0, nb = 0
     cdef int64_t* crd0 = NULL
     cdef bint ok
+    cdef bint blk = P.loop_block[lid] != 0
     if P.loop_mode[lid] == M_DENSE:
         for k in range(nl):
             seek_setup(P, C, levs[k])
@@ -457,9 +702,14 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
             C.ival[v] = i
             for k in range(nl):
                 C.curpos[levs[k]] = locate(P, C, levs[k], i)
-            exec_children(P, C, node)
+            if blk:
+                nb = block_push(P, C, node, levs, nl, i, nb)
+            else:
+                exec_children(P, C, node)
             if C.err:
                 return
+        if nb:
+            flush_block(P, C, node, nb)
         return
     # INTERSECT: iterate the first driver, locate the rest
     L0 = levs[0]
@@ -485,9 +735,14 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
             C.curpos[levs[k]] = locate(P, C, levs[k], i)
         C.curpos[L0] = q
         C.ival[v] = i
-        exec_children(P, C, node)
+        if blk:
+            nb = block_push(P, C, node, levs, nl, i, nb)
+        else:
+            exec_children(P, C, node)
         if C.err:
             return
+    if nb:
+        flush_block(P, C, node, nb)
 
 
 cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
@@ -496,7 +751,8 @@ cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
     cdef int64_t nd = P.loop_ndrv[lid]
     cdef int64_t nl = P.loop_nlev[lid]
     cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
-    cdef int64_t k, L, i, c
+    cdef int64_t k, L, i, c, nb = 0
+    cdef bint blk = P.loop_block[lid] != 0
     for k in range(nl):
         seek_setup(P, C, levs[k])
     while True:
@@ -508,7 +764,7 @@ cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
                 if c < i:
                     i = c
         if i == INT64_MAX:
-            return
+            break
         for k in range(nd):
             L = levs[k]
             if C.cur[L] < C.cend[L] and coord(P, C, L, C.cur[L]) == i:
@@ -519,9 +775,14 @@ cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
         for k in range(nd, nl):
             C.curpos[levs[k]] = locate(P, C, levs[k], i)
         C.ival[v] = i
-        exec_children(P, C, node)
+        if blk:
+            nb = block_push(P, C, node, levs, nl, i, nb)
+        else:
+            exec_children(P, C, node)
         if C.err:
             return
+    if nb:
+        flush_block(P, C, node, nb)
 
 
 cdef void exec_loop(Plan* P, Ctx* C, int64_t node) noexcept nogil:
@@ -568,7 +829,7 @@ def _f64(a):
 
 _INT_FIELDS = (
     "node_kind", "node_end", "node_arg",
-    "loop_var", "loop_mode", "loop_lev_start", "loop_ndrv", "loop_nlev", "loop_levs",
+    "loop_var", "loop_mode", "loop_lev_start", "loop_ndrv", "loop_nlev", "loop_levs", "loop_block",
     "var_extent", "lev_kind", "lev_size", "lev_parent", "lev_pos_arr", "lev_crd_arr",
     "acc_last", "acc_vals_arr",
     "bref_buf", "bref_tstart", "bref_nterm", "term_var", "term_stride",
@@ -583,7 +844,8 @@ cdef class _Program:
     """A plan's arrays pinned as C pointers (built once per :func:`run`)."""
     cdef Plan P
     cdef dict keep
-    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free
+    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free, max_stack, max_blk_lev
+    cdef bint any_block
     cdef tuple index_arrays, value_arrays
 
     def __cinit__(self):
@@ -591,11 +853,15 @@ cdef class _Program:
         self.P.lev_crd = NULL
         self.P.acc_vals = NULL
 
-    def __init__(self, plan):
+    def __init__(self, plan, bint blocks=True):
         cdef int64_t k, j
         keep = {}
         for f in _INT_FIELDS:
             keep[f] = _i64(getattr(plan, f))
+        if not blocks:
+            keep["loop_block"] = np.zeros_like(keep["loop_block"])
+        self.max_stack = max(1, int(plan.max_stack))
+        self.max_blk_lev = int(keep["loop_nlev"].max()) if len(keep["loop_nlev"]) else 0
         keep["reset_value"] = _f64(plan.reset_value)
         keep["consts"] = _f64(plan.consts)
         self.keep = keep
@@ -614,6 +880,8 @@ cdef class _Program:
         P.loop_var = _ip(keep["loop_var"]); P.loop_mode = _ip(keep["loop_mode"])
         P.loop_lev_start = _ip(keep["loop_lev_start"]); P.loop_ndrv = _ip(keep["loop_ndrv"])
         P.loop_nlev = _ip(keep["loop_nlev"]); P.loop_levs = _ip(keep["loop_levs"])
+        P.loop_block = _ip(keep["loop_block"])
+        self.any_block = bool(keep["loop_block"].any())
         P.var_extent = _ip(keep["var_extent"])
         P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])
         P.lev_parent = _ip(keep["lev_parent"])
@@ -718,6 +986,12 @@ cdef class _Program:
                 C.coo_val = <double**>calloc(nc + 1, sizeof(double*))
                 C.coo_n = <int64_t*>calloc(nc + 1, sizeof(int64_t))
                 C.coo_cap = <int64_t*>calloc(nc + 1, sizeof(int64_t))
+                if self.any_block:
+                    C.blk_i = <int64_t*>malloc(BLK * (self.max_blk_lev + 1) * sizeof(int64_t))
+                    C.blk_pos = C.blk_i + BLK if C.blk_i != NULL else NULL
+                    C.vst = <double*>malloc(BLK * self.max_stack * sizeof(double))
+                    if C.blk_i == NULL or C.vst == NULL:
+                        raise MemoryError()
                 if C.buf == NULL or C.coo_crd == NULL or C.coo_val == NULL or C.coo_n == NULL or C.coo_cap == NULL:
                     raise MemoryError()
                 for b in range(nb):
@@ -794,5 +1068,6 @@ cdef class _Program:
                     for c in range(nc):
                         free(C.coo_crd[c])
                         free(C.coo_val[c])
+                free(C.blk_i); free(C.vst)
                 free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
             free(ctxs); free(scratch); free(priv); free(shared)

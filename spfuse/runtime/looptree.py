@@ -67,7 +67,10 @@ Plan encoding (all int64 numpy arrays unless noted; see ``_looptree.pyx``)
 2 RESET, index one past the subtree, row in the kind's table.  Top-level
 nodes are visited by following ``node_end`` from 0.
 ``loop_var/loop_mode(0 dense,1 intersect,2 union)/loop_lev_start/loop_ndrv/
-loop_nlev/loop_levs`` — levels a loop advances: drivers first, then located.
+loop_nlev/loop_levs`` — levels a loop advances: drivers first, then located;
+``loop_block`` 1 = innermost loop evaluated in blocks of 256 iterations
+(vectorised byte code; bitwise equal to per-element interpretation);
+``max_stack`` (int) the deepest expression stack.
 ``lev_kind(0 dense,1 compressed)/lev_size/lev_parent/lev_pos_arr/
 lev_crd_arr`` — every access's levels (global numbering), arrays referenced by
 index into ``index_arrays``; ``acc_last/acc_vals_arr`` into ``value_arrays``.
@@ -539,6 +542,8 @@ class LoopTreePlan:
     loop_ndrv: np.ndarray
     loop_nlev: np.ndarray
     loop_levs: np.ndarray
+    loop_block: np.ndarray
+    max_stack: int
     lev_kind: np.ndarray
     lev_size: np.ndarray
     lev_parent: np.ndarray
@@ -787,6 +792,7 @@ class _Lowerer:
         self.top_parallel_marks: dict = {}
         self.coo_op: dict = {}
         self.desc: list = []
+        self.max_stack = 1
 
     # ------------------------------------------------------------------
     def bref(self, r: BufferRef) -> int:
@@ -883,7 +889,7 @@ class _Lowerer:
             return arr
 
         nodes = np.asarray(self.nodes, dtype=np.int64).reshape(-1, 3)
-        loops = np.asarray(self.loops, dtype=np.int64).reshape(-1, 5)
+        loops = np.asarray(self.loops, dtype=np.int64).reshape(-1, 6)
         stmts = np.asarray(self.stmts, dtype=np.int64).reshape(-1, 5)
         resets = np.asarray([r[:5] for r in self.resets], dtype=np.int64).reshape(-1, 5)
         bufs = b._buffers
@@ -894,6 +900,7 @@ class _Lowerer:
             top_parallel=i64(top_par),
             loop_var=i64(loops[:, 0]), loop_mode=i64(loops[:, 1]), loop_lev_start=i64(loops[:, 2]),
             loop_ndrv=i64(loops[:, 3]), loop_nlev=i64(loops[:, 4]), loop_levs=i64(self.loop_levs),
+            loop_block=i64(loops[:, 5]), max_stack=int(self.max_stack),
             lev_kind=i64(self.lev["kind"]), lev_size=i64(self.lev["size"]),
             lev_parent=i64(self.lev["parent"]), lev_pos_arr=i64(self.lev["pos"]),
             lev_crd_arr=i64(self.lev["crd"]),
@@ -962,13 +969,15 @@ class _Lowerer:
                 mode = M_DENSE
             levs = [self.acc_levels[a.id][depth[a.id]] for a in drivers + located]
             lid = len(self.loops)
-            self.loops.append([v.id, mode, len(self.loop_levs), len(drivers), len(levs)])
+            block = self.block_ok(node)
+            self.loops.append([v.id, mode, len(self.loop_levs), len(drivers), len(levs), int(block)])
             self.loop_levs.extend(levs)
             self.nodes[me][0] = N_LOOP
             self.nodes[me][2] = lid
             drv = f" {_MODE_NAMES[mode]}({', '.join(str(d) for d in drivers)})" if mode != M_DENSE else " dense"
             loc = f"  locate {', '.join(str(a) for a in located)}" if located else ""
-            self.desc.append([level, f"for {v} in 0..{v.extent}{drv}{loc}", me])
+            blk = "  [block]" if block else ""
+            self.desc.append([level, f"for {v} in 0..{v.extent}{drv}{loc}{blk}", me])
             for a in drivers + located:
                 depth[a.id] += 1
             bound.append(v)
@@ -1000,6 +1009,7 @@ class _Lowerer:
                 tk, tid = T_COO, t.id
             cstart = len(self.code)
             d = self.emit_expr(node.expr)
+            self.max_stack = max(self.max_stack, d)
             if d > STACK_LIMIT:
                 raise ProgramError(f"expression needs a stack of {d} > {STACK_LIMIT}: {node.expr}")
             self.stmts.append([tk, tid, ASSIGN_OPS[node.op], cstart, len(self.code) - cstart])
@@ -1030,6 +1040,31 @@ class _Lowerer:
             self.nodes[me][2] = len(self.resets) - 1
             self.desc.append([level, f"reset {what} = {node.value!r}", me])
         self.nodes[me][1] = len(self.nodes)
+
+    @staticmethod
+    def block_ok(node: _LoopNode) -> bool:
+        """May this loop run in blocks (see ``_looptree.pyx``, block mode)?
+
+        Its body must be statements only, none reading a buffer written in
+        the body, no buffer written by two statements: then evaluating each
+        statement over a block of iterations is bitwise the same as
+        interpreting iteration by iteration."""
+        if not node.children or not all(isinstance(c, _StmtNode) for c in node.children):
+            return False
+        written: list = []
+        for c in node.children:
+            t = c.target
+            if isinstance(t, BufferRef):
+                written.append(t.buffer.id)
+            elif isinstance(t, PatternOutput):
+                written.append(t.buffer.id)
+        if len(set(written)) != len(written):
+            return False
+        for c in node.children:
+            for leaf in _expr_leaves(c.expr, []):
+                if isinstance(leaf, BufferRef) and leaf.buffer.id in written:
+                    return False
+        return True
 
     def check_bound_access(self, a: Access, depth: list, verb: str) -> None:
         if depth[a.id] != len(a.tensor.levels):
@@ -1156,10 +1191,11 @@ def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> C
     return COOResult(np.ascontiguousarray(crd_s[starts].T), vals, shape)
 
 
-def run(plan: LoopTreePlan, num_threads: int | None = None) -> dict:
+def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
     """Execute ``plan``; return ``{name: array}`` for non-private buffers
     (reshaped), ``{name: 1-d array}`` for pattern outputs, and
-    ``{name: COOResult}`` for COO outputs."""
+    ``{name: COOResult}`` for COO outputs.  ``blocks=False`` interprets
+    block-eligible loops element by element (same results; for testing)."""
     from spfuse._kernels import _looptree
     from spfuse.threads import effective_num_threads
 
@@ -1170,7 +1206,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None) -> dict:
             bufs.append(np.array(init, dtype=np.float64).reshape(-1))
         else:
             bufs.append(np.full(int(size), init, dtype=np.float64))
-    prog = _looptree._Program(plan)
+    prog = _looptree._Program(plan, blocks)
     coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
     out: dict = {}
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
