@@ -20,6 +20,8 @@ reductions; :func:`parse_program` (the public entry) also makes them explicit.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (REDUCTIONS, UNARY_FUNCTIONS, Access, Assignment, Binary,
                                  Expr, Literal, Program, Reduce, Span, Unary, Where)
@@ -254,8 +256,16 @@ def parse_expression(text: str) -> Expr:
 def parse_program(text: str) -> Program:
     """Parse ``text`` and make implicit reductions explicit (the public entry).
 
+    Results are memoised by text (nodes are immutable), so evaluating the
+    same program again skips parsing.
+
     >>> from spfuse.frontend.canonical import to_text
     >>> print(to_text(parse_program("y[i] = A[i,j] * x[j]")))
     y[i] = sum(j, A[i, j] * x[j])
     """
+    return _parse_program_cached(text)
+
+
+@lru_cache(maxsize=1024)
+def _parse_program_cached(text: str) -> Program:
     return make_reductions_explicit(parse(text))
