@@ -15,7 +15,7 @@ from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
                                  Unary, Where)
 
-__all__ = ["make_reductions_explicit", "free_indices", "children"]
+__all__ = ["make_reductions_explicit", "free_indices", "children", "reduce_index_position"]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
@@ -63,7 +63,15 @@ _CALL_RE = re.compile(r"\s*([A-Za-z_]\w*)\s*\(\s*([A-Za-z_]\w*)")
 
 
 def reduce_index_position(text: str, red: Reduce) -> int | None:
-    """Character position of ``red``'s index name in ``text`` (for carets)."""
+    """Character position of ``red``'s index name in ``text`` (for carets);
+    ``None`` when there is no text.
+
+    >>> from spfuse.frontend.parser import parse
+    >>> text = "y = sum(k, j, A[k,j])"
+    >>> outer = parse(text).statements[0].value
+    >>> reduce_index_position(text, outer), reduce_index_position(text, outer.body)
+    (8, 11)
+    """
     if not text:
         return None
     start = red.span.start
