@@ -4,7 +4,7 @@ Forward: each unit operation's mask per index follows from its operator
 (∧ for ``*``, numerator for ``/`` -- the sparse convention ``0/x = 0`` --,
 ∨ for ``+ -``, unchanged through unary functions with ``f(0) = 0``, dense
 through ``sigmoid exp log`` and non-zero constants).  Reductions by max/min
-iterate their reduced index densely (implicit zeros take part).
+iterate densely (implicit zeros take part in the comparison).
 
 Backward: a temporary only has to be computed where some consumer reads it,
 so the demand of every use (the consumer's final mask at the index reading
@@ -96,7 +96,8 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
         masks = {}
         for ix in op.indices:
             m = _operator_mask(op, ix, value)
-            if ix in op.reduced and op.reduction in ("max", "min"):
+            if op.reduction in ("max", "min"):
+                # implicit zeros take part in max/min: iterate every index densely
                 m = TRUE
             masks[ix] = m
         forward[op.id] = masks
@@ -156,8 +157,7 @@ def statement_masks(stmt_ops, inputs: Mapping[str, TensorInfo]) -> dict[int, dic
     for op in stmt_ops:
         masks = {ix: expression_mask(op.expr, ix, value) for ix in op.indices}
         if op.reduction in ("max", "min"):
-            for ix in op.reduced:
-                masks[ix] = TRUE
+            masks = {ix: TRUE for ix in masks}
         out[op.id] = masks
         value[op.out] = tuple(masks[ix] for ix in op.out_indices)
     return out

@@ -119,7 +119,7 @@ def maximal_statement_ops(program) -> tuple[StatementOp, ...]:
             from spfuse.frontend.canonical import to_text
             raise UnsupportedError(
                 f"fusion='max' cannot nest statement {n} in one loop: "
-                f"'{stmt.target.name} = {to_text(value)}' is not distributive over its "
+                f"'{to_text(stmt.target)} = {to_text(value)}' is not distributive over its "
                 "reductions (TACO rejects it too). Hint: use fusion='auto'.")
         reduced, body = lifted
         out.append(StatementOp(n, stmt.target.name, stmt.target.indices, body,

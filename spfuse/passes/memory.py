@@ -47,8 +47,8 @@ class Temporary:
 
     @property
     def shape_text(self) -> str:
-        full = "×".join(str(e) for e in self.extents) or "scalar"
-        kept = "×".join(str(e) for d, e in zip(self.dims, self.extents) if d in self.kept) or "scalar"
+        full = "×".join("?" if e is None else str(e) for e in self.extents) or "scalar"
+        kept = "×".join("?" if e is None else str(e) for d, e in zip(self.dims, self.extents) if d in self.kept) or "scalar"
         return f"{self.name}[{','.join(self.dims)}] {full} → {self.name}[{','.join(self.kept)}] {kept}"
 
 
@@ -102,10 +102,9 @@ def reduce_dimensions(root: Root, ops, temps: set[str], extents: Mapping[str, tu
                             mask = TRUE
             masks.append(mask)
         below = paths[op.id][len(common):]
-        # An assignment needs no reset when it writes every stored element:
-        # its sparse loops are exactly the temporary's compressed dimensions.
-        sparse_kept = {ix: m for ix, m in zip(kept, masks) if not m.is_true}
-        partial = any(not lp.mask.is_true and sparse_kept.get(lp.bound(op.id)) != lp.mask for lp in below)
+        # Accumulated, or written only on a sparse subset: the reused buffer
+        # must be cleared (lowering clears only the stored positions).
+        partial = any(not lp.mask.is_true for lp in below)
         needs_reset = bool(common) and (op.reduction is not None or partial)
         last = common[-1] if common else None
         if needs_reset:

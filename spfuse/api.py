@@ -1,0 +1,405 @@
+"""Public entry points: :func:`evaluate`, :func:`compile`, :func:`einsum`.
+
+Data flows one way: text → :mod:`spfuse.frontend` (parse, check) → operands
+validated into :class:`~spfuse.tensor.Tensor` → :mod:`spfuse.planner`
+(cached) → :mod:`spfuse.lowering` → :mod:`spfuse.runtime` → results back in
+the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
+→ ``Tensor``).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Mapping, Optional, Union
+
+import numpy as np
+
+from spfuse.errors import OperandTypeError, ProgramError, UnsupportedError
+from spfuse.formats import Format
+from spfuse.frontend.ast import Access, Program
+from spfuse.frontend.check import check_program
+from spfuse.frontend.einsum import einsum_to_program
+from spfuse.frontend.parser import parse_program
+from spfuse.ir.ops import TensorInfo
+from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
+from spfuse.tensor import Tensor, as_tensor
+from spfuse.threads import effective_num_threads
+
+__all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
+
+OUT_FORMATS = ("csr", "csc", "coo", "dense", "csf")
+
+_plan_cache: dict = {}
+_cache_lock = threading.Lock()
+_MAX_CACHED = 512
+
+
+@functools.lru_cache(maxsize=512)
+def _parse(text: str) -> Program:
+    return parse_program(text)
+
+
+def clear_cache() -> None:
+    """Forget every cached plan (and parsed program).
+
+    >>> import spfuse
+    >>> spfuse.clear_cache(); spfuse.cache_info()["plans"]
+    0
+    """
+    with _cache_lock:
+        _plan_cache.clear()
+    _parse.cache_clear()
+
+
+def cache_info() -> dict:
+    """Sizes of the plan and parse caches.
+
+    >>> import spfuse
+    >>> sorted(spfuse.cache_info())
+    ['parsed', 'plans']
+    """
+    return {"plans": len(_plan_cache), "parsed": _parse.cache_info().currsize}
+
+
+def _info(name: str, t: Tensor) -> TensorInfo:
+    return TensorInfo(name, t.ndim, tuple(t.format.levels), tuple(t.format.mode_order), tuple(t.shape),
+                      nnz=int(t.nnz))
+
+
+def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str) -> Plan:
+    key = (program.text, fusion, tuple(sorted((n, i.levels, i.mode_order, i.shape) for n, i in infos.items())))
+    plan = _plan_cache.get(key)
+    if plan is None:
+        plan = plan_program(program, infos, fusion)
+        with _cache_lock:
+            if len(_plan_cache) >= _MAX_CACHED:
+                _plan_cache.pop(next(iter(_plan_cache)))
+            _plan_cache[key] = plan
+    return plan
+
+
+def _check_choice(value, valid, what):
+    if value not in valid:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, valid))}, got {value!r}")
+
+
+def _diagonals(program: Program, tensors: dict) -> Program:
+    """Replace accesses with a repeated index (``A[i,i]``) by a diagonal operand."""
+    from spfuse.frontend.ast import Assignment, Binary, Reduce, Unary, Where
+
+    def take(acc: Access) -> Access:
+        if len(set(acc.indices)) == len(acc.indices):
+            return acc
+        uniq = tuple(dict.fromkeys(acc.indices))
+        name = f"{acc.name}__diag_{'_'.join(str(uniq.index(i)) for i in acc.indices)}"
+        if name not in tensors:
+            t = tensors[acc.name]
+            groups = [uniq.index(i) for i in acc.indices]
+            coords = t.coords
+            keep = np.ones(coords.shape[1], dtype=bool)
+            first = {}
+            for m, g in enumerate(groups):
+                if g in first:
+                    keep &= coords[m] == coords[first[g]]
+                else:
+                    first[g] = m
+            sel = coords[[first[g] for g in range(len(uniq))]][:, keep]
+            shape = tuple(t.shape[first[g]] for g in range(len(uniq)))
+            fmt = "dense" if not t.format.levels or "compressed" not in t.format.levels else (
+                "csr" if len(uniq) == 2 else "csf")
+            if len(uniq) == 1 and fmt != "dense":
+                fmt = "csf"
+            tensors[name] = Tensor.from_coo(sel, t.values[keep], shape, format=fmt)
+        return Access(name, uniq, acc.span, ())
+
+    def walk(e):
+        if isinstance(e, Access):
+            return take(e)
+        if isinstance(e, Binary):
+            return Binary(e.op, walk(e.left), walk(e.right), e.span)
+        if isinstance(e, Unary):
+            return Unary(e.fn, walk(e.arg), e.span)
+        if isinstance(e, Where):
+            return Where(walk(e.cond), walk(e.then), walk(e.other), e.span)
+        if isinstance(e, Reduce):
+            return Reduce(e.op, e.index, walk(e.body), e.span, e.implicit)
+        return e
+
+    if not any(len(set(a.indices)) != len(a.indices)
+               for s in program.statements for a in _accesses(s.value)):
+        return program
+    stmts = tuple(Assignment(s.target, walk(s.value), s.span) for s in program.statements)
+    return Program(stmts, program.text)
+
+
+def _accesses(e):
+    from spfuse.frontend.ast import iter_accesses
+    return iter_accesses(e)
+
+
+def _prepare(program: Program, operands: Mapping[str, Any]):
+    """Validate operands and check the program against them."""
+    if not isinstance(program, Program):
+        raise TypeError(f"expected a program text, got {type(program).__name__}")
+    inputs = program.inputs
+    extra = sorted(set(operands) - set(inputs))
+    if extra:
+        raise ProgramError(f"operand(s) {', '.join(map(repr, extra))} not used by the program "
+                           f"(it reads {', '.join(inputs) or 'nothing'})")
+    tensors: dict[str, Tensor] = {}
+    for name in inputs:
+        if name not in operands:
+            # check_program names the position of the unknown operand
+            break
+        tensors[name] = as_tensor(operands[name], name=name)
+    check_program(program, {n: t.shape for n, t in tensors.items()})
+    for s in program.statements:
+        for red in _reductions(s.value):
+            pass
+    program = _diagonals(program, tensors)
+    used = set(program.inputs)
+    tensors = {n: t for n, t in tensors.items() if n in used}
+    return program, tensors
+
+
+def _reductions(e):
+    from spfuse.frontend.ast import Reduce
+    if isinstance(e, Reduce):
+        yield e
+    for c in getattr(e, "__dict__", {}).values():
+        if hasattr(c, "span") and not isinstance(c, (str, tuple)):
+            yield from _reductions(c)
+
+
+def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
+    origins = {t.origin for t in tensors.values()}
+    if "sparray" in origins:
+        return "sparray"
+    if "spmatrix" in origins:
+        return "spmatrix"
+    return None
+
+
+def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavour: Optional[str], dtype):
+    """A result in the caller's world (or the forced ``out_format``)."""
+    if isinstance(value, np.ndarray):
+        value = value.astype(dtype, copy=False)
+        if out_format in (None, "dense"):
+            return value[()] if value.ndim == 0 else value
+        value = Tensor.from_numpy(value, "csf" if value.ndim != 2 else ("csr" if out_format == "coo" else out_format))
+    else:
+        value = value.astype(dtype) if value.dtype != dtype else value
+    if out_format == "dense":
+        return value.todense()
+    if value.ndim == 2:
+        if out_format in ("csr", "csc"):
+            return value.asformat(out_format).to_scipy(flavour or "sparray")
+        if out_format == "coo":
+            return value.asformat("csr").to_scipy(flavour or "sparray").tocoo()
+        if out_format == "csf":
+            return value.asformat("dcsr")
+        if flavour is not None:
+            return value.asformat("csr" if value.format.mode_order == (0, 1) else "csc").to_scipy(flavour)
+        return value
+    if value.ndim <= 1 and out_format is None:
+        return value.todense()
+    if out_format in ("csr", "csc", "coo"):
+        raise ValueError(f"out_format={out_format!r} needs a 2-D result, got {value.ndim}-D")
+    return value.asformat("csf") if out_format == "csf" else value
+
+
+def _result_dtype(tensors: Mapping[str, Tensor]):
+    dts = {np.dtype(t.dtype) for t in tensors.values()}
+    return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
+
+
+def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
+    from spfuse.lowering.looptree import lower_to_looptree
+    from spfuse.runtime import looptree as lt
+
+    for op in plan.ops:
+        if op.reduction in ("max", "min"):
+            for ix in op.reduced:
+                loops = [n for n in plan.orders[op.id] if n == ix]
+                ext = dict(zip(plan.orders[op.id], [None] * 0))
+    lowered = lower_to_looptree(plan, tensors)
+    raw = lt.run(lowered.plan, num_threads=effective_num_threads(num_threads))
+    out = {}
+    for spec in lowered.outputs:
+        v = raw[spec.name]
+        if spec.kind == "dense":
+            out[spec.name] = np.asarray(v)
+        elif spec.kind == "pattern":
+            out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
+        else:
+            coords, values = v[0], v[1]
+            fmt = "csr" if len(spec.shape) == 2 else "csf"
+            out[spec.name] = Tensor.from_coo(np.asarray(coords).reshape(len(spec.shape), -1),
+                                             np.asarray(values), spec.shape, format=fmt)
+    return out
+
+
+def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads):
+    _check_choice(fusion, FUSION_STRATEGIES, "fusion")
+    if out_format is not None:
+        _check_choice(out_format, OUT_FORMATS, "out_format")
+    program, tensors = _prepare(program, operands)
+    infos = {n: _info(n, t) for n, t in tensors.items()}
+    plan = _cached_plan(program, infos, fusion)
+    _check_empty_max(plan)
+    raw = _execute(plan, tensors, num_threads)
+    flavour, dtype = _flavour(tensors), _result_dtype(tensors)
+    results = {name: _convert(raw[name], out_format, flavour, dtype) for name in plan.results}
+    return results[plan.results[0]] if len(results) == 1 else results
+
+
+def _check_empty_max(plan: Plan) -> None:
+    from spfuse.ir.tree import paths_to_computes
+    for op_id, path in paths_to_computes(plan.tree).items():
+        op = next(o for o in plan.ops if o.id == op_id)
+        if op.reduction in ("max", "min"):
+            for loop in path:
+                if loop.bound(op_id) in op.reduced and loop.extent == 0:
+                    raise ValueError(f"{op.reduction}() over index {loop.bound(op_id)!r} of extent 0 has "
+                                     "no identity (numpy raises too)")
+
+
+def evaluate(program: str, /, *, out_format: Optional[str] = None, fusion: str = "auto",
+             num_threads: Optional[int] = None, **operands: Any):
+    """Evaluate an index-notation program over the given operands.
+
+    Results come back in the caller's world: scipy.sparse in → scipy.sparse
+    out (same array/matrix flavour), numpy in → numpy out.  One result is
+    returned as is; several as a dict in assignment order.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> B = sp.csr_array(np.array([[1.0, 0.0], [0.0, 2.0]]))
+    >>> C, D = np.ones((2, 3)), np.ones((3, 2))
+    >>> spfuse.evaluate("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", B=B, C=C, D=D).toarray()
+    array([[3., 0.],
+           [0., 6.]])
+    """
+    if not isinstance(program, str):
+        raise TypeError(f"program must be a str, got {type(program).__name__}")
+    return _run(_parse(program), operands, out_format, fusion, num_threads)
+
+
+def einsum(subscripts: str, /, *operands: Any, out_format: Optional[str] = None, fusion: str = "auto",
+           num_threads: Optional[int] = None):
+    """``numpy.einsum`` semantics over sparse and dense operands.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> A = sp.csr_array(np.array([[1.0, 2.0], [0.0, 3.0]]))
+    >>> spfuse.einsum("ij,j->i", A, np.array([1.0, 1.0]))
+    array([3., 3.])
+    """
+    if not isinstance(subscripts, str):
+        raise TypeError(f"subscripts must be a str, got {type(subscripts).__name__}")
+    ndims = [np.ndim(o) if not hasattr(o, "shape") else len(o.shape) for o in operands]
+    program, names = _einsum_program(subscripts, tuple(ndims))
+    return _run(program, dict(zip(names, operands)), out_format, fusion, num_threads)
+
+
+@functools.lru_cache(maxsize=256)
+def _einsum_program(subscripts: str, ndims: tuple):
+    return einsum_to_program(subscripts, ndims)
+
+
+class Kernel:
+    """A program planned once and run many times (see :func:`compile`).
+
+    >>> import spfuse
+    >>> k = spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")
+    >>> k
+    <spfuse.Kernel 'y[i] = A[i,j] * x[j]' fusion='auto' formats: A=csr>
+    """
+
+    def __init__(self, program: str, declared: Mapping[str, Any], fusion: str, out_format: Optional[str],
+                 num_threads: Optional[int]):
+        _check_choice(fusion, FUSION_STRATEGIES, "fusion")
+        self.text = program
+        self.program = _parse(program)
+        self.fusion = fusion
+        self.out_format = out_format
+        self.num_threads = num_threads
+        self.declared = dict(declared)
+        unknown = sorted(set(declared) - set(self.program.inputs))
+        if unknown:
+            raise ProgramError(f"compile(): {', '.join(map(repr, unknown))} not read by the program")
+        self._formats: dict[str, Format] = {}
+        for name, spec in declared.items():
+            if isinstance(spec, (str, Format)):
+                from spfuse.formats import as_format
+                ndim = self._ndim(name)
+                self._formats[name] = as_format(spec, ndim)
+
+    def _ndim(self, name: str) -> int:
+        for s in self.program.statements:
+            for a in _accesses(s.value):
+                if a.name == name:
+                    return len(a.indices)
+        raise ProgramError(f"{name!r} is not read by the program")
+
+    def _tensors(self, operands):
+        out = {}
+        for name, value in operands.items():
+            fmt = self._formats.get(name)
+            t = as_tensor(value, name=name)
+            if fmt is not None and t.format != fmt and fmt.name != "coo":
+                t = t.asformat(fmt)
+            out[name] = t
+        return out
+
+    def __call__(self, **operands: Any):
+        """Run the kernel on ``operands`` (declared operands may be omitted)."""
+        merged = {n: v for n, v in self.declared.items() if not isinstance(v, (str, Format))}
+        merged.update(operands)
+        return _run(self.program, self._tensors(merged), self.out_format, self.fusion, self.num_threads)
+
+    def _infos(self, operands=None) -> dict:
+        infos = {}
+        given = {n: v for n, v in self.declared.items() if not isinstance(v, (str, Format))}
+        given.update(operands or {})
+        for name in self.program.inputs:
+            if name in given:
+                t = as_tensor(given[name], name=name)
+                infos[name] = _info(name, t)
+            else:
+                fmt = self._formats.get(name) or Format(("dense",) * self._ndim(name))
+                infos[name] = TensorInfo(name, fmt.ndim, tuple(fmt.levels), tuple(fmt.mode_order),
+                                         (None,) * fmt.ndim)
+        return infos
+
+    def plans(self, **operands: Any) -> dict:
+        """The plan of every fusion strategy (or the error a strategy raised)."""
+        infos = self._infos(operands)
+        return {m: try_plan(self.program, infos, m) for m in FUSION_STRATEGIES}
+
+    def explain(self, **operands: Any) -> str:
+        """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given)."""
+        from spfuse.explain import explain_plans
+        plans = self.plans(**operands)
+        if isinstance(plans[self.fusion], UnsupportedError):
+            raise plans[self.fusion]
+        return explain_plans(plans, self.fusion, "generic loop-tree executor (Cython, nogil)")
+
+    def __repr__(self) -> str:
+        fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())
+        return f"<spfuse.Kernel {self.text!r} fusion={self.fusion!r}" + (f" formats: {fmts}>" if fmts else ">")
+
+
+def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
+            num_threads: Optional[int] = None, **declared: Any) -> Kernel:
+    """Plan ``program`` once; call the result with operands to run it.
+
+    ``declared`` gives each operand's format (``B="csr"``) or an example
+    operand (whose format, shape and dtype are then known to ``explain``).
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> k = spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")
+    >>> k(A=sp.csr_array(np.eye(2)), x=np.array([1.0, 2.0]))
+    array([1., 2.])
+    """
+    if not isinstance(program, str):
+        raise TypeError(f"program must be a str, got {type(program).__name__}")
+    return Kernel(program, declared, fusion, out_format, num_threads)

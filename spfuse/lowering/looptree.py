@@ -1,0 +1,304 @@
+"""Lower a :class:`~spfuse.planner.Plan` to the generic loop-tree executor.
+
+Every loop of the final index tree becomes a loop of the executor: dense when
+its iteration mask is ``true``, an intersection (∧) or union (∨) over the
+accesses that realise its mask otherwise.  A mask can name a tensor the
+statement never reads (SDDMM's ``C·D`` is restricted to B's pattern by
+propagation): the loop then co-iterates an extra *mask access* of that
+tensor, bound through the consumer that propagated it.  Temporaries become
+dense buffers of their kept dimensions (thread-private when dimension-reduced);
+results become dense buffers, outputs sharing an input's pattern (SDDMM), or
+coordinate lists canonicalised afterwards (SpGEMM, SpAdd).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from spfuse.formats import Format
+from spfuse.ir.ops import Const, Ref
+from spfuse.ir.tree import Compute, Loop, Reset, Root
+from spfuse.passes.memory import RESET_VALUE
+from spfuse.runtime import looptree as lt
+
+__all__ = ["LoweredProgram", "lower_to_looptree", "OutputSpec"]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How a result comes out of the executor: ``kind`` is dense, pattern or coo."""
+
+    name: str
+    kind: str
+    shape: tuple[int, ...]
+    pattern_of: Optional[Any] = None  # the Tensor whose pattern a "pattern" output shares
+
+
+@dataclass(frozen=True)
+class LoweredProgram:
+    plan: Any  # LoopTreePlan
+    outputs: tuple[OutputSpec, ...]
+    transposed: tuple[str, ...]  # operands converted to a concordant mode order
+
+
+class _Lowerer:
+    def __init__(self, plan, operands: Mapping[str, Any]):
+        self.plan = plan
+        self.operands = operands
+        self.b = lt.LoopTreeBuilder()
+        self.ops = {op.id: op for op in plan.ops}
+        self.vars: dict[int, Any] = {}          # id(Loop) -> Var
+        self.op_vars: dict[int, dict[str, Any]] = {}
+        self.paths: dict[int, list] = {}
+        self.accesses: dict[tuple, Any] = {}
+        self.converted: dict[tuple, Any] = {}
+        self.transposed: list[str] = []
+        self.buffers: dict[str, Any] = {}
+        self.targets: dict[str, Any] = {}
+        self.outputs: list[OutputSpec] = []
+        self.producers = {op.out: op for op in plan.ops}
+        self.consumers: dict[str, list] = {}
+        for op in plan.ops:
+            for r in op.refs:
+                self.consumers.setdefault(r.name, []).append((op, r))
+
+    # -- variables ----------------------------------------------------------
+    def declare_vars(self, nodes, path):
+        for node in nodes:
+            if isinstance(node, Loop):
+                var = self.b.var(f"{node.index}{len(self.vars)}", node.extent)
+                self.vars[id(node)] = var
+                for op_id, ix in node.binds:
+                    self.op_vars.setdefault(op_id, {})[ix] = var
+                self.declare_vars(node.children, path + [node])
+            elif isinstance(node, Compute):
+                self.paths[node.op.id] = path
+
+    # -- operands -----------------------------------------------------------
+    def _concordant(self, name: str, ref_indices, op_id: int):
+        """The operand with its modes stored in the order the loops visit them."""
+        tensor = self.operands[name]
+        depth = {id(lp): n for n, lp in enumerate(self.paths[op_id])}
+        var_depth = {}
+        for lp in self.paths[op_id]:
+            var_depth[self.vars[id(lp)].id] = depth[id(lp)]
+        modes = range(len(ref_indices))
+        want = tuple(sorted(modes, key=lambda m: var_depth.get(self.op_vars[op_id][ref_indices[m]].id, 0)))
+        have = tuple(tensor.format.mode_order)
+        if want == have:
+            return tensor
+        key = (name, want)
+        if key not in self.converted:
+            self.converted[key] = tensor.asformat(Format(tuple(tensor.format.levels), want))
+            self.transposed.append(f"{name}: mode order {have} → {want}")
+        return self.converted[key]
+
+    def access(self, op_id: int, ref: Ref):
+        key = (op_id, ref)
+        if key not in self.accesses:
+            tensor = self._concordant(ref.name, ref.indices, op_id)
+            vars_ = tuple(self.op_vars[op_id][ix] for ix in ref.indices)
+            self.accesses[key] = self.b.access(tensor, vars_, name=ref.name, check=False)
+        return self.accesses[key]
+
+    def _atom_binding(self, op, atom: str, seen=()) -> Optional[tuple[str, ...]]:
+        """Indices of ``op`` that the modes of mask tensor ``atom`` correspond to."""
+        for r in op.refs:
+            if r.name == atom:
+                return r.indices
+        if op.out in seen:
+            return None
+        for ref in op.refs:  # the pattern may come from an operand's producer
+            producer = self.producers.get(ref.name)
+            if producer is None or ref.name in seen:
+                continue
+            inner = self._atom_binding(producer, atom, seen + (op.out,))
+            if inner is not None and all(ix in producer.out_indices for ix in inner):
+                return tuple(ref.indices[producer.out_indices.index(ix)] for ix in inner)
+        for consumer, ref in self.consumers.get(op.out, []):
+            inner = self._atom_binding(consumer, atom, seen + (op.out,))
+            if inner is None:
+                continue
+            mapped = []
+            for ix in inner:
+                if ix not in ref.indices:
+                    break
+                mapped.append(op.out_indices[ref.indices.index(ix)])
+            else:
+                return tuple(mapped)
+        return None
+
+    def _driver(self, loop: Loop, atom: str, bound_before: set):
+        """An access of ``atom`` that can drive ``loop`` (or None)."""
+        if atom not in self.operands:
+            return None
+        for op_id, ix in sorted(loop.binds):
+            op = self.ops[op_id]
+            binding = self._atom_binding(op, atom)
+            if binding is None or ix not in binding:
+                continue
+            ref = Ref(atom, tuple(binding))
+            tensor = self._concordant(atom, ref.indices, op_id)
+            levels_vars = [binding[m] for m in tensor.format.mode_order]
+            level = levels_vars.index(ix)
+            if not all(self.op_vars[op_id][v].id in bound_before for v in levels_vars[:level]):
+                continue
+            if tensor.format.levels[level] != "compressed":
+                continue
+            return self.access(op_id, ref)
+        return None
+
+    # -- buffers and outputs -------------------------------------------------
+    def declare_storage(self):
+        plan = self.plan
+        for op in plan.ops:
+            shape = tuple(plan.shapes[op.out])
+            if op.out in plan.temporaries:
+                t = plan.temporaries[op.out]
+                kept_shape = tuple(e for d, e in zip(t.dims, shape) if d in t.kept)
+                reduced = t.kept != t.dims
+                init = 0.0 if t.reset_under is not None else RESET_VALUE[op.reduction]
+                self.buffers[op.out] = self.b.buffer(kept_shape, name=op.out, private=reduced, init=init)
+                continue
+            self.targets[op.out] = self._result_target(op, shape)
+
+    def _result_target(self, op, shape):
+        path = self.paths[op.id]
+        loops = {lp.bound(op.id): lp for lp in path}
+        sparse_out = any(not loops[ix].mask.is_true for ix in op.out_indices)
+        if not sparse_out:
+            init = RESET_VALUE[op.reduction]
+            buf = self.b.buffer(shape, name=op.out, init=init)
+            self.outputs.append(OutputSpec(op.out, "dense", shape))
+            self.buffers[op.out] = buf
+            return None
+        if op.reduction is None:
+            # A result inside an input's pattern shares that pattern (SDDMM).
+            for r in op.refs:
+                tensor = self.operands.get(r.name)
+                if tensor is None or r.indices != op.out_indices or "compressed" not in tensor.format.levels:
+                    continue
+                if all(all(r.name in term for term in loops[ix].mask.terms) for ix in op.out_indices
+                       if not loops[ix].mask.is_true):
+                    acc = self.access(op.id, r)
+                    pattern_tensor = self._concordant(r.name, r.indices, op.id)
+                    self.outputs.append(OutputSpec(op.out, "pattern", shape, pattern_tensor))
+                    return self.b.pattern_output(acc, name=op.out)
+        out = self.b.coo_output(tuple(self.op_vars[op.id][ix] for ix in op.out_indices), name=op.out)
+        self.outputs.append(OutputSpec(op.out, "coo", shape))
+        return out
+
+    # -- tree ----------------------------------------------------------------
+    def leaf(self, op_id: int, leaf):
+        if isinstance(leaf, Const):
+            return lt.const(leaf.value)
+        if leaf.name in self.buffers and leaf.name not in self.operands:
+            return self.buffer_ref(op_id, leaf.name, leaf.indices)
+        return self.access(op_id, leaf)
+
+    def buffer_ref(self, op_id: int, name: str, indices):
+        buf = self.buffers[name]
+        t = self.plan.temporaries.get(name)
+        kept = indices if t is None else tuple(ix for d, ix in zip(t.dims, indices) if d in t.kept)
+        vars_ = tuple(self.op_vars[op_id][ix] for ix in kept)
+        return buf[vars_] if vars_ else buf[()]
+
+    def ast_expr(self, op_id: int, e):
+        """Lower a whole-statement AST (maximal fusion) to an executor expression."""
+        from spfuse.frontend.ast import Access, Binary, Literal, Unary, Where
+        if isinstance(e, Access):
+            return self.leaf(op_id, Ref(e.name, e.indices))
+        if isinstance(e, Literal):
+            return lt.const(float(e.value))
+        if isinstance(e, Binary):
+            a, b = self.ast_expr(op_id, e.left), self.ast_expr(op_id, e.right)
+            return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__truediv__}[e.op](b)
+        if isinstance(e, Unary):
+            return lt.unary(e.fn, self.ast_expr(op_id, e.arg))
+        if isinstance(e, Where):
+            return lt.where(*(self.ast_expr(op_id, c) for c in (e.cond, e.then, e.other)))
+        raise TypeError(f"cannot lower {type(e).__name__} inside a fused statement")
+
+    def expr(self, op):
+        if hasattr(op, "expr"):
+            return self.ast_expr(op.id, op.expr)
+        args = [self.leaf(op.id, a) for a in op.args]
+        o = op.operator
+        if o is None:
+            return args[0]
+        if o == "+":
+            return args[0] + args[1]
+        if o == "-":
+            return args[0] - args[1]
+        if o == "*":
+            return args[0] * args[1]
+        if o == "/":
+            return args[0] / args[1]
+        if o == "where":
+            return lt.where(*args)
+        return lt.unary(o, args[0])
+
+    def emit(self, nodes, bound: set):
+        for node in nodes:
+            if isinstance(node, Reset):
+                self.reset(node, bound)
+            elif isinstance(node, Compute):
+                op = node.op
+                target = self.targets.get(op.out)
+                if target is None:
+                    target = self.buffer_ref(op.id, op.out, op.out_indices)
+                kind = op.reduction or "assign"
+                self.b.statement(target, kind, self.expr(op))
+            else:
+                var = self.vars[id(node)]
+                kwargs = self._iteration(node, bound)
+                with self.b.loop(var, **kwargs):
+                    self.emit(node.children, bound | {var.id})
+
+    def reset(self, node: Reset, bound: set):
+        """Clear a temporary; a sparsified one only on its stored positions
+        (O(nnz of the row), not O(extent))."""
+        t = self.plan.temporaries[node.tensor]
+        buf = self.buffers[node.tensor]
+        if all(m.is_true for m in t.masks):
+            self.b.reset(buf, node.value)
+            return
+        path = self.paths[t.op_id]
+        loops = [lp for lp in path if lp.bound(t.op_id) in t.kept]
+
+        def nest(k, bound):
+            if k == len(loops):
+                self.b.statement(self.buffer_ref(t.op_id, t.name, t.dims), "assign", lt.const(node.value))
+                return
+            var = self.vars[id(loops[k])]
+            with self.b.loop(var, **self._iteration(loops[k], bound)):
+                nest(k + 1, bound | {var.id})
+
+        nest(0, bound)
+
+    def _iteration(self, loop: Loop, bound: set) -> dict:
+        mask = loop.mask
+        if mask.is_true or mask.is_false:
+            return {}
+        if mask.single_conjunction:
+            drivers = [d for a in sorted(mask.atoms) if (d := self._driver(loop, a, bound)) is not None]
+            return {"intersect": drivers} if drivers else {}
+        drivers = []
+        for term in sorted(mask.terms, key=sorted):
+            d = next((d for a in sorted(term) if (d := self._driver(loop, a, bound)) is not None), None)
+            if d is None:
+                return {}  # some term cannot be iterated sparsely: visit all coordinates
+            if d not in drivers:
+                drivers.append(d)
+        return {"union": drivers}
+
+
+def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
+    """Build the executor plan for ``plan`` over the call's (validated) operands."""
+    lo = _Lowerer(plan, operands)
+    lo.declare_vars(plan.tree.children, [])
+    lo.declare_storage()
+    lo.emit(plan.tree.children, set())
+    return LoweredProgram(lo.b.build(), tuple(lo.outputs), tuple(lo.transposed))
