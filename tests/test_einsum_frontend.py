@@ -11,8 +11,6 @@ from spfuse.frontend.canonical import to_text
 from spfuse.frontend.einsum import einsum_to_program
 from spfuse.testing import dense_reference
 
-SEED = 20240607
-
 SUBSCRIPTS = [
     ("ij,j->i", [(3, 4), (4,)]),
     ("ij,jk->ik", [(3, 4), (4, 5)]),
@@ -52,8 +50,7 @@ def _operands(rng, shapes):
 
 
 @pytest.mark.parametrize("subscripts,shapes", SUBSCRIPTS, ids=[s for s, _ in SUBSCRIPTS])
-def test_einsum_matches_numpy(subscripts, shapes):
-    rng = np.random.default_rng(SEED)
+def test_einsum_matches_numpy(subscripts, shapes, rng):
     ops = _operands(rng, shapes)
     program, names = einsum_to_program(subscripts, [len(s) for s in shapes])
     assert names == [f"T{n}" for n in range(len(shapes))]

@@ -1,6 +1,4 @@
 """The shipped oracle and generators (spfuse.testing)."""
-import os
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -13,12 +11,7 @@ from spfuse.frontend.parser import parse_program
 from spfuse.testing import (dense_reference, densify, programs, random_operands, random_program,
                             random_sparse)
 
-SEED = int(os.environ.get("SPFUSE_TEST_SEED", "12345"))
-
-
-@pytest.fixture
-def rng():
-    return np.random.default_rng(SEED)
+# ``rng`` is the shared fixture of tests/conftest.py (seeded by SPFUSE_TEST_SEED)
 
 
 # ---------------------------------------------------------------------------
@@ -153,7 +146,8 @@ def test_densify():
 @pytest.mark.parametrize("fmt", ["csr", "csc"])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_random_sparse_compressed(fmt, index_dtype, rng):
-    A = random_sparse(rng, (20, 15), 0.3, fmt, index_dtype=index_dtype, empty_rows=0.3)
+    seed = int(rng.integers(2**32))
+    A = random_sparse(np.random.default_rng(seed), (20, 15), 0.3, fmt, index_dtype=index_dtype, empty_rows=0.3)
     assert A.format == fmt and A.shape == (20, 15)
     assert A.indices.dtype == index_dtype and A.indptr.dtype == index_dtype
     assert A.has_canonical_format
@@ -162,7 +156,7 @@ def test_random_sparse_compressed(fmt, index_dtype, rng):
     assert np.all((dense == 0) | (np.abs(dense) >= 0.1))
     assert (np.abs(dense).sum(axis=1) == 0).any()  # some empty rows
 
-    N = random_sparse(np.random.default_rng(SEED), (20, 15), 0.3, fmt, canonical=False,
+    N = random_sparse(np.random.default_rng(seed), (20, 15), 0.3, fmt, canonical=False,
                       index_dtype=index_dtype, empty_rows=0.3)
     assert N.indices.dtype == index_dtype
     np.testing.assert_allclose(N.toarray(), dense, rtol=1e-12)  # same values, same seed
