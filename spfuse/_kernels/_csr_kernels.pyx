@@ -46,6 +46,21 @@ from spfuse._kernels._kernel_common cimport (
 )
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define SPFUSE_PREFETCH_W(p) __builtin_prefetch((const void*)(p), 1, 3)
+    #define SPFUSE_PREFETCH_R(p) __builtin_prefetch((const void*)(p), 0, 3)
+    #else
+    #define SPFUSE_PREFETCH_W(p) ((void)0)
+    #define SPFUSE_PREFETCH_R(p) ((void)0)
+    #endif
+    """
+    # Software prefetch hints (no-ops on other compilers); they never change
+    # results, only hide the latency of the next random row / slot accesses.
+    void SPFUSE_PREFETCH_W(const void* p) noexcept nogil
+    void SPFUSE_PREFETCH_R(const void* p) noexcept nogil
+
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
     "spmv", "spmm", "sddmm",
@@ -227,18 +242,64 @@ cdef inline Py_ssize_t _bit_length(Py_ssize_t n) noexcept nogil:
     return b
 
 
-cdef inline void _compact_row(const index_t* mark, const double* acc, index_t stamp,
+cdef struct _Slot:
+    # One entry of the dense SpGEMM/SpAdd workspace: accumulator and
+    # occupancy stamp side by side, so a scatter touches one cache line.
+    double v
+    int64_t mark
+
+
+cdef void _bucket_sort(index_t* a, Py_ssize_t n, Py_ssize_t minc, Py_ssize_t maxc,
+                       index_t* tmp, Py_ssize_t* start) noexcept nogil:
+    """Sort distinct keys ``a[0:n]`` in ``[minc, maxc]`` ascending in place.
+
+    One distribution pass into ``n`` equal-width buckets (``tmp``, ``start``
+    have room for ``n`` and ``n + 1`` entries), then each bucket is sorted by
+    :func:`_sort_indices` (insertion sort when small, quicksort otherwise),
+    then copied back.  O(n) for spread-out keys, O(n log n) worst case.
+    """
+    cdef Py_ssize_t t, bk, begin, end
+    cdef double scale
+    if n <= INSERTION_SORT_MAX:
+        _sort_indices(a, n)
+        return
+    scale = <double>n / (<double>(maxc - minc) + 1.0)
+    memset(start, 0, (n + 1) * sizeof(Py_ssize_t))
+    for t in range(n):
+        bk = <Py_ssize_t>(<double>(a[t] - minc) * scale)
+        if bk >= n:
+            bk = n - 1
+        start[bk + 1] += 1
+    for bk in range(1, n + 1):
+        start[bk] += start[bk - 1]
+    for t in range(n):
+        bk = <Py_ssize_t>(<double>(a[t] - minc) * scale)
+        if bk >= n:
+            bk = n - 1
+        tmp[start[bk]] = a[t]
+        start[bk] += 1
+    begin = 0
+    for bk in range(n):
+        end = start[bk]
+        if end - begin > 1:
+            _sort_indices(tmp + begin, end - begin)
+        begin = end
+    memcpy(a, tmp, n * sizeof(index_t))
+
+
+cdef inline void _compact_row(const _Slot* slots, int64_t stamp,
                               index_t* out_idx, floating* out_val, Py_ssize_t cnt,
-                              Py_ssize_t minc, Py_ssize_t maxc, bint sort_rows) noexcept nogil:
-    """Turn a scattered row into a sorted sparse row.
+                              Py_ssize_t minc, Py_ssize_t maxc, bint sort_rows,
+                              index_t* tmp, Py_ssize_t* start) noexcept nogil:
+    """Turn a scattered row into a sparse row (sorted unless ``sort_rows`` is false).
 
     ``out_idx[0:cnt]`` holds the touched columns in first-touch order and
-    ``acc[col]`` their sums; columns touched in this row have
-    ``mark[col] == stamp`` and lie in ``[minc, maxc]``.  When the span is
-    small relative to ``cnt * log2(cnt)`` the marker range is scanned
-    (O(span), already sorted), otherwise the coordinate list is sorted
-    (O(cnt log cnt)) -- unless ``sort_rows`` is false, then the list stays in
-    first-touch order.  Then ``out_val[t] = acc[out_idx[t]]``.
+    ``slots[col].v`` their sums; touched columns have ``slots[col].mark ==
+    stamp`` and lie in ``[minc, maxc]``.  When the span is small relative to
+    ``cnt * log2(cnt)`` the slot range is scanned (O(span), comes out
+    sorted), otherwise the coordinate list is bucket-sorted (O(cnt) typical,
+    ``tmp``/``start`` scratch of cnt/cnt + 1 entries).  Then
+    ``out_val[t] = slots[out_idx[t]].v``.
     """
     cdef Py_ssize_t k, c
     if cnt == 0:
@@ -246,15 +307,34 @@ cdef inline void _compact_row(const index_t* mark, const double* acc, index_t st
     if sort_rows and maxc - minc + 1 <= 2 * cnt * _bit_length(cnt):
         c = 0
         for k in range(minc, maxc + 1):
-            if mark[k] == stamp:
+            if slots[k].mark == stamp:
                 out_idx[c] = <index_t>k
-                out_val[c] = <floating>acc[k]
+                out_val[c] = <floating>slots[k].v
                 c += 1
         return
     if sort_rows:
-        _sort_indices(out_idx, cnt)
+        _bucket_sort(out_idx, cnt, minc, maxc, tmp, start)
     for c in range(cnt):
-        out_val[c] = <floating>acc[out_idx[c]]
+        out_val[c] = <floating>slots[out_idx[c]].v
+
+
+cdef _Slot* _new_slots(Py_ssize_t n) noexcept nogil:
+    """n workspace slots with mark = -1 (NULL on failure)."""
+    cdef Py_ssize_t k
+    cdef _Slot* s = <_Slot*>malloc((n + 1) * sizeof(_Slot))
+    if s != NULL:
+        for k in range(n + 1):
+            s[k].mark = -1
+            s[k].v = 0.0
+    return s
+
+
+cdef Py_ssize_t _max_row(const index_t* ip, Py_ssize_t m) noexcept nogil:
+    cdef Py_ssize_t i, best = 0
+    for i in range(m):
+        if ip[i + 1] - ip[i] > best:
+            best = ip[i + 1] - ip[i]
+    return best
 
 
 cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
@@ -437,265 +517,6 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
         raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
 
 
-cdef struct _RowWS:
-    # Thread-private SpGEMM workspace.  The scatter part (marker + dense
-    # accumulator, n_cols each) is allocated on the first row that needs it;
-    # the merge buffers grow geometrically (a handful of reallocations per
-    # call at most).  ``idx*`` hold index_t values (a struct cannot be fused).
-    void* mark
-    double* acc
-    Py_ssize_t n_cols
-    Py_ssize_t cap          # capacity of idx0/idx1/val0/val1 (entries)
-    Py_ssize_t rcap         # capacity of run0/run1 (run offsets)
-    void* idx0
-    void* idx1
-    double* val0
-    double* val1
-    Py_ssize_t* run0
-    Py_ssize_t* run1
-
-
-cdef void _ws_free(_RowWS* ws) noexcept nogil:
-    free(ws.mark); free(ws.acc)
-    free(ws.idx0); free(ws.idx1); free(ws.val0); free(ws.val1)
-    free(ws.run0); free(ws.run1)
-    memset(ws, 0, sizeof(_RowWS))
-
-
-cdef int _ws_scatter(_RowWS* ws, index_t itype) noexcept nogil:
-    """Allocate the scatter workspace once (marker = -1); 0 or -1 on failure."""
-    cdef Py_ssize_t z
-    cdef index_t* mark
-    if ws.acc != NULL:
-        return 0
-    ws.mark = malloc((ws.n_cols + 1) * sizeof(index_t))
-    ws.acc = <double*>malloc((ws.n_cols + 1) * sizeof(double))
-    if ws.mark == NULL or ws.acc == NULL:
-        return -1
-    mark = <index_t*>ws.mark
-    for z in range(ws.n_cols):
-        mark[z] = -1
-    return 0
-
-
-cdef int _ws_merge(_RowWS* ws, Py_ssize_t cap, Py_ssize_t rcap, index_t itype) noexcept nogil:
-    """Make the merge buffers hold ``cap`` entries and ``rcap`` runs."""
-    if cap > ws.cap:
-        if cap < 2 * ws.cap:
-            cap = 2 * ws.cap
-        free(ws.idx0); free(ws.idx1); free(ws.val0); free(ws.val1)
-        ws.idx0 = malloc(cap * sizeof(index_t))
-        ws.idx1 = malloc(cap * sizeof(index_t))
-        ws.val0 = <double*>malloc(cap * sizeof(double))
-        ws.val1 = <double*>malloc(cap * sizeof(double))
-        ws.cap = cap
-        if ws.idx0 == NULL or ws.idx1 == NULL or ws.val0 == NULL or ws.val1 == NULL:
-            ws.cap = 0
-            return -1
-    if rcap > ws.rcap:
-        if rcap < 2 * ws.rcap:
-            rcap = 2 * ws.rcap
-        free(ws.run0); free(ws.run1)
-        ws.run0 = <Py_ssize_t*>malloc(rcap * sizeof(Py_ssize_t))
-        ws.run1 = <Py_ssize_t*>malloc(rcap * sizeof(Py_ssize_t))
-        ws.rcap = rcap
-        if ws.run0 == NULL or ws.run1 == NULL:
-            ws.rcap = 0
-            return -1
-    return 0
-
-
-cdef inline Py_ssize_t _merge_scaled(const index_t* ia, const floating* va, double sa, Py_ssize_t na,
-                                     const index_t* ib, const floating* vb, double sb, Py_ssize_t nb,
-                                     index_t* oi, double* ov) noexcept nogil:
-    """Merge two sorted duplicate-free runs, values scaled, equal keys summed.
-
-    Branch-free body (the comparison outcome is data dependent).  Returns the
-    output length.  The value of a key present in both is ``sa*va + sb*vb``.
-    """
-    cdef Py_ssize_t a = 0, b = 0, n = 0
-    cdef index_t ka, kb
-    cdef bint ta, tb
-    cdef double x, y
-    while a < na and b < nb:
-        ka = ia[a]
-        kb = ib[b]
-        ta = ka <= kb
-        tb = kb <= ka
-        x = sa * <double>va[a] if ta else 0.0
-        y = sb * <double>vb[b] if tb else 0.0
-        oi[n] = ka if ta else kb
-        ov[n] = x + y if (ta and tb) else (x if ta else y)
-        a += ta
-        b += tb
-        n += 1
-    while a < na:
-        oi[n] = ia[a]
-        ov[n] = sa * <double>va[a]
-        a += 1
-        n += 1
-    while b < nb:
-        oi[n] = ib[b]
-        ov[n] = sb * <double>vb[b]
-        b += 1
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t _merge_acc(const index_t* ia, const double* va, Py_ssize_t na,
-                                  const index_t* ib, const double* vb, Py_ssize_t nb,
-                                  index_t* oi, double* ov) noexcept nogil:
-    """Merge two sorted duplicate-free double runs, equal keys summed (a + b)."""
-    cdef Py_ssize_t a = 0, b = 0, n = 0
-    cdef index_t ka, kb
-    cdef bint ta, tb
-    cdef double x, y
-    while a < na and b < nb:
-        ka = ia[a]
-        kb = ib[b]
-        ta = ka <= kb
-        tb = kb <= ka
-        x = va[a]
-        y = vb[b]
-        oi[n] = ka if ta else kb
-        ov[n] = x + y if (ta and tb) else (x if ta else y)
-        a += ta
-        b += tb
-        n += 1
-    if a < na:
-        memcpy(oi + n, ia + a, (na - a) * sizeof(index_t))
-        memcpy(ov + n, va + a, (na - a) * sizeof(double))
-        n += na - a
-    if b < nb:
-        memcpy(oi + n, ib + b, (nb - b) * sizeof(index_t))
-        memcpy(ov + n, vb + b, (nb - b) * sizeof(double))
-        n += nb - b
-    return n
-
-
-cdef int _row_merge(_RowWS* ws, const index_t* aind, const floating* aval, Py_ssize_t pa0,
-                    Py_ssize_t pa1, const index_t* bip, const index_t* bind,
-                    const floating* bval, Py_ssize_t flops,
-                    index_t* out_idx, floating* out_val) noexcept nogil:
-    """Row i of A @ B by a pairwise merge tree of the scaled B rows.
-
-    Level 1 merges pairs of B rows straight from B; later levels merge runs
-    between two thread-private buffers; the result (sorted, duplicates
-    summed, cancellation zeros kept) is copied to ``out_*``.  Needs B rows
-    sorted and duplicate free.  O(flops * ceil(log2(nnz of A's row))), no
-    random access.  Returns -1 if the buffers cannot grow.
-    """
-    cdef Py_ssize_t na = pa1 - pa0
-    cdef Py_ssize_t t, nr, nr2, pos, n, j0, j1
-    cdef index_t* si
-    cdef index_t* di
-    cdef double* sv
-    cdef double* dv
-    cdef Py_ssize_t* sr
-    cdef Py_ssize_t* dr
-    cdef void* tmp
-    cdef double* tmpv
-    cdef Py_ssize_t* tmpr
-    cdef index_t itype = 0
-    if _ws_merge(ws, flops, na // 2 + 2, itype) != 0:
-        return -1
-    si = <index_t*>ws.idx0
-    sv = ws.val0
-    sr = ws.run0
-    di = <index_t*>ws.idx1
-    dv = ws.val1
-    dr = ws.run1
-    # level 1, straight from B
-    pos = 0
-    nr = 0
-    sr[0] = 0
-    t = pa0
-    while t + 1 < pa1:
-        j0 = aind[t]
-        j1 = aind[t + 1]
-        pos += _merge_scaled(bind + bip[j0], bval + bip[j0], <double>aval[t], bip[j0 + 1] - bip[j0],
-                             bind + bip[j1], bval + bip[j1], <double>aval[t + 1], bip[j1 + 1] - bip[j1],
-                             si + pos, sv + pos)
-        nr += 1
-        sr[nr] = pos
-        t += 2
-    if t < pa1:
-        j0 = aind[t]
-        pos += _merge_scaled(bind + bip[j0], bval + bip[j0], <double>aval[t], bip[j0 + 1] - bip[j0],
-                             bind, bval, 0.0, 0, si + pos, sv + pos)
-        nr += 1
-        sr[nr] = pos
-    # later levels
-    while nr > 1:
-        pos = 0
-        nr2 = 0
-        dr[0] = 0
-        t = 0
-        while t + 1 < nr:
-            pos += _merge_acc(si + sr[t], sv + sr[t], sr[t + 1] - sr[t],
-                              si + sr[t + 1], sv + sr[t + 1], sr[t + 2] - sr[t + 1],
-                              di + pos, dv + pos)
-            nr2 += 1
-            dr[nr2] = pos
-            t += 2
-        if t < nr:
-            n = sr[t + 1] - sr[t]
-            memcpy(di + pos, si + sr[t], n * sizeof(index_t))
-            memcpy(dv + pos, sv + sr[t], n * sizeof(double))
-            pos += n
-            nr2 += 1
-            dr[nr2] = pos
-        si, di = di, si
-        sv, dv = dv, sv
-        sr, dr = dr, sr
-        nr = nr2
-    memcpy(out_idx, si, pos * sizeof(index_t))
-    for t in range(pos):
-        out_val[t] = <floating>sv[t]
-    return 0
-
-
-cdef int _row_scatter(_RowWS* ws, index_t stamp, const index_t* aind, const floating* aval,
-                      Py_ssize_t pa0, Py_ssize_t pa1, const index_t* bip, const index_t* bind,
-                      const floating* bval, index_t* out_idx, floating* out_val,
-                      bint sort_rows) noexcept nogil:
-    """Row ``stamp`` of A @ B by Gustavson scatter into the dense workspace.
-
-    Products summed in A-row then B-row order.  The coordinate list is built
-    in ``out_idx`` and compacted by ``_compact_row`` (scan or sort).
-    O(flops + compaction).  Returns -1 if the workspace cannot be allocated.
-    """
-    cdef Py_ssize_t p, q, cnt = 0, minc, maxc
-    cdef index_t j, k
-    cdef double v
-    cdef index_t* mark
-    cdef double* acc
-    if _ws_scatter(ws, stamp) != 0:
-        return -1
-    mark = <index_t*>ws.mark
-    acc = ws.acc
-    minc = ws.n_cols
-    maxc = -1
-    for p in range(pa0, pa1):
-        j = aind[p]
-        v = aval[p]
-        for q in range(bip[j], bip[j + 1]):
-            k = bind[q]
-            if mark[k] != stamp:
-                mark[k] = stamp
-                acc[k] = v * <double>bval[q]
-                out_idx[cnt] = k
-                cnt = cnt + 1
-                if k < minc:
-                    minc = k
-                if k > maxc:
-                    maxc = k
-            else:
-                acc[k] += v * <double>bval[q]
-    _compact_row(mark, acc, stamp, out_idx, out_val, cnt, minc, maxc, sort_rows)
-    return 0
-
-
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                    const floating[::1] a_data,
                    const index_t[::1] b_indptr, const index_t[::1] b_indices,
@@ -704,32 +525,27 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                    floating[::1] c_data, int num_threads, bint sort_rows=True):
     """Phase 2 of ``C = A @ B``: fill ``c_indices``/``c_data`` row by row.
 
-    Preconditions: as :func:`spgemm_symbolic`, and B's rows sorted without
-    duplicates (canonical; A may be non-canonical); ``c_indptr`` is the
-    prefix sum of the symbolic ``row_nnz`` (``c_indptr[0]`` is an arbitrary
-    offset, usually 0); ``c_indices``/``c_data`` have ``c_indptr[m] -
-    c_indptr[0]`` entries, row i at ``[c_indptr[i] - c_indptr[0],
-    c_indptr[i + 1] - c_indptr[0])``.
-    Per row, one of two strategies chosen from the row's shape only (so the
-    choice, and the arithmetic, never depends on threads):
-
-    * *merge* (row of A with <= 64 entries and an output row sparse relative
-      to ``n_cols``): pairwise merge tree of the scaled, sorted B rows in two
-      thread-private buffers -- sorted output for free and no random access;
-      duplicates summed in tree order; O(flops * log2(nnz of A's row)).
-    * *scatter* (Gustavson): thread-private dense double accumulator + marker
-      + coordinate list built in the row's output slice, then a marker scan
-      (dense rows) or a sort; O(flops + cnt log cnt).
-
-    With ``sort_rows=False`` the scatter path is always used and rows keep
-    first-touch order (unsorted, like scipy's csr_matmat).  Explicit zeros
-    from cancellation are kept.  Workspace per thread: n_cols * (8 + itemsize)
-    bytes (scatter, allocated on first use) + 2 * max row flops * (8 +
-    itemsize) (merge, grown geometrically).
+    Preconditions: as :func:`spgemm_symbolic`; ``c_indptr`` is the prefix sum
+    of its ``row_nnz`` (``c_indptr[0]`` is an arbitrary offset, usually 0);
+    ``c_indices``/``c_data`` have ``c_indptr[m] - c_indptr[0]`` entries, row
+    i at ``[c_indptr[i] - c_indptr[0], c_indptr[i + 1] - c_indptr[0])``.
+    Gustavson: the products of row i are scattered into a thread-private
+    dense workspace of (double accumulator, row stamp) slots; the coordinate
+    list is built directly in the row's output slice, then either the slot
+    range is scanned (dense rows) or the list is bucket-sorted (see
+    ``_compact_row``).  ``C[i, k]`` sums in the order of A's row then B's row
+    (sequential, as scipy), independent of threads.  Explicit zeros from
+    cancellation are kept.  ``sort_rows=False`` leaves rows in first-touch
+    order (unsorted, like scipy's csr_matmat) and skips the sort.
+    Complexity O(flops + nnz(C)) typical; workspace per thread
+    16 * n_cols + (itemsize + 8) * max row nnz bytes.
     """
     cdef Py_ssize_t m = a_indptr.shape[0] - 1
     cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, cs, cnt, flops, na
+    cdef Py_ssize_t b, i, r0, r1, p, q, cs, cnt, minc, maxc, max_cnt
+    cdef index_t j, k
+    cdef int64_t stamp
+    cdef double v
     cdef const index_t* aip = &a_indptr[0]
     cdef const index_t* aind = _iptr(a_indices)
     cdef const floating* aval = _fptr(a_data)
@@ -739,16 +555,20 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef const index_t* cip = &c_indptr[0]
     cdef index_t* cind = &c_indices[0] if c_indices.shape[0] > 0 else NULL
     cdef floating* cval = &c_data[0] if c_data.shape[0] > 0 else NULL
-    cdef _RowWS* ws
-    cdef int failed = 0, rc
+    cdef _Slot* slots
+    cdef index_t* tmp
+    cdef Py_ssize_t* start
+    cdef int failed = 0
     if m == 0:
         return
+    with nogil:
+        max_cnt = _max_row(cip, m)
     with nogil, parallel(num_threads=num_threads):
-        ws = <_RowWS*>calloc(1, sizeof(_RowWS))   # private: assigned in the block
-        if ws != NULL:
-            ws.n_cols = n_cols
+        slots = _new_slots(n_cols)
+        tmp = <index_t*>malloc((max_cnt + 1) * sizeof(index_t))
+        start = <Py_ssize_t*>malloc((max_cnt + 2) * sizeof(Py_ssize_t))
         for b in prange(nb, schedule="dynamic", chunksize=1):
-            if ws == NULL:
+            if slots == NULL or tmp == NULL or start == NULL:
                 failed += 1
                 continue
             # balance by output nnz (known now) + rows
@@ -756,24 +576,35 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
             r1 = _split(cip, m, b + 1, nb)
             for i in range(r0, r1):
                 cs = cip[i] - cip[0]
-                cnt = cip[i + 1] - cip[i]
-                if cnt == 0:
-                    continue
-                na = aip[i + 1] - aip[i]
-                flops = 0
+                stamp = i
+                cnt = 0
+                minc = n_cols
+                maxc = -1
                 for p in range(aip[i], aip[i + 1]):
-                    flops = flops + bip[aind[p] + 1] - bip[aind[p]]
-                if sort_rows and na <= 64 and cnt * 32 < n_cols:
-                    rc = _row_merge(ws, aind, aval, aip[i], aip[i + 1], bip, bind, bval,
-                                    flops, cind + cs, cval + cs)
-                else:
-                    rc = _row_scatter(ws, <index_t>i, aind, aval, aip[i], aip[i + 1], bip,
-                                      bind, bval, cind + cs, cval + cs, sort_rows)
-                if rc != 0:
-                    failed += 1
-        if ws != NULL:
-            _ws_free(ws)
-            free(ws)
+                    j = aind[p]
+                    v = aval[p]
+                    if p + 1 < aip[i + 1]:
+                        # prefetch the slots the next B row will touch
+                        for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                            SPFUSE_PREFETCH_W(&slots[bind[q]])
+                    for q in range(bip[j], bip[j + 1]):
+                        k = bind[q]
+                        if slots[k].mark != stamp:
+                            slots[k].mark = stamp
+                            slots[k].v = v * <double>bval[q]
+                            cind[cs + cnt] = k
+                            cnt = cnt + 1
+                            if k < minc:
+                                minc = k
+                            if k > maxc:
+                                maxc = k
+                        else:
+                            slots[k].v += v * <double>bval[q]
+                _compact_row(slots, stamp, cind + cs, cval + cs, cnt, minc, maxc, sort_rows,
+                             tmp, start)
+        free(slots)
+        free(tmp)
+        free(start)
     if failed:
         raise MemoryError("spgemm_numeric: cannot allocate the thread workspace")
 
@@ -839,28 +670,45 @@ cdef void _spadd_rows(_Operands ops, const double* coef, Py_ssize_t m, Py_ssize_
                       index_t itype, floating ftype, bint numeric,
                       int64_t* row_nnz, const index_t* cip, index_t* cind, floating* cval,
                       int num_threads, int* failed) noexcept nogil:
-    """Shared body of spadd_symbolic (numeric=False) / spadd_numeric (True)."""
+    """Shared body of spadd_symbolic (numeric=False) / spadd_numeric (True).
+
+    Symbolic: a thread-private index_t marker per column counts the union.
+    Numeric: thread-private (accumulator, stamp) slots, coordinate list in
+    the output slice, then ``_compact_row`` (scan or bucket sort).
+    """
     cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, q, z, t, cnt, cs, minc, maxc
+    cdef Py_ssize_t b, i, r0, r1, p, z, t, cnt, cs, minc, maxc, max_cnt = 0
     cdef index_t k
+    cdef int64_t stamp
     cdef double c
     cdef const index_t* ip
     cdef const index_t* ind
     cdef const floating* val
     cdef const index_t* ip0 = <const index_t*>ops.indptr[0]
     cdef index_t* mark
-    cdef double* acc
+    cdef _Slot* slots
+    cdef index_t* tmp
+    cdef Py_ssize_t* start
     cdef int nfail = 0
+    if numeric:
+        max_cnt = _max_row(cip, m)
     with parallel(num_threads=num_threads):
-        mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
-        acc = NULL
+        mark = NULL
+        slots = NULL
+        tmp = NULL
+        start = NULL
         if numeric:
-            acc = <double*>malloc((n_cols + 1) * sizeof(double))
-        if mark != NULL:
-            for z in range(n_cols):
-                mark[z] = -1
+            slots = _new_slots(n_cols)
+            tmp = <index_t*>malloc((max_cnt + 1) * sizeof(index_t))
+            start = <Py_ssize_t*>malloc((max_cnt + 2) * sizeof(Py_ssize_t))
+        else:
+            mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+            if mark != NULL:
+                for z in range(n_cols):
+                    mark[z] = -1
         for b in prange(nb, schedule="dynamic", chunksize=1):
-            if mark == NULL or (numeric and acc == NULL):
+            if (not numeric and mark == NULL) or (numeric and (slots == NULL or tmp == NULL
+                                                               or start == NULL)):
                 nfail += 1
                 continue
             if numeric:
@@ -871,34 +719,45 @@ cdef void _spadd_rows(_Operands ops, const double* coef, Py_ssize_t m, Py_ssize_
                 r1 = _split(ip0, m, b + 1, nb)
             for i in range(r0, r1):
                 cnt = 0
-                minc = n_cols
-                maxc = -1
-                cs = cip[i] - cip[0] if numeric else 0
-                for t in range(ops.n):
-                    ip = <const index_t*>ops.indptr[t]
-                    ind = <const index_t*>ops.indices[t]
-                    val = <const floating*>ops.data[t]
-                    c = coef[t]
-                    for p in range(ip[i], ip[i + 1]):
-                        k = ind[p]
-                        if mark[k] != <index_t>i:
-                            mark[k] = <index_t>i
-                            cnt = cnt + 1
-                            if numeric:
-                                acc[k] = c * <double>val[p]
-                                cind[cs + cnt - 1] = k
+                if numeric:
+                    minc = n_cols
+                    maxc = -1
+                    cs = cip[i] - cip[0]
+                    stamp = i
+                    for t in range(ops.n):
+                        ip = <const index_t*>ops.indptr[t]
+                        ind = <const index_t*>ops.indices[t]
+                        val = <const floating*>ops.data[t]
+                        c = coef[t]
+                        for p in range(ip[i], ip[i + 1]):
+                            k = ind[p]
+                            if slots[k].mark != stamp:
+                                slots[k].mark = stamp
+                                slots[k].v = c * <double>val[p]
+                                cind[cs + cnt] = k
+                                cnt = cnt + 1
                                 if k < minc:
                                     minc = k
                                 if k > maxc:
                                     maxc = k
-                        elif numeric:
-                            acc[k] += c * <double>val[p]
-                if numeric:
-                    _compact_row(mark, acc, <index_t>i, cind + cs, cval + cs, cnt, minc, maxc, True)
+                            else:
+                                slots[k].v += c * <double>val[p]
+                    _compact_row(slots, stamp, cind + cs, cval + cs, cnt, minc, maxc, True,
+                                 tmp, start)
                 else:
+                    for t in range(ops.n):
+                        ip = <const index_t*>ops.indptr[t]
+                        ind = <const index_t*>ops.indices[t]
+                        for p in range(ip[i], ip[i + 1]):
+                            k = ind[p]
+                            if mark[k] != <index_t>i:
+                                mark[k] = <index_t>i
+                                cnt = cnt + 1
                     row_nnz[i] = cnt
         free(mark)
-        free(acc)
+        free(slots)
+        free(tmp)
+        free(start)
     failed[0] = nfail
 
 
