@@ -915,3 +915,198 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     spadd_numeric(indptrs, indices, datas, coefficients, n_rows, n_cols,
                   indptr, out_indices, out_data, num_threads)
     return indptr, out_indices, out_data
+
+
+# --------------------------------------------------------------------------
+# Fused kernels (SparseLNR branches with scalar / row temporaries)
+# --------------------------------------------------------------------------
+cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
+                         double* acc) noexcept nogil:
+    """``acc[0:L] = t[0:K] @ D`` for C-contiguous ``D`` (K x L), in double.
+
+    Axpy of D's rows, four at a time (``acc += t0*D0 + t1*D1 + t2*D2 +
+    t3*D3``), so the order of the sum depends on K only.  O(K * L); D is
+    re-read per row, so it should fit in L2 for speed (it does for the
+    K, L <= ~256 of the fused kernels).
+    """
+    cdef Py_ssize_t k = 0, l
+    cdef double t0, t1, t2, t3
+    cdef const floating* d0
+    cdef const floating* d1
+    cdef const floating* d2
+    cdef const floating* d3
+    memset(acc, 0, L * sizeof(double))
+    while k + 4 <= K:
+        t0 = t[k]; t1 = t[k + 1]; t2 = t[k + 2]; t3 = t[k + 3]
+        d0 = D + k * L; d1 = d0 + L; d2 = d1 + L; d3 = d2 + L
+        for l in range(L):
+            acc[l] += (t0 * <double>d0[l] + t1 * <double>d1[l]) + (t2 * <double>d2[l] + t3 * <double>d3[l])
+        k += 4
+    while k < K:
+        t0 = t[k]
+        d0 = D + k * L
+        for l in range(L):
+            acc[l] += t0 * <double>d0[l]
+        k += 1
+
+
+def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
+               const floating[:, ::1] C, const floating[:, ::1] Dt, const floating[:, ::1] E,
+               floating[:, ::1] out, int op, int num_threads):
+    """Fused <SDDMM, SpMM> with a SCALAR temporary (SparseLNR).
+
+    ``out[i, :] = sum_{p in row i} w_p * E[j, :]`` with ``j = indices[p]``,
+    ``s = dot(C[i, :], Dt[j, :])`` and ``w_p = bdata[p] op s`` as in
+    :func:`sddmm` (0 mul, 1 div with 0/x = 0, 2 dot).  Covers
+    ``A[i,l] = B[i,j] * C[i,k] * D[j,k] * E[j,l]`` (``Dt = D``) and GNN-2
+    ``Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]`` (C = X, Dt = Y.T,
+    E = Y.T: all C-contiguous).  The SDDMM value never materialises.
+    Preconditions: B (m x n) CSR; C (m, K), Dt (n, K), E (n, L), out (m, L)
+    C-contiguous; out does not alias the inputs.  ``out`` fully overwritten.
+    Complexity O(nnz * (K + L)); workspace L doubles per thread.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t K = C.shape[1]
+    cdef Py_ssize_t L = out.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, l
+    cdef double w
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* bv = _fptr(bdata)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* ep = &E[0, 0] if E.shape[0] > 0 and L > 0 else NULL
+    cdef floating* op_ = &out[0, 0] if m > 0 and L > 0 else NULL
+    cdef double* acc
+    cdef int failed = 0
+    if m == 0 or L == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        acc = <double*>malloc((L + 1) * sizeof(double))
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if acc == NULL:
+                failed += 1
+                continue
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                memset(acc, 0, L * sizeof(double))
+                for p in range(ip[i], ip[i + 1]):
+                    w = _sddmm_value(op, <double>bv[p],
+                                     _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+                    _axpy(acc, w, ep + <Py_ssize_t>ind[p] * L, L)
+                for l in range(L):
+                    op_[i * L + l] = <floating>acc[l]
+        free(acc)
+    if failed:
+        raise MemoryError("sddmm_spmm: cannot allocate the thread workspace")
+
+
+def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+              const floating[:, ::1] C, const floating[:, ::1] D, floating[:, ::1] out,
+              int num_threads):
+    """Fused <SpMM, GEMM> with a ROW temporary: ``out = (A @ C) @ D``.
+
+    Per row i: ``t = sum_p data[p] * C[indices[p], :]`` (thread-private, K
+    doubles), then ``out[i, :] = t @ D`` by :func:`_vecmat` (own loop: no
+    BLAS call inside the OpenMP region, so no nested BLAS threading and a
+    summation order fixed by K).  Covers GNN-1 ``Z = A @ X @ W`` and
+    ``A[i,l] = B[i,j] * C[j,k] * D[k,l]``.
+    Preconditions: A (m x n) CSR; C (n, K), D (K, L), out (m, L)
+    C-contiguous; out aliases nothing.  ``out`` fully overwritten.
+    Complexity O(nnz * K + m * K * L); workspace K + L doubles per thread.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t K = C.shape[1]
+    cdef Py_ssize_t L = out.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, l
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if K > 0 and L > 0 else NULL
+    cdef floating* op_ = &out[0, 0] if m > 0 and L > 0 else NULL
+    cdef double* t
+    cdef double* acc
+    cdef int failed = 0
+    if m == 0 or L == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        t = <double*>malloc((K + L + 1) * sizeof(double))
+        acc = t + K
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if t == NULL:
+                failed += 1
+                continue
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                memset(t, 0, K * sizeof(double))
+                for p in range(ip[i], ip[i + 1]):
+                    _axpy(t, <double>val[p], cp + <Py_ssize_t>ind[p] * K, K)
+                _vecmat(t, K, dp, L, acc)
+                for l in range(L):
+                    op_[i * L + l] = <floating>acc[l]
+        free(t)
+    if failed:
+        raise MemoryError("spmm_gemm: cannot allocate the thread workspace")
+
+
+def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
+                    const floating[::1] bdata, const floating[:, ::1] C,
+                    const floating[:, ::1] Dt, const floating[:, ::1] F,
+                    const floating[:, ::1] W, floating[:, ::1] out, int num_threads,
+                    int op=0):
+    """Fused <SDDMM, SpMM, GEMM>: scalar temporary, then row temporary.
+
+    ``t[l] = sum_{p in row i} (bdata[p] op dot(C[i], Dt[j])) * F[j, l]``,
+    ``out[i, :] = t @ W``; ``op`` as in :func:`sddmm` (default 0: multiply).
+    Covers ``A[i,m] = B[i,j] * C[i,k] * D[j,k] * F[j,l] * W[l,m]``.
+    Preconditions: B (m x n) CSR; C (m, K), Dt (n, K), F (n, Lf), W (Lf, M),
+    out (m, M) C-contiguous; out aliases nothing.  ``out`` fully overwritten.
+    Complexity O(nnz * (K + Lf) + m * Lf * M); workspace Lf + M doubles per
+    thread.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t K = C.shape[1]
+    cdef Py_ssize_t Lf = F.shape[1]
+    cdef Py_ssize_t M = out.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, l
+    cdef double w
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* bv = _fptr(bdata)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
+    cdef const floating* fp = &F[0, 0] if F.shape[0] > 0 and Lf > 0 else NULL
+    cdef const floating* wp = &W[0, 0] if Lf > 0 and M > 0 else NULL
+    cdef floating* op_ = &out[0, 0] if m > 0 and M > 0 else NULL
+    cdef double* t
+    cdef double* acc
+    cdef int failed = 0
+    if m == 0 or M == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        t = <double*>malloc((Lf + M + 1) * sizeof(double))
+        acc = t + Lf
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if t == NULL:
+                failed += 1
+                continue
+            r0 = _split(ip, m, b, nb)
+            r1 = _split(ip, m, b + 1, nb)
+            for i in range(r0, r1):
+                memset(t, 0, Lf * sizeof(double))
+                for p in range(ip[i], ip[i + 1]):
+                    w = _sddmm_value(op, <double>bv[p],
+                                     _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+                    _axpy(t, w, fp + <Py_ssize_t>ind[p] * Lf, Lf)
+                _vecmat(t, Lf, wp, M, acc)
+                for l in range(M):
+                    op_[i * M + l] = <floating>acc[l]
+        free(t)
+    if failed:
+        raise MemoryError("sddmm_spmm_gemm: cannot allocate the thread workspace")

@@ -1,0 +1,329 @@
+# cython: language_level=3
+"""Template kernels over 3-d CSF operands.
+
+CSF layout (every level compressed, mode order (0, 1, 2)):
+``pos0, crd0, pos1, crd1, pos2, crd2, vals`` with ``pos0 = [0, n_i]``;
+level-0 position ``q`` (``0 <= q < n_i``) has coordinate ``crd0[q]`` and owns
+the level-1 positions (fibers) ``pos1[q] <= f < pos1[q + 1]``; fiber ``f``
+has coordinate ``crd1[f]`` and owns the entries ``pos2[f] <= p < pos2[f + 1]``
+with coordinates ``crd2[p]`` and values ``vals[p]``.
+
+Shared conventions (as in ``_csr_kernels``): values ``cython.floating``,
+double accumulation; ONE index type (int32/int64) for every pos/crd array of
+a call; ``const T[::1]`` inputs, C-contiguous dense matrices; NO validation
+(the Python layer checked the tensor: pos non-decreasing, coordinates in
+range, ``crd0`` strictly increasing -- distinct output rows); explicit
+``num_threads``; parallel over level-0 positions ``q`` in blocks balanced by
+``pos2[pos1[q]] + pos1[q] + q`` (entries + fibers + slices), handed out by
+``prange(schedule="dynamic", chunksize=1)``; thread-private workspaces
+allocated once per call per thread; the arithmetic of a slice never depends
+on the thread count, so results are bit-identical for any ``num_threads``.
+"""
+cimport cython
+from cython cimport floating
+from cython.parallel cimport parallel, prange
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from spfuse._kernels._kernel_common cimport index_t
+
+__all__ = ["ttv", "mttkrp", "mttkrp_gemm", "spttm_spttm"]
+
+cdef enum:
+    BLOCKS_PER_THREAD = 16
+
+
+cdef inline Py_ssize_t _num_blocks(Py_ssize_t n, int num_threads) noexcept nogil:
+    cdef Py_ssize_t nb
+    if n <= 0:
+        return 0
+    if num_threads <= 1:
+        return 1
+    nb = <Py_ssize_t>num_threads * BLOCKS_PER_THREAD
+    return nb if nb < n else n
+
+
+cdef inline double _cost(const index_t* pos1, const index_t* pos2, Py_ssize_t q) noexcept nogil:
+    return <double>(pos2[pos1[q]] - pos2[pos1[0]]) + <double>(pos1[q] - pos1[0]) + <double>q
+
+
+cdef inline Py_ssize_t _split(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
+                              Py_ssize_t b, Py_ssize_t nb) noexcept nogil:
+    """First level-0 position of block ``b`` of ``nb`` (balanced by _cost)."""
+    cdef Py_ssize_t lo, hi, mid
+    cdef double target
+    if b <= 0:
+        return 0
+    if b >= nb:
+        return n
+    target = _cost(pos1, pos2, n) * (<double>b / <double>nb)
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if _cost(pos1, pos2, mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t k
+    for k in range(n):
+        acc[k] += v * <double>x[k]
+
+
+cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
+                         double* acc) noexcept nogil:
+    """``acc[0:L] = t[0:K] @ D`` (D C-contiguous K x L), four rows of D at a time."""
+    cdef Py_ssize_t k = 0, l
+    cdef double t0, t1, t2, t3
+    cdef const floating* d0
+    cdef const floating* d1
+    cdef const floating* d2
+    cdef const floating* d3
+    memset(acc, 0, L * sizeof(double))
+    while k + 4 <= K:
+        t0 = t[k]; t1 = t[k + 1]; t2 = t[k + 2]; t3 = t[k + 3]
+        d0 = D + k * L; d1 = d0 + L; d2 = d1 + L; d3 = d2 + L
+        for l in range(L):
+            acc[l] += (t0 * <double>d0[l] + t1 * <double>d1[l]) + (t2 * <double>d2[l] + t3 * <double>d3[l])
+        k += 4
+    while k < K:
+        t0 = t[k]
+        d0 = D + k * L
+        for l in range(L):
+            acc[l] += t0 * <double>d0[l]
+        k += 1
+
+
+cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+        const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+        const floating[::1] vals, const floating[::1] c, floating[::1] out_vals,
+        int num_threads):
+    """Tensor-times-vector over the last mode: ``A[i,j] = sum_k X[i,j,k] * c[k]``.
+
+    ``out_vals[f] = sum_{p in fiber f} vals[p] * c[crd2[p]]`` for every
+    level-1 position ``f``, so the result has X's (i, j) pattern: the CSR-like
+    matrix ``(pos1, crd1, out_vals)`` with row coordinates ``crd0`` (an empty
+    fiber gives 0).  Preconditions: ``len(c) >= max(crd2) + 1``,
+    ``len(out_vals) == pos1[n_i] - pos1[0]`` (entry f - pos1[0] for fiber f).
+    Complexity O(nnz + n_fibers); no workspace.
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t b, q, q0, q1, f, p
+    cdef double s
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cv = _fptr(c)
+    cdef floating* ov = &out_vals[0] if out_vals.shape[0] > 0 else NULL
+    if n == 0:
+        return
+    with nogil:
+        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+            q0 = _split(p1, p2, n, b, nb)
+            q1 = _split(p1, p2, n, b + 1, nb)
+            for q in range(q0, q1):
+                for f in range(p1[q], p1[q + 1]):
+                    s = 0.0
+                    for p in range(p2[f], p2[f + 1]):
+                        s = s + <double>v[p] * <double>cv[c2[p]]
+                    ov[f - p1[0]] = <floating>s
+
+
+def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+           const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+           const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
+           floating[:, ::1] out, int num_threads):
+    """MTTKRP ``A[i,r] = sum_{j,k} X[i,j,k] * C[j,r] * D[k,r]`` with hoisting.
+
+    Per fiber (i, j): ``t[r] = sum_k X[i,j,k] * D[k,r]`` (thread-private),
+    then ``acc[r] += t[r] * C[j,r]`` -- the C factor is hoisted out of the
+    k loop (loop-invariant redundancy removed).  Preconditions: C (J, R),
+    D (Kd, R), out (I, R) C-contiguous with ``I > max(crd0)``; ``crd0``
+    strictly increasing.  ``out`` fully overwritten (rows absent from crd0
+    become 0).  Complexity O(nnz * R + n_fibers * R + I * R); workspace 2R
+    doubles per thread.
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t I = out.shape[0]
+    cdef Py_ssize_t R = out.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t b, q, q0, q1, f, p, r, row
+    cdef const index_t* c0 = _iptr(crd0)
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* c1 = _iptr(crd1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
+    cdef floating* op = &out[0, 0] if I > 0 and R > 0 else NULL
+    cdef double* t
+    cdef double* acc
+    cdef const floating* crow
+    cdef int failed = 0
+    if I == 0 or R == 0:
+        return
+    with nogil:
+        for row in prange(I, schedule="static", num_threads=num_threads):
+            memset(op + row * R, 0, R * sizeof(floating))
+    if n == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        t = <double*>malloc((2 * R + 1) * sizeof(double))
+        acc = t + R
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if t == NULL:
+                failed += 1
+                continue
+            q0 = _split(p1, p2, n, b, nb)
+            q1 = _split(p1, p2, n, b + 1, nb)
+            for q in range(q0, q1):
+                memset(acc, 0, R * sizeof(double))
+                for f in range(p1[q], p1[q + 1]):
+                    memset(t, 0, R * sizeof(double))
+                    for p in range(p2[f], p2[f + 1]):
+                        _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
+                    crow = cp + <Py_ssize_t>c1[f] * R
+                    for r in range(R):
+                        acc[r] += t[r] * <double>crow[r]
+                for r in range(R):
+                    op[<Py_ssize_t>c0[q] * R + r] = <floating>acc[r]
+        free(t)
+    if failed:
+        raise MemoryError("mttkrp: cannot allocate the thread workspace")
+
+
+def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+                const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+                const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
+                const floating[:, ::1] E, floating[:, ::1] out, int num_threads):
+    """Fused <MTTKRP, GEMM>: ``A[i,m] = sum_{k,l,j} B[i,k,l] * C[l,j] * D[k,j] * E[j,m]``.
+
+    B is the CSF tensor with modes (i, k, l).  Per slice i (thread-private
+    row temporaries): for each fiber (i, k), ``u[j] = sum_l B[i,k,l] *
+    C[l,j]``, ``t[j] += u[j] * D[k,j]`` (MTTKRP hoisting), then
+    ``out[i, :] = t @ E``.  Preconditions: C (Ld, J), D (Kd, J), E (J, M),
+    out (I, M) C-contiguous, ``I > max(crd0)``, crd0 strictly increasing.
+    ``out`` fully overwritten (absent rows 0).  Complexity O(nnz * J +
+    n_fibers * J + n_i * J * M); workspace 2J + M doubles per thread.
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t I = out.shape[0]
+    cdef Py_ssize_t M = out.shape[1]
+    cdef Py_ssize_t J = C.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t b, q, q0, q1, f, p, r, row
+    cdef const index_t* c0 = _iptr(crd0)
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* c1 = _iptr(crd1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and J > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and J > 0 else NULL
+    cdef const floating* ep = &E[0, 0] if J > 0 and M > 0 else NULL
+    cdef floating* op = &out[0, 0] if I > 0 and M > 0 else NULL
+    cdef double* u
+    cdef double* t
+    cdef double* acc
+    cdef const floating* drow
+    cdef int failed = 0
+    if I == 0 or M == 0:
+        return
+    with nogil:
+        for row in prange(I, schedule="static", num_threads=num_threads):
+            memset(op + row * M, 0, M * sizeof(floating))
+    if n == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        u = <double*>malloc((2 * J + M + 1) * sizeof(double))
+        t = u + J
+        acc = t + J
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if u == NULL:
+                failed += 1
+                continue
+            q0 = _split(p1, p2, n, b, nb)
+            q1 = _split(p1, p2, n, b + 1, nb)
+            for q in range(q0, q1):
+                memset(t, 0, J * sizeof(double))
+                for f in range(p1[q], p1[q + 1]):
+                    memset(u, 0, J * sizeof(double))
+                    for p in range(p2[f], p2[f + 1]):
+                        _axpy(u, <double>v[p], cp + <Py_ssize_t>c2[p] * J, J)
+                    drow = dp + <Py_ssize_t>c1[f] * J
+                    for r in range(J):
+                        t[r] += u[r] * <double>drow[r]
+                _vecmat(t, J, ep, M, acc)
+                for r in range(M):
+                    op[<Py_ssize_t>c0[q] * M + r] = <floating>acc[r]
+        free(u)
+    if failed:
+        raise MemoryError("mttkrp_gemm: cannot allocate the thread workspace")
+
+
+def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+                const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+                const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
+                floating[:, ::1] out_vals, int num_threads):
+    """Fused <SpTTM, SpTTM>: ``A[i,j,m] = sum_{k,l} B[i,j,k] * C[k,l] * D[l,m]``.
+
+    Per fiber f = (i, j): ``t[l] = sum_k B[i,j,k] * C[k,l]`` (thread-private
+    row temporary), ``out_vals[f - pos1[0], :] = t @ D``.  The result keeps
+    B's (i, j) pattern with a dense last mode: level-1 positions of B,
+    values shaped ``(n_fibers, M)``.  Preconditions: C (Kd, L), D (L, M),
+    out_vals (pos1[n_i] - pos1[0], M) C-contiguous.  Every row of out_vals is
+    overwritten (empty fibers give 0).  Complexity O(nnz * L + n_fibers * L
+    * M); workspace L + M doubles per thread.
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t L = C.shape[1]
+    cdef Py_ssize_t M = out_vals.shape[1]
+    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t b, q, q0, q1, f, p, r
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and L > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if L > 0 and M > 0 else NULL
+    cdef floating* op = &out_vals[0, 0] if out_vals.shape[0] > 0 and M > 0 else NULL
+    cdef double* t
+    cdef double* acc
+    cdef int failed = 0
+    if n == 0 or M == 0:
+        return
+    with nogil, parallel(num_threads=num_threads):
+        t = <double*>malloc((L + M + 1) * sizeof(double))
+        acc = t + L
+        for b in prange(nb, schedule="dynamic", chunksize=1):
+            if t == NULL:
+                failed += 1
+                continue
+            q0 = _split(p1, p2, n, b, nb)
+            q1 = _split(p1, p2, n, b + 1, nb)
+            for q in range(q0, q1):
+                for f in range(p1[q], p1[q + 1]):
+                    memset(t, 0, L * sizeof(double))
+                    for p in range(p2[f], p2[f + 1]):
+                        _axpy(t, <double>v[p], cp + <Py_ssize_t>c2[p] * L, L)
+                    _vecmat(t, L, dp, M, acc)
+                    for r in range(M):
+                        op[(f - p1[0]) * M + r] = <floating>acc[r]
+        free(t)
+    if failed:
+        raise MemoryError("spttm_spttm: cannot allocate the thread workspace")

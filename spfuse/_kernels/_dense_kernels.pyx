@@ -1,0 +1,134 @@
+# cython: language_level=3
+"""Dense template kernels: BLAS products and element-wise maps.
+
+* ``gemm`` / ``gemv`` call BLAS through ``scipy.linalg.cython_blas`` (LP64
+  ``int`` sizes, column-major): a C-contiguous (row-major) product
+  ``out = A @ B`` is computed as the column-major ``out^T = B^T @ A^T``,
+  i.e. by swapping the operands, with no copies.  BLAS runs in its own
+  thread pool (OpenBLAS/MKL, controlled by threadpoolctl or
+  ``OPENBLAS_NUM_THREADS``), not in our OpenMP team, so these functions take
+  no ``num_threads``-driven prange; the planner calls them outside parallel
+  regions.
+* ``map_unary`` applies one unary op to a 1-D value array (e.g. the data of
+  a sparse operand with an unchanged pattern), computed in double.
+"""
+cimport cython
+from cython cimport floating
+from cython.parallel cimport prange
+from libc.math cimport exp, fabs, log, sqrt, tanh
+from libc.string cimport memset
+from scipy.linalg.cython_blas cimport dgemm, dgemv, sgemm, sgemv
+
+from spfuse._kernels._kernel_common cimport (
+    UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
+    UNARY_TANH,
+)
+
+__all__ = ["UNARY_OPS", "gemm", "gemv", "map_unary"]
+
+#: op codes of :func:`map_unary` (name -> code)
+UNARY_OPS = {
+    "relu": UNARY_RELU, "sigmoid": UNARY_SIGMOID, "tanh": UNARY_TANH, "exp": UNARY_EXP,
+    "log": UNARY_LOG, "abs": UNARY_ABS, "sqrt": UNARY_SQRT, "neg": UNARY_NEG,
+}
+
+# Beyond this many int-sized elements a dimension no longer fits LP64 BLAS.
+cdef Py_ssize_t _INT_MAX = 2147483647
+
+
+def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] out,
+         num_threads=None):
+    """``out = A @ B`` for C-contiguous A (m, k), B (k, n), out (m, n).
+
+    One BLAS call (dgemm/sgemm by dtype) on swapped operands:
+    ``gemm('N', 'N', n, m, k, 1, B, n, A, k, 0, out, n)``.  ``out`` must not
+    alias A or B; it is fully overwritten (zeros when k == 0).
+    ``num_threads`` is accepted for a uniform signature and ignored (BLAS
+    has its own pool).  Dimensions must be < 2**31 (LP64 BLAS).
+    Complexity O(m * n * k).
+    """
+    cdef int m = A.shape[0], k = A.shape[1], n = B.shape[1]
+    cdef floating one = 1, zero = 0
+    cdef char trans = b'N'
+    if A.shape[0] > _INT_MAX or A.shape[1] > _INT_MAX or B.shape[1] > _INT_MAX:
+        raise OverflowError("gemm: dimensions exceed the LP64 BLAS range")
+    if m == 0 or n == 0:
+        return
+    if k == 0:
+        with nogil:
+            memset(&out[0, 0], 0, <size_t>m * n * sizeof(floating))
+        return
+    with nogil:
+        if floating is double:
+            dgemm(&trans, &trans, &n, &m, &k, &one, <double*>&B[0, 0], &n,
+                  <double*>&A[0, 0], &k, &zero, &out[0, 0], &n)
+        else:
+            sgemm(&trans, &trans, &n, &m, &k, &one, <float*>&B[0, 0], &n,
+                  <float*>&A[0, 0], &k, &zero, &out[0, 0], &n)
+
+
+def gemv(const floating[:, ::1] A, const floating[::1] x, floating[::1] out,
+         num_threads=None):
+    """``out = A @ x`` for C-contiguous A (m, n), x (n,), out (m,).
+
+    Column-major view: A is A^T (n x m, ld n), so ``gemv('T', n, m, 1, A, n,
+    x, 1, 0, out, 1)``.  ``out`` must not alias; fully overwritten.
+    ``num_threads`` ignored (BLAS pool).  O(m * n).
+    """
+    cdef int m = A.shape[0], n = A.shape[1], inc = 1
+    cdef floating one = 1, zero = 0
+    cdef char trans = b'T'
+    if A.shape[0] > _INT_MAX or A.shape[1] > _INT_MAX:
+        raise OverflowError("gemv: dimensions exceed the LP64 BLAS range")
+    if m == 0:
+        return
+    if n == 0:
+        with nogil:
+            memset(&out[0], 0, <size_t>m * sizeof(floating))
+        return
+    with nogil:
+        if floating is double:
+            dgemv(&trans, &n, &m, &one, <double*>&A[0, 0], &n, <double*>&x[0], &inc,
+                  &zero, &out[0], &inc)
+        else:
+            sgemv(&trans, &n, &m, &one, <float*>&A[0, 0], &n, <float*>&x[0], &inc,
+                  &zero, &out[0], &inc)
+
+
+cdef inline double _unary(int op, double x) noexcept nogil:
+    if op == UNARY_RELU:
+        return x if x > 0.0 else (x if x != x else 0.0)   # NaN propagates like np.maximum
+    elif op == UNARY_SIGMOID:
+        if x >= 0.0:
+            return 1.0 / (1.0 + exp(-x))
+        return exp(x) / (1.0 + exp(x))
+    elif op == UNARY_TANH:
+        return tanh(x)
+    elif op == UNARY_EXP:
+        return exp(x)
+    elif op == UNARY_LOG:
+        return log(x)
+    elif op == UNARY_ABS:
+        return fabs(x)
+    elif op == UNARY_SQRT:
+        return sqrt(x)
+    return -x
+
+
+def map_unary(const floating[::1] values, int op_code, floating[::1] out, int num_threads=1):
+    """``out[p] = f(values[p])`` for ``f = UNARY_OPS`` code ``op_code``.
+
+    Codes: relu 0 (``max(x, 0)``, NaN kept), sigmoid 1 (overflow-safe
+    form), tanh 2, exp 3, log 4, abs 5, sqrt 6, neg 7; evaluated in double
+    with libm, then rounded to the value type (log/sqrt of negatives give
+    NaN, log(0) gives -inf, as numpy, without warnings).  ``out`` may be
+    ``values`` (in place); same length.  Static prange over elements;
+    elementwise, so identical for any thread count.  O(n).  An unknown code
+    behaves as ``neg`` -- the Python layer only passes UNARY_OPS values.
+    """
+    cdef Py_ssize_t n = values.shape[0], p
+    if n == 0:
+        return
+    with nogil:
+        for p in prange(n, schedule="static", num_threads=num_threads):
+            out[p] = <floating>_unary(op_code, <double>values[p])
