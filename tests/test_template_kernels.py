@@ -1,0 +1,523 @@
+"""Template kernels (_csr_kernels, _csf_kernels, _dense_kernels) vs numpy.
+
+Every kernel runs on densified random inputs for float32/float64 values and
+int32/int64 indices, with 1 and 2 threads; the two thread counts must give
+bit-identical results (``np.array_equal``) and both must match the numpy
+oracle (rtol 1e-4 for float32).  Cases include empty rows, nnz = 0,
+zero-size dimensions and a power-law row distribution.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+K = pytest.importorskip("spfuse._kernels._csr_kernels")
+F = pytest.importorskip("spfuse._kernels._csf_kernels")
+D = pytest.importorskip("spfuse._kernels._dense_kernels")
+
+VALUE_DTYPES = [np.float32, np.float64]
+INDEX_DTYPES = [np.int32, np.int64]
+
+
+def tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------- operands
+def _powerlaw(rng, m, n):
+    """Row i has about n / (i + 1) ** 1.1 entries (a few heavy rows, many light)."""
+    rows, cols = [], []
+    for i in range(m):
+        k = min(n, max(0, int(n / (i + 1) ** 1.1)))
+        c = rng.choice(n, size=k, replace=False)
+        rows.append(np.full(k, i))
+        cols.append(c)
+    rows = np.concatenate(rows) if rows else np.empty(0, int)
+    cols = np.concatenate(cols) if cols else np.empty(0, int)
+    perm = rng.permutation(m)  # heavy rows scattered
+    return sp.csr_matrix((rng.standard_normal(len(rows)), (perm[rows], cols)), shape=(m, n))
+
+
+def make_csr(kind, rng, m, n):
+    if kind == "uniform":
+        A = sp.random(m, n, density=0.08, format="csr", random_state=rng)
+    elif kind == "empty_rows":
+        A = sp.random(m, n, density=0.2, format="lil", random_state=rng)
+        A[::3, :] = 0
+        A = A.tocsr()
+    elif kind == "nnz0":
+        A = sp.csr_matrix((m, n))
+    elif kind == "powerlaw":
+        A = _powerlaw(rng, m, n)
+    else:
+        raise ValueError(kind)
+    A.sum_duplicates()
+    A.sort_indices()
+    A.data = rng.standard_normal(A.nnz)
+    return A
+
+
+KINDS = ["uniform", "empty_rows", "nnz0", "powerlaw"]
+SHAPES = [(301, 157), (0, 7), (9, 0), (1, 1)]
+
+
+def arrays(A, it, dt):
+    return (np.ascontiguousarray(A.indptr, dtype=it), np.ascontiguousarray(A.indices, dtype=it),
+            np.ascontiguousarray(A.data, dtype=dt))
+
+
+def both_threads(fn):
+    """Run ``fn(num_threads)`` with 1 and 2 threads; results must be bit-identical."""
+    r1 = fn(1)
+    r2 = fn(2)
+    if not isinstance(r1, tuple):
+        r1, r2 = (r1,), (r2,)
+    for a, b in zip(r1, r2):
+        assert a.dtype == b.dtype
+        assert np.array_equal(a, b), "result depends on the thread count"
+    return r1 if len(r1) > 1 else r1[0]
+
+
+def case_params():
+    out = []
+    for kind in KINDS:
+        for shape in SHAPES:
+            if kind != "uniform" and shape != SHAPES[0]:
+                continue
+            out.append((kind, shape))
+    return out
+
+
+CASES = case_params()
+dtypes = pytest.mark.parametrize("dt", VALUE_DTYPES, ids=["f32", "f64"])
+itypes = pytest.mark.parametrize("it", INDEX_DTYPES, ids=["i32", "i64"])
+cases = pytest.mark.parametrize("kind,shape", CASES, ids=[f"{k}-{s[0]}x{s[1]}" for k, s in CASES])
+
+
+# ---------------------------------------------------------------- CSR
+@dtypes
+@itypes
+@cases
+def test_spmv(kind, shape, it, dt, rng):
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    x = rng.standard_normal(shape[1]).astype(dt)
+
+    def run(nt):
+        out = np.full(shape[0], np.nan, dtype=dt)
+        K.spmv(ip, ind, val, x, out, nt)
+        return out
+    got = both_threads(run)
+    np.testing.assert_allclose(got, A.toarray() @ x.astype(np.float64), **tol(dt))
+
+
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("Kdim", [1, 7, 64, 300])
+def test_spmm(kind, shape, it, dt, Kdim, rng):
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    B = rng.standard_normal((shape[1], Kdim)).astype(dt)
+
+    def run(nt):
+        out = np.full((shape[0], Kdim), np.nan, dtype=dt)
+        K.spmm(ip, ind, val, B, out, nt)
+        return out
+    got = both_threads(run)
+    np.testing.assert_allclose(got, A.toarray() @ B.astype(np.float64), **tol(dt))
+
+
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("op", ["mul", "div", "dot"])
+def test_sddmm(kind, shape, it, dt, op, rng):
+    A = make_csr(kind, rng, *shape)
+    if A.nnz:
+        A.data[::5] = 0.0  # explicit zeros: 0/x must give 0
+    ip, ind, val = arrays(A, it, dt)
+    Kdim = 13
+    C = rng.standard_normal((shape[0], Kdim)).astype(dt)
+    Dt = rng.standard_normal((shape[1], Kdim)).astype(dt)
+
+    def run(nt):
+        out = np.full(len(val), np.nan, dtype=dt)
+        K.sddmm(ip, ind, val, C, Dt, out, K.SDDMM_OPS[op], nt)
+        return out
+    got = both_threads(run)
+    rows = np.repeat(np.arange(shape[0]), np.diff(A.indptr))
+    s = np.einsum("ij,ij->i", C[rows].astype(np.float64), Dt[A.indices].astype(np.float64))
+    b = val.astype(np.float64)
+    want = {"mul": b * s, "div": np.divide(b, s, out=np.zeros_like(s), where=b != 0),
+            "dot": s}[op]
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+def _rows_sorted_unique(indptr, indices):
+    for i in range(len(indptr) - 1):
+        r = indices[indptr[i]:indptr[i + 1]]
+        assert np.all(np.diff(r.astype(np.int64)) > 0), f"row {i} not sorted/unique"
+
+
+@dtypes
+@itypes
+@cases
+def test_spgemm(kind, shape, it, dt, rng):
+    m, n = shape
+    A = make_csr(kind, rng, m, n)
+    B = make_csr("uniform" if kind != "nnz0" else kind, rng, n, 211)
+    a = arrays(A, it, dt)
+    b = arrays(B, it, dt)
+    got = both_threads(lambda nt: K.spgemm(*a, *b, 211, nt))
+    indptr, indices, data = got
+    assert indptr.dtype == it and indices.dtype == it and data.dtype == dt
+    _rows_sorted_unique(indptr, indices)
+    ref = (A @ B).tocsr()
+    ref.sort_indices()
+    # structural result: pattern equals scipy's symbolic pattern
+    assert np.array_equal(indptr, ref.indptr) and np.array_equal(indices, ref.indices)
+    C = sp.csr_matrix((data, indices, indptr), shape=(m, 211))
+    np.testing.assert_allclose(C.toarray(), A.toarray() @ B.toarray(), **tol(dt))
+
+
+def test_spgemm_keeps_cancellation_zeros_and_unsorted_mode(rng):
+    A = sp.csr_matrix(np.array([[1.0, 1.0], [0.0, 2.0]]))
+    B = sp.csr_matrix(np.array([[1.0, 3.0], [-1.0, 5.0]]))
+    ip, ind, val = K.spgemm(A.indptr, A.indices, A.data, B.indptr, B.indices, B.data, 2, 2)
+    assert list(ip) == [0, 2, 4] and list(ind) == [0, 1, 0, 1]
+    assert val[0] == 0.0  # 1*1 + 1*(-1) kept as a structural zero
+    # unsorted mode: same entries, first-touch order
+    A = make_csr("uniform", rng, 200, 150)
+    B = make_csr("uniform", rng, 150, 170)
+    row_nnz = np.empty(200, np.int64)
+    K.spgemm_symbolic(A.indptr, A.indices, B.indptr, B.indices, 170, row_nnz, 2)
+    indptr = np.concatenate([[0], np.cumsum(row_nnz)]).astype(np.int32)
+    ind = np.empty(indptr[-1], np.int32)
+    val = np.empty(indptr[-1])
+    K.spgemm_numeric(A.indptr, A.indices, A.data, B.indptr, B.indices, B.data, 170,
+                     indptr, ind, val, 2, False)
+    C = sp.csr_matrix((val, ind, indptr), shape=(200, 170))
+    np.testing.assert_allclose(C.toarray(), (A @ B).toarray(), rtol=1e-12, atol=1e-12)
+
+
+def test_spgemm_dense_rows_scan_path(rng):
+    # rows dense enough for the marker-scan compaction
+    A = sp.random(40, 30, density=0.6, format="csr", random_state=rng)
+    B = sp.random(30, 50, density=0.5, format="csr", random_state=rng)
+    got = both_threads(lambda nt: K.spgemm(A.indptr, A.indices, A.data, B.indptr, B.indices,
+                                           B.data, 50, nt))
+    _rows_sorted_unique(got[0], got[1])
+    C = sp.csr_matrix((got[2], got[1], got[0]), shape=(40, 50))
+    np.testing.assert_allclose(C.toarray(), A.toarray() @ B.toarray(), rtol=1e-12, atol=1e-12)
+
+
+@dtypes
+@itypes
+@pytest.mark.parametrize("n_ops", [0, 1, 2, 7])
+@pytest.mark.parametrize("kind", KINDS)
+def test_spadd(kind, n_ops, it, dt, rng):
+    m, n = 257, 131
+    mats = [make_csr(kind if t % 2 == 0 else "uniform", rng, m, n) for t in range(n_ops)]
+    coef = rng.choice([1.0, -1.0, 0.5], size=n_ops)
+    if n_ops >= 2:
+        mats[1] = mats[0].copy()  # B0 - B0 style cancellation: entries kept
+        coef[:2] = [1.0, -1.0]
+    ips = [np.ascontiguousarray(M.indptr, dtype=it) for M in mats]
+    inds = [np.ascontiguousarray(M.indices, dtype=it) for M in mats]
+    vals = [np.ascontiguousarray(M.data, dtype=dt) for M in mats]
+    got = both_threads(lambda nt: K.spadd(ips, inds, vals, coef, m, n, nt))
+    indptr, indices, data = got
+    _rows_sorted_unique(indptr, indices)
+    want = np.zeros((m, n))
+    pattern = np.zeros((m, n), bool)
+    for c, M in zip(coef, mats):
+        want += c * M.toarray().astype(dt).astype(np.float64)
+        pattern |= M.toarray() != 0
+    C = sp.csr_matrix((data, indices, indptr), shape=(m, n))
+    np.testing.assert_allclose(C.toarray(), want, **tol(dt))
+    assert C.nnz == pattern.sum()  # union pattern, structural zeros kept
+    if n_ops:
+        assert indptr.dtype == it and data.dtype == dt
+
+
+def test_spadd_rejects_mixed_dtypes():
+    A = sp.random(5, 5, density=0.5, format="csr")
+    with pytest.raises(TypeError):
+        K.spadd([A.indptr, A.indptr.astype(np.int64)], [A.indices, A.indices],
+                [A.data, A.data], [1.0, 1.0], 5, 5, 1)
+
+
+# ---------------------------------------------------------------- fused CSR
+def _sddmm_vals(A, C, Dt, op):
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    s = np.einsum("ij,ij->i", C[rows].astype(np.float64), Dt[A.indices].astype(np.float64))
+    b = A.data.astype(np.float64)
+    return {0: b * s, 1: np.divide(b, s, out=np.zeros_like(s), where=b != 0), 2: s}[op]
+
+
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("op", [0, 1, 2])
+def test_sddmm_spmm(kind, shape, it, dt, op, rng):
+    m, n = shape
+    A = make_csr(kind, rng, m, n)
+    A.data = A.data.astype(dt)
+    ip, ind, val = arrays(A, it, dt)
+    C = rng.standard_normal((m, 9)).astype(dt)
+    Dt = rng.standard_normal((n, 9)).astype(dt)
+    E = rng.standard_normal((n, 17)).astype(dt)
+
+    def run(nt):
+        out = np.full((m, 17), np.nan, dtype=dt)
+        K.sddmm_spmm(ip, ind, val, C, Dt, E, out, op, nt)
+        return out
+    got = both_threads(run)
+    S = sp.csr_matrix((_sddmm_vals(A, C, Dt, op), A.indices, A.indptr), shape=(m, n))
+    np.testing.assert_allclose(got, S @ E.astype(np.float64), **tol(dt))
+
+
+def test_gnn2_through_sddmm_spmm(rng):
+    # Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]: C = X, Dt = Y.T, E = Y.T
+    A = make_csr("powerlaw", rng, 120, 40)
+    X = rng.standard_normal((120, 8))
+    Y = rng.standard_normal((8, 40))
+    Yt = np.ascontiguousarray(Y.T)
+    out = np.empty((120, 8))
+    K.sddmm_spmm(A.indptr, A.indices, A.data, X, Yt, Yt, out, 0, 2)
+    want = (A.toarray() * (X @ Y)) @ Y.T
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-10)
+
+
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("KL", [(5, 3), (16, 33), (1, 1)])
+def test_spmm_gemm(kind, shape, it, dt, KL, rng):
+    m, n = shape
+    Kd, L = KL
+    A = make_csr(kind, rng, m, n)
+    ip, ind, val = arrays(A, it, dt)
+    C = rng.standard_normal((n, Kd)).astype(dt)
+    Dm = rng.standard_normal((Kd, L)).astype(dt)
+
+    def run(nt):
+        out = np.full((m, L), np.nan, dtype=dt)
+        K.spmm_gemm(ip, ind, val, C, Dm, out, nt)
+        return out
+    got = both_threads(run)
+    want = (A.toarray() @ C.astype(np.float64)) @ Dm.astype(np.float64)
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("op", [0, 1])
+def test_sddmm_spmm_gemm(kind, shape, it, dt, op, rng):
+    m, n = shape
+    A = make_csr(kind, rng, m, n)
+    A.data = A.data.astype(dt)
+    ip, ind, val = arrays(A, it, dt)
+    C = rng.standard_normal((m, 6)).astype(dt)
+    Dt = rng.standard_normal((n, 6)).astype(dt)
+    Fm = rng.standard_normal((n, 10)).astype(dt)
+    W = rng.standard_normal((10, 7)).astype(dt)
+
+    def run(nt):
+        out = np.full((m, 7), np.nan, dtype=dt)
+        K.sddmm_spmm_gemm(ip, ind, val, C, Dt, Fm, W, out, nt, op)
+        return out
+    got = both_threads(run)
+    S = sp.csr_matrix((_sddmm_vals(A, C, Dt, op), A.indices, A.indptr), shape=(m, n))
+    want = (S @ Fm.astype(np.float64)) @ W.astype(np.float64)
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+# ---------------------------------------------------------------- CSF
+def make_csf(X, it):
+    """CSF arrays (all levels compressed, mode order 0,1,2) of a dense 3-d array."""
+    i, j, k = np.nonzero(X)  # lexicographic (C order)
+    vals = X[i, j, k]
+    if len(i):
+        new_i = np.r_[True, i[1:] != i[:-1]]
+        new_f = np.r_[True, (i[1:] != i[:-1]) | (j[1:] != j[:-1])]
+    else:
+        new_i = new_f = np.zeros(0, bool)
+    crd0 = i[new_i]
+    fib_i = i[new_f]
+    crd1 = j[new_f]
+    pos1 = np.r_[0, np.cumsum(np.bincount(np.searchsorted(crd0, fib_i), minlength=len(crd0)))]
+    fib_id = np.cumsum(new_f) - 1
+    pos2 = np.r_[0, np.cumsum(np.bincount(fib_id, minlength=len(crd1)))]
+    pos0 = np.array([0, len(crd0)])
+    c = lambda a: np.ascontiguousarray(a, dtype=it)
+    return (c(pos0), c(crd0), c(pos1), c(crd1), c(pos2), c(k)), vals
+
+
+def make_tensor(kind, rng, shape):
+    X = rng.standard_normal(shape)
+    if kind == "nnz0" or 0 in shape:
+        return np.zeros(shape)
+    mask = rng.random(shape) < 0.1
+    if kind == "empty_slices":
+        mask[::2] = False
+        if shape[1] > 1:
+            mask[:, ::3] = False
+    return np.where(mask, X, 0.0)
+
+
+TKINDS = [("random", (23, 17, 19)), ("empty_slices", (40, 11, 13)), ("nnz0", (5, 4, 3)),
+          ("random", (0, 4, 3)), ("random", (6, 0, 2))]
+tcases = pytest.mark.parametrize("kind,shape", TKINDS, ids=[f"{k}-{s}" for k, s in TKINDS])
+
+
+@dtypes
+@itypes
+@tcases
+def test_ttv(kind, shape, it, dt, rng):
+    X = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(X, it)
+    c = rng.standard_normal(shape[2]).astype(dt)
+    n_fib = len(idx[3])
+
+    def run(nt):
+        out = np.full(n_fib, np.nan, dtype=dt)
+        F.ttv(*idx, vals, c, out, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ijk,k->ij", X.astype(np.float64), c.astype(np.float64))
+    dense = np.zeros(shape[:2])
+    fib_rows = np.repeat(idx[1], np.diff(idx[2]))
+    dense[fib_rows, idx[3]] = got
+    np.testing.assert_allclose(dense, want, **tol(dt))
+
+
+@dtypes
+@itypes
+@tcases
+def test_mttkrp(kind, shape, it, dt, rng):
+    X = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(X, it)
+    R = 6
+    C = rng.standard_normal((shape[1], R)).astype(dt)
+    Dm = rng.standard_normal((shape[2], R)).astype(dt)
+
+    def run(nt):
+        out = np.full((shape[0], R), np.nan, dtype=dt)
+        F.mttkrp(*idx, vals, C, Dm, out, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ijk,jr,kr->ir", *(a.astype(np.float64) for a in (X, C, Dm)))
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+@dtypes
+@itypes
+@tcases
+def test_mttkrp_gemm(kind, shape, it, dt, rng):
+    B = make_tensor(kind, rng, shape).astype(dt)  # modes (i, k, l)
+    idx, vals = make_csf(B, it)
+    J, M = 5, 9
+    C = rng.standard_normal((shape[2], J)).astype(dt)
+    Dm = rng.standard_normal((shape[1], J)).astype(dt)
+    E = rng.standard_normal((J, M)).astype(dt)
+
+    def run(nt):
+        out = np.full((shape[0], M), np.nan, dtype=dt)
+        F.mttkrp_gemm(*idx, vals, C, Dm, E, out, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ikl,lj,kj,jm->im", *(a.astype(np.float64) for a in (B, C, Dm, E)))
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+@dtypes
+@itypes
+@tcases
+def test_spttm_spttm(kind, shape, it, dt, rng):
+    B = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(B, it)
+    L, M = 4, 6
+    C = rng.standard_normal((shape[2], L)).astype(dt)
+    Dm = rng.standard_normal((L, M)).astype(dt)
+    n_fib = len(idx[3])
+
+    def run(nt):
+        out = np.full((n_fib, M), np.nan, dtype=dt)
+        F.spttm_spttm(*idx, vals, C, Dm, out, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ijk,kl,lm->ijm", *(a.astype(np.float64) for a in (B, C, Dm)))
+    dense = np.zeros(shape[:2] + (M,))
+    fib_rows = np.repeat(idx[1], np.diff(idx[2]))
+    dense[fib_rows, idx[3]] = got
+    np.testing.assert_allclose(dense, want, **tol(dt))
+
+
+# ---------------------------------------------------------------- dense
+@dtypes
+@pytest.mark.parametrize("mkn", [(7, 5, 3), (64, 33, 17), (0, 3, 4), (3, 0, 4), (3, 4, 0), (1, 1, 1)])
+def test_gemm_gemv(mkn, dt, rng):
+    m, k, n = mkn
+    A = rng.standard_normal((m, k)).astype(dt)
+    B = rng.standard_normal((k, n)).astype(dt)
+    out = np.full((m, n), np.nan, dtype=dt)
+    D.gemm(A, B, out)
+    np.testing.assert_allclose(out, A.astype(np.float64) @ B.astype(np.float64), **tol(dt))
+    x = rng.standard_normal(k).astype(dt)
+    y = np.full(m, np.nan, dtype=dt)
+    D.gemv(A, x, y)
+    np.testing.assert_allclose(y, A.astype(np.float64) @ x.astype(np.float64), **tol(dt))
+
+
+ORACLE = {
+    "relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh": np.tanh, "exp": np.exp, "log": np.log, "abs": np.abs, "sqrt": np.sqrt,
+    "neg": np.negative,
+}
+
+
+@dtypes
+@pytest.mark.parametrize("name", sorted(ORACLE))
+def test_map_unary(name, dt, rng):
+    x = (rng.standard_normal(1001) * 3).astype(dt)
+    x[:3] = [0.0, -0.0, 1.0]
+    if name in ("log", "sqrt"):
+        x = np.abs(x)
+
+    def run(nt):
+        out = np.empty_like(x)
+        D.map_unary(x, D.UNARY_OPS[name], out, nt)
+        return out
+    got = both_threads(run)
+    with np.errstate(all="ignore"):
+        want = ORACLE[name](x.astype(np.float64))
+    np.testing.assert_allclose(got, want, **tol(dt))
+    # in place and empty
+    y = x.copy()
+    D.map_unary(y, D.UNARY_OPS[name], y, 2)
+    assert np.array_equal(y, got)
+    D.map_unary(np.empty(0, dt), 0, np.empty(0, dt), 2)
+
+
+def test_map_unary_negative_domain():
+    x = np.array([-1.0, 0.0, -np.inf])
+    out = np.empty(3)
+    D.map_unary(x, D.UNARY_OPS["log"], out)
+    assert np.isnan(out[0]) and out[1] == -np.inf and np.isnan(out[2])
+    D.map_unary(x, D.UNARY_OPS["relu"], out)
+    assert list(out) == [0.0, 0.0, 0.0]
+
+
+def test_read_only_inputs(rng):
+    A = make_csr("uniform", rng, 50, 40)
+    for a in (A.indptr, A.indices, A.data):
+        a.flags.writeable = False
+    x = rng.standard_normal(40)
+    x.flags.writeable = False
+    out = np.empty(50)
+    K.spmv(A.indptr, A.indices, A.data, x, out, 2)
+    np.testing.assert_allclose(out, A @ x)
