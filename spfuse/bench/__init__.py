@@ -1,0 +1,17 @@
+"""Benchmarks: spfuse against the libraries a user would pick instead.
+
+The pieces, one idea per module:
+
+* :mod:`spfuse.bench.suite` — the kernels of design.md section 4 and the
+  inputs they run on (seeded synthetic matrices and 3-tensors, shipped and
+  user-supplied real data);
+* :mod:`spfuse.bench.peers` — how each peer library expresses each kernel;
+* :mod:`spfuse.bench.harness` — agreement check, then interleaved timing;
+* :mod:`spfuse.bench.stream` — a STREAM-style copy for the bandwidth bound;
+* :mod:`spfuse.bench.report` — text tables, JSON and an optional plot.
+
+``python -m spfuse bench`` (see :mod:`spfuse.cli`) drives them.
+"""
+from __future__ import annotations
+
+__all__ = ["suite", "peers", "harness", "stream", "report"]

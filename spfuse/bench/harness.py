@@ -1,0 +1,198 @@
+"""Run the suite: check every peer against spfuse, then time them interleaved.
+
+For one (input, kernel) *case*:
+
+1. every peer ``prepare``\\ s its operands (untimed); a kernel it cannot
+   express is ``n/a``, a :class:`~spfuse.bench.peers.Skip` is ``skip``;
+2. every peer runs once and its result is compared with spfuse's (``auto``)
+   result — a disagreement is recorded as ``MISMATCH`` and the peer is not
+   timed; a call slower than the size's budget is not timed either;
+3. for each thread count: one warm-up round, then ``repeat`` rounds in which
+   every remaining peer is called once in turn (interleaved, so drifts of
+   clock and cache hit all alike); the median of ``time.perf_counter``
+   deltas is reported.
+
+>>> from spfuse.bench import suite
+>>> size = suite.SIZES["tiny"]
+>>> inp = suite.synthetic_inputs(size)[0]
+>>> recs = run_case(inp, suite.KERNELS_BY_NAME["SpMV"], size, [1], repeat=1, peer_names=["scipy"])
+>>> sorted({r.peer for r in recs})
+['scipy', 'spfuse']
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+import spfuse
+from spfuse.bench import compare, peers as peers_mod
+from spfuse.bench.suite import BenchKernel, Input, Size
+
+__all__ = ["Record", "run_case", "planning_times", "nbytes_moved"]
+
+
+@dataclasses.dataclass
+class Record:
+    """One peer on one case at one thread count."""
+
+    input: str
+    section: str
+    kernel: str
+    peer: str
+    threads: int
+    status: str                       #: ok, n/a, skip, slow, MISMATCH, error, unsupported
+    median: Optional[float] = None    #: seconds
+    times: list = dataclasses.field(default_factory=list)
+    ratio: Optional[float] = None     #: peer time / spfuse time (>1: spfuse faster)
+    gbps: Optional[float] = None      #: achieved bandwidth (SpMV, SpMM only)
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        """A JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+def nbytes_moved(kernel: str, operands: dict) -> Optional[int]:
+    """Compulsory bytes of SpMV (indptr+indices+data+x+y) and SpMM (A+B+C); None otherwise."""
+    if kernel not in ("SpMV", "SpMM"):
+        return None
+    a = operands["A"]
+    sparse_bytes = a.indptr.nbytes + a.indices.nbytes + a.data.nbytes
+    dense = operands["x"] if kernel == "SpMV" else operands["B"]
+    out = a.shape[0] * (1 if kernel == "SpMV" else dense.shape[1]) * 8
+    return sparse_bytes + dense.nbytes + out
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg}"[:120]
+
+
+def _call(f: Callable, state: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = f(state)
+    return out, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _threads_for(peer: peers_mod.Peer, n: int):
+    with peer.threads(n), (peers_mod.blas_limits(n) if peer.threads is not peers_mod.blas_limits
+                           else contextlib.nullcontext()):
+        yield
+
+
+def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[int], repeat: int,
+             peer_names: Optional[list[str]] = None, peer_list: Optional[list] = None,
+             tick: Callable[[], None] = lambda: None) -> list[Record]:
+    """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count."""
+    if peer_list is None:
+        peer_list, _ = peers_mod.available_peers(peer_names)
+    operands = kernel.operands(inp, size)
+    ctx = peers_mod.Context(kernel.program, size.max_dense_bytes)
+    base = dict(input=inp.name, section=inp.section, kernel=kernel.name)
+    status: dict[str, tuple[str, str]] = {}
+    states: dict[str, Any] = {}
+    first: dict[str, float] = {}
+    reference = None
+    for peer in peer_list:
+        impl = peer.impls.get(kernel.name)
+        if impl is None:
+            status[peer.name] = ("n/a", "cannot express this kernel")
+            continue
+        try:
+            state = impl.prepare(operands, ctx)
+            with _threads_for(peer, max(thread_counts)):
+                raw, dt = _call(impl.run, state)
+            result = impl.finish(raw)
+        except peers_mod.Skip as e:
+            status[peer.name] = ("skip", str(e))
+            continue
+        except spfuse.UnsupportedError as e:
+            status[peer.name] = ("unsupported", _short(e))
+            continue
+        except Exception as e:  # a failing peer is a table entry, not a crash
+            status[peer.name] = ("error", _short(e))
+            continue
+        if reference is None:
+            reference = result
+            if peer.name != "spfuse":
+                note = f"checked against {peer.name} (spfuse failed)"
+                status.setdefault(peer.name, ("ok", note))
+        else:
+            try:
+                ok, why = compare.agree(result, reference)
+            except Exception as e:
+                ok, why = False, _short(e)
+            if not ok:
+                status[peer.name] = ("MISMATCH", why)
+                continue
+        states[peer.name] = (impl, state)
+        first[peer.name] = dt
+        if dt > size.call_budget:
+            status[peer.name] = ("slow", f"one call took {dt:.2f} s > budget {size.call_budget:g} s")
+            states.pop(peer.name)
+    nbytes = nbytes_moved(kernel.name, operands)
+    records = []
+    by_name = {p.name: p for p in peer_list}
+    for n in thread_counts:
+        timed = {name: [] for name in states}
+        budget = size.call_budget * max(repeat, 1)
+        rounds = repeat
+        if states:
+            slowest = max(first[name] for name in states)
+            rounds = max(1, min(repeat, int(budget / max(slowest, 1e-9))))
+        for r in range(rounds + 1):  # round 0 is the warm-up
+            for name, (impl, state) in states.items():
+                with _threads_for(by_name[name], n):
+                    _, dt = _call(impl.run, state)
+                if r:
+                    timed[name].append(dt)
+            tick()
+        spf = statistics.median(timed["spfuse"]) if timed.get("spfuse") else None
+        for peer in peer_list:
+            st, note = status.get(peer.name, ("ok", ""))
+            rec = Record(**base, peer=peer.name, threads=n, status=st, note=note)
+            if peer.name in timed:
+                rec.times = timed[peer.name]
+                rec.median = statistics.median(rec.times)
+                if rounds < repeat:
+                    rec.note = (rec.note + "; " if rec.note else "") + f"{rounds} rounds (time budget)"
+                if spf:
+                    rec.ratio = rec.median / spf
+                if nbytes:
+                    rec.gbps = nbytes / rec.median / 1e9
+            records.append(rec)
+    return records
+
+
+def planning_times(kernels: list[BenchKernel], size: Size, repeat: int = 5) -> list[dict]:
+    """Uncached planning (``clear_cache()`` then a first call) and cached call overhead per kernel.
+
+    Both are measured on a tiny input (the ``tiny`` size's first matrix or
+    tensor), so the cached figure is almost pure dispatch overhead; planning
+    is the difference of the two medians.
+    """
+    from spfuse.bench import suite
+    tiny = suite.SIZES["tiny"]
+    inputs = {i.kind: i for i in suite.synthetic_inputs(tiny)}
+    out = []
+    for k in kernels:
+        ops = k.operands(inputs[k.kind], tiny)
+        firsts, cached = [], []
+        try:
+            for _ in range(repeat):
+                spfuse.clear_cache()
+                kern = spfuse.compile(k.program)
+                firsts.append(_call(lambda o: kern(**o), ops)[1])
+                cached.append(min(_call(lambda o: kern(**o), ops)[1] for _ in range(3)))
+        except Exception as e:
+            out.append({"kernel": k.name, "error": _short(e)})
+            continue
+        f, c = statistics.median(firsts), statistics.median(cached)
+        out.append({"kernel": k.name, "first_call": f, "cached_call": c, "planning": max(f - c, 0.0)})
+    return out

@@ -1,0 +1,182 @@
+"""The ``spfuse`` command line: ``bench``, ``explain`` and ``config``.
+
+``spfuse bench`` runs the benchmark suite (see :mod:`spfuse.bench`)::
+
+    spfuse bench --size small --kernels SpMV,SDDMM --threads 1,2 --json out.json --plot out.png
+
+``spfuse explain`` prints what :func:`spfuse.compile` plans for a program,
+on example operands built from ``--shape`` (random, seeded) so the report
+has extents::
+
+    spfuse explain "A[i,j] = B[i,j] * (C[i,k] * D[k,j])" --format B=csr \\
+        --shape B=1000x1000 --shape C=1000x32 --shape D=32x1000
+
+``python -m spfuse ...`` is the same program.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["main", "build_parser", "parse_assignments", "example_operands"]
+
+_PUBLIC_SIZES = ("small", "medium", "large")
+_SIZES = _PUBLIC_SIZES + ("tiny",)  # tiny: hidden, for tests
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
+    return vals
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def parse_assignments(items: Sequence[str], what: str) -> dict[str, str]:
+    """``["B=csr", "C=dense,D=csr"]`` → ``{"B": "csr", "C": "dense", "D": "csr"}``.
+
+    >>> parse_assignments(["B=csr", "C=dense,D=csc"], "--format")
+    {'B': 'csr', 'C': 'dense', 'D': 'csc'}
+    """
+    out = {}
+    for item in items or ():
+        for part in item.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            if not sep or not name.strip() or not value.strip():
+                raise ValueError(f"{what} expects NAME=VALUE, got {part!r}")
+            out[name.strip()] = value.strip()
+    return out
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(t) for t in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--shape expects extents like 1000x1000, got {text!r}") from None
+    if any(s < 0 for s in shape):
+        raise ValueError(f"--shape extents must be >= 0, got {text!r}")
+    return shape
+
+
+def example_operands(shapes: dict[str, str], formats: dict[str, str], density: float = 0.01,
+                     seed: int = 0) -> dict:
+    """Seeded random operands: dense numpy, or sparse :class:`spfuse.Tensor` where a format says so.
+
+    >>> ops = example_operands({"B": "4x5", "x": "5"}, {"B": "csr"}, density=0.5)
+    >>> ops["B"].format.name, ops["B"].shape, ops["x"].shape
+    ('csr', (4, 5), (5,))
+    """
+    import spfuse
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, text in shapes.items():
+        shape = _parse_shape(text)
+        fmt = formats.get(name, "dense")
+        if fmt == "dense":
+            out[name] = rng.random(shape)
+            continue
+        size = int(np.prod(shape, dtype=np.int64))
+        nnz = min(size, max(1, int(round(density * size))), 5_000_000) if size else 0
+        flat = np.unique(rng.integers(0, size, nnz)) if size else np.zeros(0, np.int64)
+        coords = np.array(np.unravel_index(flat, shape)) if size else np.zeros((len(shape), 0), np.int64)
+        out[name] = spfuse.Tensor.from_coo(coords, rng.random(flat.size), shape,
+                                           format="csr" if fmt == "coo" else fmt)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    p = argparse.ArgumentParser(prog="spfuse", description="spfuse: fused sparse/dense tensor expressions")
+    sub = p.add_subparsers(dest="command", metavar="{bench,explain,config}")
+    sub.required = True
+
+    b = sub.add_parser("bench", help="benchmark spfuse against scipy, numpy, GraphBLAS, torch, sparse",
+                       description="Run the kernel suite of design.md section 4 against every importable "
+                                   "peer; report median times and peer/spfuse ratios (>1: spfuse faster).")
+    b.add_argument("--size", choices=_SIZES, default="small", metavar="{small,medium,large}",
+                   help="input size (small finishes in about a minute on 2 cores)")
+    b.add_argument("--kernels", help="comma-separated kernel names (default: all), e.g. SpMV,SDDMM")
+    b.add_argument("--threads", type=_int_list, help="comma-separated thread counts (default: 1 and all cores)")
+    b.add_argument("--repeat", type=_positive, help="timed calls per peer (median reported)")
+    b.add_argument("--peers", help="comma-separated peers to run besides spfuse (default: all importable)")
+    b.add_argument("--data", metavar="DIR", help="also run on every .mtx/.tns/.mat under DIR (reported apart)")
+    b.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    b.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of speedups (needs matplotlib)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
+
+    e = sub.add_parser("explain", help="print the plan spfuse chooses for a program",
+                       description="Print spfuse.compile(PROGRAM).explain() on example operands.")
+    e.add_argument("program", help='index notation, e.g. "y[i] = A[i,j] * x[j]"')
+    e.add_argument("--format", action="append", default=[], metavar="NAME=FMT",
+                   help="operand format (csr, csc, dcsr, dcsc, csf, coo, dense); repeatable or comma-separated")
+    e.add_argument("--shape", action="append", default=[], metavar="NAME=AxB",
+                   help="operand shape, e.g. B=1000x1000; operands get seeded random values")
+    e.add_argument("--density", type=float, default=0.01, help="density of sparse example operands")
+    e.add_argument("--fusion", choices=("auto", "max", "none"), default="auto")
+    e.add_argument("--png", metavar="FILE", help="draw the index tree (not implemented yet)")
+
+    sub.add_parser("config", help="print how spfuse was built (spfuse.show_config())")
+    return p
+
+
+def _bench(args, out) -> int:
+    from spfuse.bench.runner import run_benchmark
+    peers = [s.strip() for s in args.peers.split(",")] if args.peers else None
+    run_benchmark(size=args.size, kernels=args.kernels, threads=args.threads, repeat=args.repeat,
+                  data=args.data, json_path=args.json, plot_path=args.plot, peers=peers, out=out,
+                  progress=not args.no_progress, planning=not args.no_planning)
+    return 0
+
+
+def _explain(args, out) -> int:
+    import spfuse
+    formats = parse_assignments(args.format, "--format")
+    shapes = parse_assignments(args.shape, "--shape")
+    operands = example_operands(shapes, formats, args.density)
+    declared = {n: ("csr" if f == "coo" else f) for n, f in formats.items() if n not in operands}
+    kernel = spfuse.compile(args.program, fusion=args.fusion, **declared)
+    print(kernel.explain(**operands), file=out)
+    if args.png:
+        print(f"--png {args.png}: drawing the index tree is not implemented yet; the text report above "
+              "is the whole plan", file=sys.stderr)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
+    """Entry point of ``spfuse`` / ``python -m spfuse``; returns the exit status."""
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "bench":
+            return _bench(args, out)
+        if args.command == "explain":
+            return _explain(args, out)
+        import spfuse
+        spfuse.show_config()
+        return 0
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"spfuse {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
