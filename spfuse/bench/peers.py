@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import importlib
 import re
+import warnings
 from typing import Any, Callable, ContextManager, Optional
 
 import numpy as np
@@ -246,10 +247,9 @@ def _np_spttm(s):
 def _np_spttm_finish(raw):
     rows, vals, shape = raw
     m = vals.shape[1]
-    ncols = shape[2] if len(shape) == 3 else m
     r = np.repeat(rows, m)
     c = np.tile(np.arange(m), rows.size)
-    return sp.csr_array((vals.ravel(), (r, c)), shape=(shape[0] * shape[1], ncols))
+    return sp.csr_array((vals.ravel(), (r, c)), shape=(shape[0] * shape[1], m))
 
 
 def _np_add7(o):
@@ -348,16 +348,21 @@ def _gb_threads(gb, n):
 # ----------------------------------------------------------------------------- torch CPU sparse
 
 def _torch_impls(torch) -> dict:
+    def csr(indptr, indices, data, shape):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "beta state", "invariant checks disabled"
+            return torch.sparse_csr_tensor(indptr, indices, data, shape)
+
     def conv(o, ctx):
         out = {}
         for n, v in o.items():
             if sp.issparse(v):
-                out[n] = torch.sparse_csr_tensor(torch.from_numpy(v.indptr.astype(np.int64)),
+                out[n] = csr(torch.from_numpy(v.indptr.astype(np.int64)),
                                                  torch.from_numpy(v.indices.astype(np.int64)),
                                                  torch.from_numpy(v.data), v.shape)
             elif isinstance(v, spfuse.Tensor):
                 u = _unfold(v)
-                out[n] = torch.sparse_csr_tensor(torch.from_numpy(u.indptr.astype(np.int64)),
+                out[n] = csr(torch.from_numpy(u.indptr.astype(np.int64)),
                                                  torch.from_numpy(u.indices.astype(np.int64)),
                                                  torch.from_numpy(u.data), u.shape)
                 out["shape"] = v.shape
@@ -368,7 +373,7 @@ def _torch_impls(torch) -> dict:
     def sampled(b, left, right, div=False):
         r = torch.sparse.sampled_addmm(b, left, right, beta=0.0)
         vals = b.values() / r.values() if div else b.values() * r.values()
-        return torch.sparse_csr_tensor(b.crow_indices(), b.col_indices(), vals, b.shape)
+        return csr(b.crow_indices(), b.col_indices(), vals, b.shape)
 
     def spttm(t):
         i, j, _ = t["shape"]

@@ -103,19 +103,24 @@ def summary_table(records: list) -> str:
 
 
 def bandwidth_table(records: list, copy_gbps: dict) -> str:
-    """Achieved GB/s on SpMV/SpMM per peer, and as a fraction of the copy bandwidth."""
+    """Achieved GB/s on SpMV/SpMM per peer, and as a fraction of the copy bandwidth at that thread count."""
     recs = [r for r in records if r.gbps]
     if not recs:
         return ""
+    peers = _peers_in(recs)
+    cell = {(r.input, r.kernel, r.threads, r.peer): r for r in recs}
     rows = []
-    for r in recs:
-        bw = copy_gbps.get(r.threads)
-        frac = f"{r.gbps / bw:.0%}" if bw else "-"
-        rows.append([r.input, r.kernel, str(r.threads), r.peer, f"{r.gbps:.2f}", frac])
-    head = "memory bandwidth (bytes = A's indptr+indices+data + dense in + dense out)\n"
+    for key in dict.fromkeys((r.input, r.kernel, r.threads) for r in recs):
+        bw = copy_gbps.get(key[2])
+        row = [key[0], key[1], str(key[2])]
+        for p in peers:
+            r = cell.get(key + (p,))
+            row.append("" if r is None else f"{r.gbps:.2f} ({r.gbps / bw:.0%})" if bw else f"{r.gbps:.2f}")
+        rows.append(row)
+    head = "memory bandwidth, GB/s (fraction of copy); bytes = A's indptr+indices+data + dense in + dense out\n"
     head += "STREAM-style copy: " + ", ".join(f"{n} thread{'s' if n > 1 else ''} {g:.1f} GB/s"
                                                for n, g in sorted(copy_gbps.items())) + "\n"
-    return head + _grid(["input", "kernel", "threads", "peer", "GB/s", "of copy"], rows)
+    return head + _grid(["input", "kernel", "threads"] + peers, rows)
 
 
 def planning_table(rows: list[dict]) -> str:

@@ -76,6 +76,7 @@ def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: O
                   peer_list: Optional[list] = None) -> list:
     """Run the suite and print the report to ``out``; returns the :class:`~spfuse.bench.harness.Record` list."""
     t_start = time.perf_counter()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     sz = suite.SIZES[size]
     ks = suite.select_kernels(kernels)
     threads = threads or _default_threads()
@@ -114,6 +115,9 @@ def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: O
       f"numpy {np.__version__}")
     w("peers: " + "; ".join(f"{p.name} {p.version}" + (f" ({p.threads_note})" if p.threads_note else "")
                             for p in peer_list if not p.is_spfuse or p.name == "spfuse"))
+    if load_before is not None and load_before > 0.5:
+        peer_notes = peer_notes + [f"load average {load_before:.2f} before the run: other processes share "
+                                   "the cores, multi-threaded figures are unreliable"]
     for note in peer_notes + data_notes:
         w(f"note: {note}")
     w("cells: median time and peer/spfuse ratio (>1: spfuse faster)")
