@@ -1,0 +1,239 @@
+"""Tests of spfuse.bench: suite inputs, peer formulations, agreement checks, reports.
+
+No timing assertions: only that the harness measures, checks and reports.
+"""
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import spfuse
+from spfuse.bench import compare, harness, peers, report, runner, stream, suite
+
+TINY = suite.SIZES["tiny"]
+
+
+@pytest.fixture(scope="module")
+def tiny_inputs():
+    out = {}
+    for i in suite.synthetic_inputs(TINY):
+        out.setdefault(i.kind, i)  # the uniform matrix, the tensor
+    return out
+
+
+def _statuses(records, threads=1):
+    return {r.peer: r.status for r in records if r.threads == threads}
+
+
+# ----------------------------------------------------------------------------- suite
+
+def test_kernel_table_matches_design():
+    assert [k.name for k in suite.KERNELS] == [
+        "SpMV", "SpMM", "SDDMM", "SpGEMM", "SpAdd-7", "TTV", "MTTKRP", "GNN-1", "GNN-2", "SDDMM-SpMM",
+        "SpMM-GEMM", "SDDMM-SpMM-GEMM", "MTTKRP-GEMM", "SpTTM-SpTTM", "SDDMM-div"]
+
+
+def test_select_kernels_is_case_insensitive_and_rejects_unknown():
+    assert [k.name for k in suite.select_kernels("spmv, sddmm-div")] == ["SpMV", "SDDMM-div"]
+    with pytest.raises(ValueError, match="unknown kernel 'nope'"):
+        suite.select_kernels("SpMV,nope")
+
+
+def test_generators_are_seeded():
+    a = suite.powerlaw_matrix(500, 500, 8, seed=3)
+    b = suite.powerlaw_matrix(500, 500, 8, seed=3)
+    assert (a != b).nnz == 0
+    lengths = np.diff(a.indptr)
+    assert lengths.max() > 5 * np.median(lengths)  # heavy tail
+    u = suite.uniform_matrix(500, 400, 8, seed=1)
+    assert u.shape == (500, 400) and u.has_sorted_indices
+    t = suite.random_tensor((10, 11, 12), 300, seed=0)
+    assert isinstance(t, spfuse.Tensor) and t.shape == (10, 11, 12) and t.format.name == "csf"
+
+
+def test_operands_fit_every_program(tiny_inputs):
+    for k in suite.KERNELS:
+        ops = k.operands(tiny_inputs[k.kind], TINY)
+        spfuse.evaluate(k.program, **ops)  # shapes agree with the program
+
+
+def test_builtin_inputs_load():
+    got = suite.builtin_inputs(suite.SIZES["small"])
+    kinds = {i.name: i.kind for i in got}
+    assert kinds.get("nations") == "tensor" and kinds.get("west0479") == "matrix"
+
+
+def test_data_dir_inputs(tmp_path):
+    spfuse.io.write(tmp_path / "m.mtx", sp.csr_array(np.eye(4))) if hasattr(spfuse.io, "write") else \
+        __import__("scipy.io").io.mmwrite(str(tmp_path / "m.mtx"), sp.coo_matrix(np.eye(4)))
+    (tmp_path / "t.tns").write_text("1 1 1 1.0\n2 3 2 2.0\n")
+    (tmp_path / "bad.tns").write_text("1 1 x\n")
+    (tmp_path / "ignored.txt").write_text("hello")
+    inputs, notes = suite.data_dir_inputs(str(tmp_path))
+    assert sorted((i.name, i.kind, i.section) for i in inputs) == [("m", "matrix", "data"), ("t", "tensor", "data")]
+    assert len(notes) == 1 and "bad.tns" in notes[0]
+
+
+# ----------------------------------------------------------------------------- agreement
+
+def test_agree_dense_and_sparse():
+    a = sp.random_array((30, 20), density=0.2, format="csr", rng=np.random.default_rng(0))
+    assert compare.agree(a, a.toarray()) == (True, "")
+    assert compare.agree(a.tocoo(), spfuse.Tensor.from_scipy(a))[0]
+    b = a.copy()
+    b.data[0] += 1.0
+    ok, why = compare.agree(b, a)
+    assert not ok and "error" in why
+    assert not compare.agree(np.ones(3), np.ones(4))[0]
+
+
+def test_agree_nd_tensors():
+    t = suite.random_tensor((5, 6, 7), 40, seed=0)
+    assert compare.agree(t, t.todense())[0]
+    assert compare.agree(t.todense(), t)[0]
+
+
+@pytest.mark.parametrize("mod", ["torch", "graphblas", "sparse"])
+def test_comparable_from_optional_libraries(mod):
+    pytest.importorskip(mod)
+    a = sp.random_array((6, 5), density=0.4, format="csr", rng=np.random.default_rng(1))
+    prepare = {"torch": peers._torch_impls, "graphblas": peers._graphblas_impls,
+               "sparse": peers._sparse_impls}[mod](__import__(mod))["SpMM"].prepare
+    ctx = peers.Context("C[i,k] = A[i,j] * B[j,k]", 1 << 20)
+    b = np.ones((5, 3))
+    state = prepare({"A": a, "B": b}, ctx)
+    impl = {"torch": peers._torch_impls, "graphblas": peers._graphblas_impls,
+            "sparse": peers._sparse_impls}[mod](__import__(mod))["SpMM"]
+    assert compare.agree(impl.finish(impl.run(state)), a @ b)[0]
+
+
+# ----------------------------------------------------------------------------- harness
+
+def _fake_peer(name, run, kernel="SpMV", prepare=lambda o, ctx: o):
+    return peers.Peer(name, "0", {kernel: peers.Impl(prepare, run)})
+
+
+def test_wrong_peer_is_flagged_not_timed(tiny_inputs):
+    spf = peers.all_peers()[0]
+    wrong = _fake_peer("wrong", lambda o: o["A"] @ o["x"] + 1e-3)
+    right = _fake_peer("right", lambda o: o["A"] @ o["x"])
+    boom = _fake_peer("boom", lambda o: 1 / 0)
+    skip = _fake_peer("skipper", lambda o: None, prepare=lambda o, ctx: (_ for _ in ()).throw(peers.Skip("big")))
+    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SpMV"], TINY, [1], repeat=2,
+                            peer_list=[spf, wrong, right, boom, skip])
+    st = _statuses(recs)
+    assert st == {"spfuse": "ok", "wrong": "MISMATCH", "right": "ok", "boom": "error", "skipper": "skip"}
+    by = {r.peer: r for r in recs}
+    assert by["wrong"].median is None and "error" in by["wrong"].note
+    assert by["right"].median > 0 and by["right"].ratio > 0 and len(by["right"].times) == 2
+    assert by["right"].gbps > 0
+    assert "ZeroDivisionError" in by["boom"].note
+    text = report.tables(recs, {})
+    assert "MISMATCH!" in text and "wrong on uniform-300/SpMV" in text
+
+
+def test_kernel_a_peer_cannot_express_is_na(tiny_inputs):
+    spf = peers.all_peers()[0]
+    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SDDMM"], TINY, [1], repeat=1,
+                            peer_list=[spf, _fake_peer("only-spmv", lambda o: 0)])
+    assert _statuses(recs)["only-spmv"] == "n/a"
+
+
+def test_max_fusion_of_sddmm_div_is_unsupported(tiny_inputs):
+    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SDDMM-div"], TINY, [1], repeat=1,
+                            peer_names=["spfuse[max]"])
+    assert _statuses(recs)["spfuse[max]"] == "unsupported"
+
+
+CORE_PEERS = ["scipy", "numpy"]
+
+
+@pytest.mark.parametrize("kernel", [k.name for k in suite.KERNELS])
+def test_core_peer_formulations_agree_with_spfuse(kernel, tiny_inputs):
+    k = suite.KERNELS_BY_NAME[kernel]
+    plist = [p for p in peers.all_peers() if p.name in ["spfuse"] + CORE_PEERS]
+    recs = harness.run_case(tiny_inputs[k.kind], k, TINY, [1], repeat=1, peer_list=plist)
+    bad = {r.peer: (r.status, r.note) for r in recs if r.status not in ("ok", "n/a")}
+    assert not bad
+
+
+@pytest.mark.parametrize("mod", ["graphblas", "torch"])
+def test_optional_peer_formulations_agree_with_spfuse(mod, tiny_inputs):
+    pytest.importorskip(mod)
+    plist = [p for p in peers.all_peers() if p.name in ("spfuse", mod)]
+    for k in suite.KERNELS:
+        recs = harness.run_case(tiny_inputs[k.kind], k, TINY, [1], repeat=1, peer_list=plist)
+        bad = {r.peer: (r.status, r.note) for r in recs if r.status not in ("ok", "n/a")}
+        assert not bad, k.name
+
+
+def test_pydata_sparse_formulations_agree(tiny_inputs):
+    pytest.importorskip("sparse")
+    plist = [p for p in peers.all_peers() if p.name in ("spfuse", "sparse")]
+    for name in ("SDDMM", "SpAdd-7", "MTTKRP"):
+        k = suite.KERNELS_BY_NAME[name]
+        recs = harness.run_case(tiny_inputs[k.kind], k, TINY, [1], repeat=1, peer_list=plist)
+        assert _statuses(recs)["sparse"] in ("ok", "slow"), name
+
+
+def test_missing_optional_peers_are_skipped_cleanly(monkeypatch):
+    for mod in peers.OPTIONAL:
+        monkeypatch.setitem(sys.modules, mod, None)  # import now raises ImportError
+    plist, notes = peers.available_peers()
+    assert [p.name for p in plist] == ["spfuse", "spfuse[max]", "spfuse[none]", "scipy", "numpy"]
+    assert notes == [f"{m}: not installed, skipped" for m in peers.OPTIONAL]
+    buf = io.StringIO()
+    runner.run_benchmark(size="tiny", kernels="SpMV", threads=[1], out=buf, progress=False, planning=False,
+                         stream_bytes=1 << 20)
+    assert "graphblas: not installed, skipped" in buf.getvalue()
+
+
+def test_planning_times_has_every_kernel():
+    rows = harness.planning_times(suite.select_kernels("SpMV,TTV"), TINY, repeat=1)
+    assert [r["kernel"] for r in rows] == ["SpMV", "TTV"]
+    assert all(r["first_call"] > 0 and r["cached_call"] > 0 for r in rows)
+
+
+def test_nbytes_moved():
+    a = sp.csr_array(np.eye(4))
+    assert harness.nbytes_moved("SpMV", {"A": a, "x": np.ones(4)}) == \
+        a.indptr.nbytes + a.indices.nbytes + a.data.nbytes + 32 + 32
+    assert harness.nbytes_moved("SDDMM", {}) is None
+
+
+def test_stream_copy_bandwidth_positive():
+    assert stream.copy_bandwidth(1 << 20, threads=2, trials=1) > 0
+
+
+# ----------------------------------------------------------------------------- reports
+
+def test_run_writes_json_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    buf = io.StringIO()
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    runner.run_benchmark(size="tiny", kernels="SpMV,TTV", threads=[1], peers=["scipy"], out=buf, progress=False,
+                         planning=False, json_path=str(js), plot_path=str(png), stream_bytes=1 << 20)
+    data = json.loads(js.read_text())
+    assert {r["kernel"] for r in data["records"]} == {"SpMV", "TTV"}
+    assert data["meta"]["size"] == "tiny" and png.stat().st_size > 0
+    assert "plot written" in buf.getvalue()
+
+
+def test_plot_without_matplotlib_says_so(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    msg = report.plot_speedups(str(tmp_path / "x.png"), [])
+    assert "needs matplotlib" in msg and not (tmp_path / "x.png").exists()
+
+
+def test_progress_fallback_counter(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    bar = runner.Progress(2)
+    bar.step("a/SpMV")
+    bar.advance()
+    bar.close()
+    assert "[1/2] a/SpMV" in capsys.readouterr().err
