@@ -55,6 +55,7 @@ class Plan:
     report: RedundancyReport
     planning_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
+    atoms: Mapping[str, tuple] = field(default_factory=dict)  # mask atom → (statement, tensor, indices)
 
     @property
     def parallel_loops(self) -> tuple[str, ...]:
@@ -91,13 +92,14 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     if fusion == "max":
         ops = maximal_statement_ops(program)
         spaces = None
-        masks = statement_masks(ops, inputs)
+        masks, atoms = statement_masks(ops, inputs)
     else:
         ops = decompose(program)
         spaces = propagate_iteration_spaces(ops, inputs, results)
         masks = spaces.final if fusion == "auto" else spaces.forward
+        atoms = spaces.atoms
     shapes = _shapes(ops, inputs)
-    orders = {op.id: order_loops(op, inputs, masks[op.id]) for op in ops}
+    orders = {op.id: order_loops(op, inputs, masks[op.id], atoms) for op in ops}
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
     if fusion == "auto":
@@ -107,9 +109,9 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     tree = mark_parallel(tree)
     extents = {n.index.upper(): n.extent for n in iter_nodes(tree) if isinstance(n, Loop)}
     final = spaces.final if spaces is not None else masks
-    report = analyse(tree, ops, inputs, final, temporaries, extents)
+    report = analyse(tree, ops, inputs, final, temporaries, extents, atoms)
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
-                temporaries, shapes, results, report, time.perf_counter() - start)
+                temporaries, shapes, results, report, time.perf_counter() - start, atoms=atoms)
 
 
 def try_plan(program: Program, inputs, fusion: str):

@@ -20,6 +20,7 @@ import numpy as np
 from spfuse.formats import Format
 from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset, Root
+from spfuse.passes.iteration_space import atom_tensor
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 
@@ -104,10 +105,10 @@ class _Lowerer:
         return self.accesses[key]
 
     def _atom_binding(self, op, atom: str, seen=()) -> Optional[tuple[str, ...]]:
-        """Indices of ``op`` that the modes of mask tensor ``atom`` correspond to."""
-        for r in op.refs:
-            if r.name == atom:
-                return r.indices
+        """Indices of ``op`` that the modes of mask atom ``atom`` correspond to."""
+        statement, tensor, indices = self.plan.atoms[atom]
+        if op.statement == statement and any(r.name == tensor and r.indices == indices for r in op.refs):
+            return indices
         if op.out in seen:
             return None
         for ref in op.refs:  # the pattern may come from an operand's producer
@@ -131,16 +132,17 @@ class _Lowerer:
         return None
 
     def _driver(self, loop: Loop, atom: str, bound_before: set):
-        """An access of ``atom`` that can drive ``loop`` (or None)."""
-        if atom not in self.operands:
+        """An access of mask atom ``atom`` that can drive ``loop`` (or None)."""
+        name = atom_tensor(atom)
+        if name not in self.operands:
             return None
         for op_id, ix in sorted(loop.binds):
             op = self.ops[op_id]
             binding = self._atom_binding(op, atom)
             if binding is None or ix not in binding:
                 continue
-            ref = Ref(atom, tuple(binding))
-            tensor = self._concordant(atom, ref.indices, op_id)
+            ref = Ref(name, tuple(binding))
+            tensor = self._concordant(name, ref.indices, op_id)
             levels_vars = [binding[m] for m in tensor.format.mode_order]
             level = levels_vars.index(ix)
             if not all(self.op_vars[op_id][v].id in bound_before for v in levels_vars[:level]):
@@ -180,7 +182,9 @@ class _Lowerer:
                 tensor = self.operands.get(r.name)
                 if tensor is None or r.indices != op.out_indices or "compressed" not in tensor.format.levels:
                     continue
-                if all(all(r.name in term for term in loops[ix].mask.terms) for ix in op.out_indices
+                label = next((lab for lab, ref in self.plan.atoms.items()
+                              if ref == (op.statement, r.name, r.indices)), None)
+                if all(all(label in term for term in loops[ix].mask.terms) for ix in op.out_indices
                        if not loops[ix].mask.is_true):
                     acc = self.access(op.id, r)
                     pattern_tensor = self._concordant(r.name, r.indices, op.id)
@@ -196,6 +200,8 @@ class _Lowerer:
             return lt.const(leaf.value)
         if leaf.name in self.buffers and leaf.name not in self.operands:
             return self.buffer_ref(op_id, leaf.name, leaf.indices)
+        if not leaf.indices:  # a 0-d operand is a constant of this call
+            return lt.const(float(np.asarray(self.operands[leaf.name].todense())))
         return self.access(op_id, leaf)
 
     def buffer_ref(self, op_id: int, name: str, indices):

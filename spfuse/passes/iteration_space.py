@@ -20,10 +20,43 @@ from typing import Mapping
 from spfuse.ir.masks import FALSE, TRUE, Mask, atom
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 
-__all__ = ["IterationSpaces", "propagate_iteration_spaces", "ZERO_PRESERVING"]
+__all__ = ["IterationSpaces", "propagate_iteration_spaces", "ZERO_PRESERVING", "AtomLabels", "atom_tensor"]
 
 #: unary functions with f(0) == 0: they keep a sparse operand's pattern.
 ZERO_PRESERVING = frozenset({"relu", "tanh", "abs", "sqrt", "neg"})
+
+
+class AtomLabels:
+    """Names of mask atoms: one per distinct access pattern of a sparse input.
+
+    Two accesses of one tensor with different indices (``A[l,i,m] + A[j,l,m]``)
+    store different coordinate sets at the same loop, so they are different
+    atoms: ``A`` and ``A'``.  A statement's accesses with equal indices share
+    one.  ``refs[label] = (statement, tensor, indices)``.
+
+    >>> labels = AtomLabels()
+    >>> labels.label(0, "A", ("i", "j")), labels.label(0, "A", ("j", "i")), labels.label(0, "A", ("i", "j"))
+    ('A', "A'", 'A')
+    >>> atom_tensor("A'")
+    'A'
+    """
+
+    def __init__(self) -> None:
+        self.refs: dict[str, tuple] = {}
+        self._by_key: dict[tuple, str] = {}
+
+    def label(self, statement: int, name: str, indices) -> str:
+        key = (statement, name, tuple(indices))
+        if key not in self._by_key:
+            lab = name + "'" * sum(1 for k in self._by_key if k[1] == name)
+            self._by_key[key] = lab
+            self.refs[lab] = key
+        return self._by_key[key]
+
+
+def atom_tensor(label: str) -> str:
+    """The tensor an atom label belongs to."""
+    return label.rstrip("'")
 
 
 @dataclass(frozen=True)
@@ -38,24 +71,68 @@ class IterationSpaces:
     forward: Mapping[int, Mapping[str, Mask]]
     final: Mapping[int, Mapping[str, Mask]]
     value: Mapping[str, tuple[Mask, ...]]
+    atoms: Mapping[str, tuple] = None  # AtomLabels.refs
 
     def dead_values(self, op_id: int) -> tuple[str, ...]:
         """Indices where demand prunes the op's forward space (dead values without propagation)."""
         return tuple(i for i, m in self.forward[op_id].items() if m != self.final[op_id][i])
 
 
-def _leaf_mask(leaf, index: str, value: Mapping[str, tuple[Mask, ...]]) -> Mask:
+class _Values:
+    """Where each tensor can be non-zero, per dimension; input masks are per access."""
+
+    def __init__(self, inputs: Mapping[str, TensorInfo], labels: AtomLabels):
+        self.inputs, self.labels, self.temps = inputs, labels, {}
+
+    def dims(self, statement: int, ref: Ref) -> tuple[Mask, ...]:
+        info = self.inputs.get(ref.name)
+        if info is None:
+            return self.temps[ref.name]
+        lab = None
+        out = []
+        for m in range(info.ndim):
+            if info.mode_is_compressed(m):
+                lab = lab or self.labels.label(statement, ref.name, ref.indices)
+                out.append(atom(lab))
+            else:
+                out.append(TRUE)
+        return tuple(out)
+
+
+def _leaf_mask(leaf, index: str, value: "_Values", statement: int) -> Mask:
     if isinstance(leaf, Const):
         return FALSE if leaf.value == 0 else TRUE
-    masks = [value[leaf.name][d] for d, ix in enumerate(leaf.indices) if ix == index]
+    dims = value.dims(statement, leaf)
+    masks = [dims[d] for d, ix in enumerate(leaf.indices) if ix == index]
     out = TRUE
     for m in masks:
         out = out & m
     return out
 
 
+def _projected(op, index: str, mask: Mask, inputs: Mapping[str, TensorInfo], labels: AtomLabels) -> Mask:
+    """The pattern of ``op``'s result along ``index``.
+
+    A level's atom only describes the result when the levels above it are
+    indexed by output coordinates: after ``T[k] = sum(i, A[i,k])`` the set of
+    k with a non-zero is a projection of A's pattern, which no single level
+    stores -- so it is summarised as ``true`` (dense), which is always safe.
+    """
+    if not op.reduced or mask.is_true:
+        return mask
+    for lab in mask.atoms:
+        _, tensor, indices = labels.refs[lab]
+        info = inputs.get(tensor)
+        if info is None or index not in indices:
+            return TRUE
+        level = info.mode_order.index(indices.index(index))
+        if any(indices[m] in op.reduced for m in info.mode_order[:level]):
+            return TRUE
+    return mask
+
+
 def _operator_mask(op: UnitOp, index: str, value) -> Mask:
-    masks = [_leaf_mask(a, index, value) for a in op.args]
+    masks = [_leaf_mask(a, index, value, op.statement) for a in op.args]
     o = op.operator
     if o is None or o in ZERO_PRESERVING:
         return masks[0]
@@ -73,10 +150,6 @@ def _operator_mask(op: UnitOp, index: str, value) -> Mask:
     return TRUE  # sigmoid, exp, log: f(0) != 0
 
 
-def _input_value_mask(info: TensorInfo) -> tuple[Mask, ...]:
-    return tuple(atom(info.name) if info.mode_is_compressed(m) else TRUE for m in range(info.ndim))
-
-
 def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, TensorInfo],
                                results: tuple[str, ...]) -> IterationSpaces:
     """Compute forward and propagated masks for every op.
@@ -90,7 +163,8 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
     >>> print(s.forward[0]["j"], "->", s.final[0]["j"])
     true -> B
     """
-    value: dict[str, tuple[Mask, ...]] = {n: _input_value_mask(i) for n, i in inputs.items()}
+    labels = AtomLabels()
+    value = _Values(inputs, labels)
     forward: dict[int, dict[str, Mask]] = {}
     for op in ops:
         masks = {}
@@ -101,7 +175,7 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
                 m = TRUE
             masks[ix] = m
         forward[op.id] = masks
-        value[op.out] = tuple(masks[ix] for ix in op.out_indices)
+        value.temps[op.out] = tuple(_projected(op, ix, masks[ix], inputs, labels) for ix in op.out_indices)
 
     # Backward: demand on each produced tensor's dimensions, from its readers.
     demand: dict[str, list[Mask]] = {}
@@ -112,8 +186,11 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
         else:
             wanted = demand.get(op.out, [FALSE] * len(op.out_indices))
         masks = dict(forward[op.id])
-        for d, ix in enumerate(op.out_indices):
-            masks[ix] = masks[ix] & wanted[d]
+        if op.reduction not in ("max", "min"):
+            # (max/min stay dense: an unvisited element would keep its ±inf
+            # initial value, which no consumer may ever see.)
+            for d, ix in enumerate(op.out_indices):
+                masks[ix] = masks[ix] & wanted[d]
         final[op.id] = masks
         for ref in op.refs:
             if ref.name in inputs:
@@ -121,43 +198,44 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
             cur = demand.setdefault(ref.name, [FALSE] * len(ref.indices))
             for d, ix in enumerate(ref.indices):
                 cur[d] = cur[d] | masks[ix]
-    values = dict(value)
-    for op in ops:
-        values[op.out] = tuple(final[op.id][ix] for ix in op.out_indices)
-    return IterationSpaces(forward, final, values)
+    values = {op.out: tuple(_projected(op, ix, final[op.id][ix], inputs, labels) for ix in op.out_indices)
+              for op in ops}
+    return IterationSpaces(forward, final, values, dict(labels.refs))
 
 
-def expression_mask(expr, index: str, value: Mapping[str, tuple[Mask, ...]]) -> Mask:
+def expression_mask(expr, index: str, value: "_Values", statement: int = 0) -> Mask:
     """Mask of a whole AST expression at ``index`` (used by maximal fusion)."""
     from spfuse.frontend.ast import Access, Binary, Literal, Reduce, Unary, Where
 
     if isinstance(expr, Access):
-        return _leaf_mask(Ref(expr.name, expr.indices), index, value)
+        return _leaf_mask(Ref(expr.name, expr.indices), index, value, statement)
     if isinstance(expr, Literal):
         return FALSE if expr.value == 0 else TRUE
     if isinstance(expr, Binary):
-        a, b = expression_mask(expr.left, index, value), expression_mask(expr.right, index, value)
+        a, b = expression_mask(expr.left, index, value, statement), expression_mask(expr.right, index, value, statement)
         return a & b if expr.op == "*" else a if expr.op == "/" else a | b
     if isinstance(expr, Unary):
-        return expression_mask(expr.arg, index, value) if expr.fn in ZERO_PRESERVING else TRUE
+        return expression_mask(expr.arg, index, value, statement) if expr.fn in ZERO_PRESERVING else TRUE
     if isinstance(expr, Where):
-        then = expression_mask(expr.then, index, value)
+        then = expression_mask(expr.then, index, value, statement)
         if isinstance(expr.other, Literal) and expr.other.value == 0:
-            return expression_mask(expr.cond, index, value) & then
-        return then | expression_mask(expr.other, index, value)
+            return expression_mask(expr.cond, index, value, statement) & then
+        return then | expression_mask(expr.other, index, value, statement)
     if isinstance(expr, Reduce):
-        return TRUE if expr.op != "sum" else expression_mask(expr.body, index, value)
+        return TRUE if expr.op != "sum" else expression_mask(expr.body, index, value, statement)
     return TRUE
 
 
-def statement_masks(stmt_ops, inputs: Mapping[str, TensorInfo]) -> dict[int, dict[str, Mask]]:
-    """Forward masks of maximally fused statements (no propagation, as in TACO)."""
-    value: dict[str, tuple[Mask, ...]] = {n: _input_value_mask(i) for n, i in inputs.items()}
+def statement_masks(stmt_ops, inputs: Mapping[str, TensorInfo]):
+    """Forward masks of maximally fused statements (no propagation, as in TACO),
+    and the atom labels they use."""
+    labels = AtomLabels()
+    value = _Values(inputs, labels)
     out: dict[int, dict[str, Mask]] = {}
     for op in stmt_ops:
-        masks = {ix: expression_mask(op.expr, ix, value) for ix in op.indices}
+        masks = {ix: expression_mask(op.expr, ix, value, op.statement) for ix in op.indices}
         if op.reduction in ("max", "min"):
             masks = {ix: TRUE for ix in masks}
         out[op.id] = masks
-        value[op.out] = tuple(masks[ix] for ix in op.out_indices)
-    return out
+        value.temps[op.out] = tuple(masks[ix] for ix in op.out_indices)
+    return out, dict(labels.refs)

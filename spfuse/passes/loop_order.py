@@ -43,7 +43,7 @@ def _storage_indices(ref: Ref, info: TensorInfo) -> tuple[str, ...]:
 
 
 def order_cost(order: tuple[str, ...], op: UnitOp, infos: Mapping[str, TensorInfo],
-               masks: Mapping[str, Mask]) -> float:
+               masks: Mapping[str, Mask], atoms: Mapping[str, tuple] = {}) -> float:
     """Structural cost of visiting ``op``'s indices in ``order`` (lower is better)."""
     pos = {ix: n for n, ix in enumerate(order)}
     cost = 0.0
@@ -52,15 +52,11 @@ def order_cost(order: tuple[str, ...], op: UnitOp, infos: Mapping[str, TensorInf
         info = infos.get(ref.name)
         if info is not None and info.is_sparse:
             sparse_orders.append(_storage_indices(ref, info))
-    # Tensors in masks constrain the loops they filter (B in SDDMM's T).
-    for ix, m in masks.items():
-        for name in m.atoms:
-            info = infos.get(name)
-            ref = next((r for r in op.refs if r.name == name), None)
-            if info is not None and ref is None:
-                # Named only through propagation: order its indices as the op's
-                # own access of the same pattern (the output) does.
-                sparse_orders.append(tuple(i for i in op.out_indices if i in masks))
+    # A mask naming a tensor the op does not read (B in SDDMM's T0, through
+    # propagation) filters the op's output loops: keep them in output order.
+    own = {atoms.get(lab, (None, None))[1] for m in masks.values() for lab in m.atoms}
+    if any(not any(r.name == t for r in op.refs) for t in own if t is not None):
+        sparse_orders.append(tuple(op.out_indices))
     for storage in sparse_orders:
         for a, b in zip(storage, storage[1:]):
             if a != b and pos.get(a, -1) > pos.get(b, -1):
@@ -74,7 +70,8 @@ def order_cost(order: tuple[str, ...], op: UnitOp, infos: Mapping[str, TensorInf
     return cost
 
 
-def order_loops(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask]) -> tuple[str, ...]:
+def order_loops(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
+                atoms: Mapping[str, tuple] = {}) -> tuple[str, ...]:
     """Cheapest loop order for ``op`` (see module docstring).
 
     >>> from spfuse.ir.ops import Ref, UnitOp, TensorInfo
@@ -90,9 +87,9 @@ def order_loops(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str,
             base += (ix,)
     if len(base) > _MAX_ENUMERATED:
         return base
-    best, best_cost = base, order_cost(base, op, infos, masks)
+    best, best_cost = base, order_cost(base, op, infos, masks, atoms)
     for perm in itertools.permutations(base):
-        c = order_cost(perm, op, infos, masks)
+        c = order_cost(perm, op, infos, masks, atoms)
         if c < best_cost:
             best, best_cost = perm, c
     return best

@@ -21,6 +21,7 @@ from spfuse.frontend.ast import Access, Binary, Literal, Unary, Where
 from spfuse.ir.masks import Mask
 from spfuse.ir.ops import TensorInfo, UnitOp
 from spfuse.ir.tree import Loop, Root, paths_to_computes
+from spfuse.passes.iteration_space import atom_tensor
 
 __all__ = ["RedundancyReport", "analyse", "path_cost", "asymptotic", "dominated"]
 
@@ -81,7 +82,7 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
         if not loop.mask.is_true:
             sparse_groups.setdefault(str(loop.mask), []).append(loop)
     for key, loops in sparse_groups.items():
-        atoms = loops[0].mask.atoms
+        tensors = {atom_tensor(a) for a in loops[0].mask.atoms}
         # Dense outer levels of a masking tensor (CSR's rows) are part of its nnz.
         for n, loop in enumerate(path):
             if not loop.mask.is_true:
@@ -89,11 +90,11 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
             for op_id, ix in loop.binds:
                 for ref in ops_by_id[op_id].refs:
                     info = infos.get(ref.name)
-                    if ref.name in atoms and info is not None and ix in ref.indices:
+                    if ref.name in tensors and info is not None and ix in ref.indices:
                         if not info.mode_is_compressed(ref.indices.index(ix)):
                             absorbed.add(n)
-        full = any(sum(1 for lp in loops) >= sum(1 for lv in infos[a].levels if lv == "compressed")
-                   for a in atoms if a in infos)
+        full = any(len(loops) >= sum(1 for lv in infos[t].levels if lv == "compressed")
+                   for t in tensors if t in infos)
         factors.append(f"nnz({key})" if full else f"fibers({key})")
     for n, loop in enumerate(path):
         if loop.mask.is_true and n not in absorbed:
@@ -125,7 +126,8 @@ def _estimate(terms, extents: Mapping[str, Optional[int]], infos) -> Optional[fl
         for f in t:
             if f.startswith(("nnz(", "fibers(")):
                 inner = f[f.index("(") + 1:-1]
-                nn = [infos[a].nnz for a in inner.replace("∧", " ").replace("∨", " ").split() if a in infos]
+                nn = [infos[atom_tensor(a)].nnz for a in inner.replace("∧", " ").replace("∨", " ").split()
+                      if atom_tensor(a) in infos]
                 if not nn or any(x is None for x in nn):
                     return None
                 v *= min(nn) if "∨" not in inner else sum(nn)
@@ -139,7 +141,7 @@ def _estimate(terms, extents: Mapping[str, Optional[int]], infos) -> Optional[fl
 
 
 def analyse(root: Root, ops, infos: Mapping[str, TensorInfo], final_masks, temporaries,
-            extents: Mapping[str, Optional[int]]) -> RedundancyReport:
+            extents: Mapping[str, Optional[int]], atoms: Mapping[str, tuple] = {}) -> RedundancyReport:
     """Redundancies and cost of one plan tree.
 
     ``final_masks`` are the propagated masks (what each op must compute);
