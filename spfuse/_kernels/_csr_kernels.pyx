@@ -35,7 +35,7 @@ Conventions shared by every routine of this module
 cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
@@ -177,6 +177,16 @@ cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) n
         acc[k] += v * <double>x[k]
 
 
+cdef inline void _prefetch_row(const void* p, Py_ssize_t nbytes) noexcept nogil:
+    """Prefetch ``nbytes`` from ``p`` (one hint per 64-byte line, at most 16)."""
+    cdef Py_ssize_t off = 0
+    if nbytes > 1024:
+        nbytes = 1024
+    while off < nbytes:
+        SPFUSE_PREFETCH_R(<const char*>p + off)
+        off += 64
+
+
 cdef inline double _sddmm_value(int op, double b, double s) noexcept nogil:
     """``b op s`` of the SDDMM family (see SDDMM_OPS)."""
     if op == SDDMM_MUL:
@@ -253,31 +263,46 @@ cdef void _bucket_sort(index_t* a, Py_ssize_t n, Py_ssize_t minc, Py_ssize_t max
                        index_t* tmp, Py_ssize_t* start) noexcept nogil:
     """Sort distinct keys ``a[0:n]`` in ``[minc, maxc]`` ascending in place.
 
-    One distribution pass into ``n`` equal-width buckets (``tmp``, ``start``
-    have room for ``n`` and ``n + 1`` entries), then each bucket is sorted by
-    :func:`_sort_indices` (insertion sort when small, quicksort otherwise),
-    then copied back.  O(n) for spread-out keys, O(n log n) worst case.
+    One distribution pass into ``n`` equal-width buckets (bucket of key k is
+    ``((k - minc) * mul) >> 32``, integer arithmetic; ``tmp``/``start`` have
+    room for ``n``/``n + 1`` entries), then -- when no bucket holds more than
+    8 keys (the usual case: keys spread out) -- one insertion-sort pass over
+    the nearly sorted result, otherwise a sort per bucket.  The result is
+    written back to ``a``.  O(n) for spread-out keys, O(n log n) worst case.
     """
-    cdef Py_ssize_t t, bk, begin, end
-    cdef double scale
+    cdef Py_ssize_t t, bk, begin, end, biggest = 0
+    cdef uint64_t mul, span = <uint64_t>(maxc - minc) + 1
+    cdef index_t x
     if n <= INSERTION_SORT_MAX:
         _sort_indices(a, n)
         return
-    scale = <double>n / (<double>(maxc - minc) + 1.0)
+    # n <= span (distinct keys), so mul <= 2**32 and (k - minc) * mul < 2**63
+    mul = ((<uint64_t>n) << 32) // span
+    if mul == 0:
+        mul = 1
     memset(start, 0, (n + 1) * sizeof(Py_ssize_t))
     for t in range(n):
-        bk = <Py_ssize_t>(<double>(a[t] - minc) * scale)
-        if bk >= n:
-            bk = n - 1
+        bk = <Py_ssize_t>(((<uint64_t>(a[t] - minc)) * mul) >> 32)
         start[bk + 1] += 1
     for bk in range(1, n + 1):
+        if start[bk] > biggest:
+            biggest = start[bk]
         start[bk] += start[bk - 1]
     for t in range(n):
-        bk = <Py_ssize_t>(<double>(a[t] - minc) * scale)
-        if bk >= n:
-            bk = n - 1
+        bk = <Py_ssize_t>(((<uint64_t>(a[t] - minc)) * mul) >> 32)
         tmp[start[bk]] = a[t]
         start[bk] += 1
+    if biggest <= 8:
+        # nearly sorted: every key is at most 7 places from its final slot
+        a[0] = tmp[0]
+        for t in range(1, n):
+            x = tmp[t]
+            bk = t - 1
+            while bk >= 0 and a[bk] > x:
+                a[bk + 1] = a[bk]
+                bk -= 1
+            a[bk + 1] = x
+        return
     begin = 0
     for bk in range(n):
         end = start[bk]
@@ -398,6 +423,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef floating* orow
     cdef double* acc
     cdef int failed = 0
+    cdef Py_ssize_t annz = ip[m]
     if m == 0 or K == 0:
         return
     with nogil, parallel(num_threads=num_threads):
@@ -417,6 +443,8 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                         kw = K_TILE
                     memset(acc, 0, kw * sizeof(double))
                     for p in range(ip[i], ip[i + 1]):
+                        if p + 2 < annz:
+                            _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
                         _axpy(acc, <double>val[p], bp + <Py_ssize_t>ind[p] * K + k0, kw)
                     for k in range(kw):
                         orow[k0 + k] = <floating>acc[k]
@@ -453,12 +481,15 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
     cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
     cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
     cdef double s
+    cdef Py_ssize_t annz = ip[m]
     with nogil:
         for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
             r0 = _split(ip, m, b, nb)
             r1 = _split(ip, m, b + 1, nb)
             for i in range(r0, r1):
                 for p in range(ip[i], ip[i + 1]):
+                    if p + 2 < annz:
+                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
                     s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
                     ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
 
@@ -489,6 +520,7 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef int64_t* rn = &row_nnz[0] if m > 0 else NULL
     cdef index_t* mark
     cdef int failed = 0
+    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
     with nogil, parallel(num_threads=num_threads):
@@ -506,6 +538,14 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                 cnt = 0
                 for p in range(aip[i], aip[i + 1]):
                     j = aind[p]
+                    # software pipeline (see spgemm_numeric)
+                    if p + 3 < annz:
+                        SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+                    if p + 2 < annz:
+                        SPFUSE_PREFETCH_R(&bind[bip[aind[p + 2]]])
+                    if p + 1 < annz:
+                        for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                            SPFUSE_PREFETCH_W(&mark[bind[q]])
                     for q in range(bip[j], bip[j + 1]):
                         k = bind[q]
                         if mark[k] != <index_t>i:
@@ -559,6 +599,7 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef index_t* tmp
     cdef Py_ssize_t* start
     cdef int failed = 0
+    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
     with nogil:
@@ -583,8 +624,15 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                 for p in range(aip[i], aip[i + 1]):
                     j = aind[p]
                     v = aval[p]
-                    if p + 1 < aip[i + 1]:
-                        # prefetch the slots the next B row will touch
+                    # software pipeline over A's entries (contiguous across
+                    # rows): B row pointer of p+3, B row of p+2, slots of p+1
+                    if p + 3 < annz:
+                        SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+                    if p + 2 < annz:
+                        q = bip[aind[p + 2]]
+                        SPFUSE_PREFETCH_R(&bind[q])
+                        SPFUSE_PREFETCH_R(&bval[q])
+                    if p + 1 < annz:
                         for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
                             SPFUSE_PREFETCH_W(&slots[bind[q]])
                     for q in range(bip[j], bip[j + 1]):
@@ -980,6 +1028,7 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
     cdef floating* op_ = &out[0, 0] if m > 0 and L > 0 else NULL
     cdef double* acc
     cdef int failed = 0
+    cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
     with nogil, parallel(num_threads=num_threads):
@@ -993,6 +1042,9 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
             for i in range(r0, r1):
                 memset(acc, 0, L * sizeof(double))
                 for p in range(ip[i], ip[i + 1]):
+                    if p + 2 < annz:
+                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                        _prefetch_row(ep + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
                     w = _sddmm_value(op, <double>bv[p],
                                      _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
                     _axpy(acc, w, ep + <Py_ssize_t>ind[p] * L, L)
@@ -1031,6 +1083,7 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
     cdef double* t
     cdef double* acc
     cdef int failed = 0
+    cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
     with nogil, parallel(num_threads=num_threads):
@@ -1045,6 +1098,8 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
             for i in range(r0, r1):
                 memset(t, 0, K * sizeof(double))
                 for p in range(ip[i], ip[i + 1]):
+                    if p + 2 < annz:
+                        _prefetch_row(cp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
                     _axpy(t, <double>val[p], cp + <Py_ssize_t>ind[p] * K, K)
                 _vecmat(t, K, dp, L, acc)
                 for l in range(L):
@@ -1087,6 +1142,7 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
     cdef double* t
     cdef double* acc
     cdef int failed = 0
+    cdef Py_ssize_t annz = ip[m]
     if m == 0 or M == 0:
         return
     with nogil, parallel(num_threads=num_threads):
@@ -1101,6 +1157,9 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
             for i in range(r0, r1):
                 memset(t, 0, Lf * sizeof(double))
                 for p in range(ip[i], ip[i + 1]):
+                    if p + 2 < annz:
+                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                        _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * Lf, Lf * sizeof(floating))
                     w = _sddmm_value(op, <double>bv[p],
                                      _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
                     _axpy(t, w, fp + <Py_ssize_t>ind[p] * Lf, Lf)
