@@ -44,7 +44,7 @@ def test_decompose_gnn1_keeps_evaluation_order():
 def test_iteration_space_propagates_demand_to_producer():
     p = plan("SDDMM")
     assert p.spaces.forward[0]["j"] == TRUE
-    assert p.spaces.final[0]["j"] == atom("B")
+    assert p.spaces.final[0]["j"] == atom("B_j")
     assert p.spaces.dead_values(0) == ("j",)
 
 
@@ -55,7 +55,7 @@ def test_iteration_space_union_for_addition_and_multiple_uses():
     ins = {"A": TensorInfo.dense("A", (5, 5)), "B": TensorInfo.dense("B", (5, 5)), "D": csr("D"), "F": csr("F")}
     s = propagate_iteration_spaces(decompose(prog), ins, prog.results)
     c_op = next(o for o in decompose(prog) if o.out == "C")
-    assert s.final[c_op.id]["j"] == atom("D") | atom("F")
+    assert s.final[c_op.id]["j"] == atom("D_j") | atom("F_j")
 
 
 def test_sparse_conventions_in_masks():
@@ -64,7 +64,7 @@ def test_sparse_conventions_in_masks():
     ins = {"x": TensorInfo("x", 1, ("compressed",), (0,), (4,))}
     s = propagate_iteration_spaces(ops, ins, ("y", "z"))
     assert s.final[0]["i"] == TRUE          # exp(0) = 1: dense result
-    assert s.final[1]["i"] == atom("x")     # relu(0) = 0: keeps x's pattern
+    assert s.final[1]["i"] == atom("x_i")   # relu(0) = 0: keeps x's pattern
 
 
 def test_fusion_groups_listing9_no_cycle():
@@ -77,7 +77,7 @@ def test_sddmm_tree_matches_react_figure_1():
     assert loop_shape(p.tree) == [("i", ["reset T0", ("k", [("j", ["T0"])]), ("j", ["A"])])]
     t = p.temporaries["T0"]
     assert t.dims == ("i", "j") and t.kept == ("j",)        # reduced to one dimension
-    assert t.masks == (atom("B"),)                          # ... and masked by B
+    assert t.masks == (atom("B_j"),)                        # ... and masked by B
     assert p.parallel_loops == ("i",)
 
 

@@ -106,7 +106,7 @@ class _Lowerer:
 
     def _atom_binding(self, op, atom: str, seen=()) -> Optional[tuple[str, ...]]:
         """Indices of ``op`` that the modes of mask atom ``atom`` correspond to."""
-        statement, tensor, indices = self.plan.atoms[atom]
+        statement, tensor, indices, _ = self.plan.atoms[atom]
         if op.statement == statement and any(r.name == tensor and r.indices == indices for r in op.refs):
             return indices
         if op.out in seen:
@@ -133,7 +133,7 @@ class _Lowerer:
 
     def _driver(self, loop: Loop, atom: str, bound_before: set):
         """An access of mask atom ``atom`` that can drive ``loop`` (or None)."""
-        name = atom_tensor(atom)
+        name = atom_tensor(atom, self.plan.atoms)
         if name not in self.operands:
             return None
         for op_id, ix in sorted(loop.binds):
@@ -182,9 +182,8 @@ class _Lowerer:
                 tensor = self.operands.get(r.name)
                 if tensor is None or r.indices != op.out_indices or "compressed" not in tensor.format.levels:
                     continue
-                label = next((lab for lab, ref in self.plan.atoms.items()
-                              if ref == (op.statement, r.name, r.indices)), None)
-                if all(all(label in term for term in loops[ix].mask.terms) for ix in op.out_indices
+                mine = {a for a, ref in self.plan.atoms.items() if ref[:3] == (op.statement, r.name, r.indices)}
+                if all(all(term & mine for term in loops[ix].mask.terms) for ix in op.out_indices
                        if not loops[ix].mask.is_true):
                     acc = self.access(op.id, r)
                     pattern_tensor = self._concordant(r.name, r.indices, op.id)

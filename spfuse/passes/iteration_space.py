@@ -27,36 +27,36 @@ ZERO_PRESERVING = frozenset({"relu", "tanh", "abs", "sqrt", "neg"})
 
 
 class AtomLabels:
-    """Names of mask atoms: one per distinct access pattern of a sparse input.
+    """Names of mask atoms: one per (access pattern, mode) of a sparse input.
 
-    Two accesses of one tensor with different indices (``A[l,i,m] + A[j,l,m]``)
-    store different coordinate sets at the same loop, so they are different
-    atoms: ``A`` and ``A'``.  A statement's accesses with equal indices share
-    one.  ``refs[label] = (statement, tensor, indices)``.
+    An atom is the set of coordinates one level of one access stores, written
+    like ReACT's ``B_j``: B's level holding the mode that ``B[i,j]`` indexes
+    with ``j``.  Two accesses of one tensor with different indices
+    (``A[l,i,m] + A[j,l,m]``) store different sets, so the second is primed
+    (``A'``); a statement's accesses with equal indices share atoms.
+    ``refs[atom] = (statement, tensor, indices, mode)``.
 
     >>> labels = AtomLabels()
-    >>> labels.label(0, "A", ("i", "j")), labels.label(0, "A", ("j", "i")), labels.label(0, "A", ("i", "j"))
-    ('A', "A'", 'A')
-    >>> atom_tensor("A'")
-    'A'
+    >>> labels.atom(0, "A", ("i", "j"), 1), labels.atom(0, "A", ("j", "i"), 0), labels.atom(0, "A", ("i", "j"), 0)
+    ('A_j', "A'_j", 'A_i')
     """
 
     def __init__(self) -> None:
         self.refs: dict[str, tuple] = {}
-        self._by_key: dict[tuple, str] = {}
+        self._labels: dict[tuple, str] = {}
 
-    def label(self, statement: int, name: str, indices) -> str:
+    def atom(self, statement: int, name: str, indices, mode: int) -> str:
         key = (statement, name, tuple(indices))
-        if key not in self._by_key:
-            lab = name + "'" * sum(1 for k in self._by_key if k[1] == name)
-            self._by_key[key] = lab
-            self.refs[lab] = key
-        return self._by_key[key]
+        if key not in self._labels:
+            self._labels[key] = name + "'" * sum(1 for k in self._labels if k[1] == name)
+        atom_name = f"{self._labels[key]}_{indices[mode]}"
+        self.refs[atom_name] = key + (mode,)
+        return atom_name
 
 
-def atom_tensor(label: str) -> str:
-    """The tensor an atom label belongs to."""
-    return label.rstrip("'")
+def atom_tensor(atom_name: str, atoms: Mapping[str, tuple]) -> str:
+    """The tensor an atom belongs to."""
+    return atoms[atom_name][1]
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,8 @@ class _Values:
         info = self.inputs.get(ref.name)
         if info is None:
             return self.temps[ref.name]
-        lab = None
-        out = []
-        for m in range(info.ndim):
-            if info.mode_is_compressed(m):
-                lab = lab or self.labels.label(statement, ref.name, ref.indices)
-                out.append(atom(lab))
-            else:
-                out.append(TRUE)
-        return tuple(out)
+        return tuple(atom(self.labels.atom(statement, ref.name, ref.indices, m))
+                     if info.mode_is_compressed(m) else TRUE for m in range(info.ndim))
 
 
 def _leaf_mask(leaf, index: str, value: "_Values", statement: int) -> Mask:
@@ -121,11 +114,11 @@ def _projected(op, index: str, mask: Mask, inputs: Mapping[str, TensorInfo], lab
     if not op.reduced or mask.is_true:
         return mask
     for lab in mask.atoms:
-        _, tensor, indices = labels.refs[lab]
+        _, tensor, indices, mode = labels.refs[lab]
         info = inputs.get(tensor)
-        if info is None or index not in indices:
+        if info is None:
             return TRUE
-        level = info.mode_order.index(indices.index(index))
+        level = info.mode_order.index(mode)
         if any(indices[m] in op.reduced for m in info.mode_order[:level]):
             return TRUE
     return mask
@@ -161,7 +154,7 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
     >>> inputs = {"B": csr, "C": TensorInfo.dense("C", (4, 3)), "D": TensorInfo.dense("D", (3, 5))}
     >>> s = propagate_iteration_spaces(ops, inputs, ("A",))
     >>> print(s.forward[0]["j"], "->", s.final[0]["j"])
-    true -> B
+    true -> B_j
     """
     labels = AtomLabels()
     value = _Values(inputs, labels)

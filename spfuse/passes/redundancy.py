@@ -73,16 +73,19 @@ def _factors(e):
     return [e]
 
 
-def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]) -> tuple[str, ...]:
+def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo],
+              atoms: Mapping[str, tuple]) -> tuple[str, ...]:
     """Symbolic iteration count of a statement under ``path``: a tuple of factors."""
     factors: list[str] = []
     absorbed: set[int] = set()
     sparse_groups: dict[str, list[Loop]] = {}
     for loop in path:
         if not loop.mask.is_true:
-            sparse_groups.setdefault(str(loop.mask), []).append(loop)
+            key = " ∨ ".join(sorted(" ∧ ".join(sorted({atoms[a][1] if a in atoms else a for a in t}))
+                                    for t in loop.mask.terms))
+            sparse_groups.setdefault(key, []).append(loop)
     for key, loops in sparse_groups.items():
-        tensors = {atom_tensor(a) for a in loops[0].mask.atoms}
+        tensors = {atom_tensor(a, atoms) for a in loops[0].mask.atoms}
         # Dense outer levels of a masking tensor (CSR's rows) are part of its nnz.
         for n, loop in enumerate(path):
             if not loop.mask.is_true:
@@ -119,15 +122,14 @@ def asymptotic(terms) -> str:
     return "O(" + " + ".join("·".join(t) or "1" for t in keep) + ")"
 
 
-def _estimate(terms, extents: Mapping[str, Optional[int]], infos) -> Optional[float]:
+def _estimate(terms, extents: Mapping[str, Optional[int]], infos, atoms) -> Optional[float]:
     total = 0.0
     for t in terms:
         v = 1.0
         for f in t:
             if f.startswith(("nnz(", "fibers(")):
                 inner = f[f.index("(") + 1:-1]
-                nn = [infos[atom_tensor(a)].nnz for a in inner.replace("∧", " ").replace("∨", " ").split()
-                      if atom_tensor(a) in infos]
+                nn = [infos[a].nnz for a in inner.replace("∧", " ").replace("∨", " ").split() if a in infos]
                 if not nn or any(x is None for x in nn):
                     return None
                 v *= min(nn) if "∨" not in inner else sum(nn)
@@ -153,7 +155,7 @@ def analyse(root: Root, ops, infos: Mapping[str, TensorInfo], final_masks, tempo
     terms = []
     for op_id, path in paths.items():
         op = ops_by_id[op_id]
-        terms.append(path_cost(path, ops_by_id, infos))
+        terms.append(path_cost(path, ops_by_id, infos, atoms))
         expr = getattr(op, "expr", None)
         loops = {loop.bound(op_id): loop for loop in path}
         if op.reduction == "sum":
@@ -180,4 +182,4 @@ def analyse(root: Root, ops, infos: Mapping[str, TensorInfo], final_masks, tempo
         if t.kept == t.dims and t.dims:
             present["load-store"].append(f"{t.name}[{','.join(t.dims)}] stored whole and reloaded")
     return RedundancyReport({k: tuple(v) for k, v in present.items()}, tuple(terms),
-                            _estimate(terms, extents, infos))
+                            _estimate(terms, extents, infos, atoms))
