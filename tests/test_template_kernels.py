@@ -521,3 +521,23 @@ def test_read_only_inputs(rng):
     out = np.empty(50)
     K.spmv(A.indptr, A.indices, A.data, x, out, 2)
     np.testing.assert_allclose(out, A @ x)
+
+
+def test_indptr_with_offset(rng):
+    # a row slice sharing the parent's indices/data: indptr[0] != 0
+    A = make_csr("powerlaw", rng, 120, 90)
+    B = make_csr("uniform", rng, 90, 70)
+    ip = np.ascontiguousarray(A.indptr[30:81])
+    sub = A[30:80]
+    x = rng.standard_normal(90)
+    out = np.empty(50)
+    K.spmv(ip, A.indices, A.data, x, out, 2)
+    np.testing.assert_allclose(out, sub @ x, rtol=1e-12, atol=1e-12)
+    Bd = rng.standard_normal((90, 5))
+    out2 = np.empty((50, 5))
+    K.spmm(ip, A.indices, A.data, Bd, out2, 2)
+    np.testing.assert_allclose(out2, sub @ Bd, rtol=1e-12, atol=1e-12)
+    got = both_threads(lambda nt: K.spgemm(ip, A.indices, A.data, B.indptr, B.indices,
+                                           B.data, 70, nt))
+    C = sp.csr_matrix((got[2], got[1], got[0]), shape=(50, 70))
+    np.testing.assert_allclose(C.toarray(), (sub @ B).toarray(), rtol=1e-12, atol=1e-12)
