@@ -66,11 +66,13 @@ def _info(name: str, t: Tensor) -> TensorInfo:
                       nnz=int(t.nnz))
 
 
-def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str) -> Plan:
-    key = (program.text, fusion, tuple(sorted((n, i.levels, i.mode_order, i.shape) for n, i in infos.items())))
+def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str,
+                 propagate: bool = True) -> Plan:
+    key = (program.text, fusion, propagate,
+           tuple(sorted((n, i.levels, i.mode_order, i.shape) for n, i in infos.items())))
     plan = _plan_cache.get(key)
     if plan is None:
-        plan = plan_program(program, infos, fusion)
+        plan = plan_program(program, infos, fusion, propagate)
         with _cache_lock:
             if len(_plan_cache) >= _MAX_CACHED:
                 _plan_cache.pop(next(iter(_plan_cache)))
@@ -214,15 +216,14 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
 
 
 def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
-    from spfuse.lowering.looptree import lower_to_looptree
+    from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
     from spfuse.runtime import looptree as lt
 
-    for op in plan.ops:
-        if op.reduction in ("max", "min"):
-            for ix in op.reduced:
-                loops = [n for n in plan.orders[op.id] if n == ix]
-                ext = dict(zip(plan.orders[op.id], [None] * 0))
-    lowered = lower_to_looptree(plan, tensors)
+    try:
+        lowered = lower_to_looptree(plan, tensors)
+    except UnrealizableMask:
+        infos = {n: _info(n, t) for n, t in tensors.items()}
+        lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
     raw = lt.run(lowered.plan, num_threads=effective_num_threads(num_threads))
     out = {}
     for spec in lowered.outputs:

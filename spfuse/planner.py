@@ -74,7 +74,8 @@ def _shapes(ops, inputs: Mapping[str, TensorInfo]) -> dict[str, tuple]:
     return shapes
 
 
-def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str = "auto") -> Plan:
+def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str = "auto",
+                 propagate: bool = True) -> Plan:
     """Plan ``program`` (reductions explicit, names checked) over ``inputs``.
 
     >>> from spfuse.frontend.parser import parse_program
@@ -96,7 +97,10 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     else:
         ops = decompose(program)
         spaces = propagate_iteration_spaces(ops, inputs, results)
-        masks = spaces.final if fusion == "auto" else spaces.forward
+        # Without propagation every mask comes from the op's own operands and
+        # is exact; lowering falls back to it when a propagated mask cannot be
+        # iterated (no access of the masking tensor is concordant there).
+        masks = spaces.final if fusion == "auto" and propagate else spaces.forward
         atoms = spaces.atoms
     shapes = _shapes(ops, inputs)
     orders = {op.id: order_loops(op, inputs, masks[op.id], atoms) for op in ops}
@@ -110,8 +114,11 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     extents = {n.index.upper(): n.extent for n in iter_nodes(tree) if isinstance(n, Loop)}
     final = spaces.final if spaces is not None else masks
     report = analyse(tree, ops, inputs, final, temporaries, extents, atoms)
+    notes = () if propagate or fusion != "auto" else (
+        "iteration-space propagation disabled: a propagated mask could not be iterated "
+        "concordantly, so every operation iterates its own operands' patterns",)
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
-                temporaries, shapes, results, report, time.perf_counter() - start, atoms=atoms)
+                temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms)
 
 
 def try_plan(program: Program, inputs, fusion: str):

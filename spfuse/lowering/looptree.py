@@ -24,7 +24,15 @@ from spfuse.passes.iteration_space import atom_tensor
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 
-__all__ = ["LoweredProgram", "lower_to_looptree", "OutputSpec"]
+__all__ = ["LoweredProgram", "lower_to_looptree", "OutputSpec", "UnrealizableMask"]
+
+
+class UnrealizableMask(Exception):
+    """A propagated iteration mask has no concordant access to iterate it.
+
+    Iterating a superset there would read a producer's elements that
+    propagation told it to skip (left 0, not their true value), so the caller
+    re-plans without propagation instead."""
 
 
 @dataclass(frozen=True)
@@ -289,11 +297,15 @@ class _Lowerer:
             return {}
         if mask.single_conjunction:
             drivers = [d for a in sorted(mask.atoms) if (d := self._driver(loop, a, bound)) is not None]
+            if len(drivers) < len(mask.atoms) and self.strict:
+                raise UnrealizableMask(str(mask))
             return {"intersect": drivers} if drivers else {}
         drivers = []
         for term in sorted(mask.terms, key=sorted):
             d = next((d for a in sorted(term) if (d := self._driver(loop, a, bound)) is not None), None)
             if d is None:
+                if self.strict:
+                    raise UnrealizableMask(str(mask))
                 return {}  # some term cannot be iterated sparsely: visit all coordinates
             if d not in drivers:
                 drivers.append(d)
@@ -301,8 +313,13 @@ class _Lowerer:
 
 
 def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
-    """Build the executor plan for ``plan`` over the call's (validated) operands."""
+    """Build the executor plan for ``plan`` over the call's (validated) operands.
+
+    Raises :class:`UnrealizableMask` when ``plan`` relies on a propagated mask
+    that cannot be iterated (re-plan with ``propagate=False``)."""
     lo = _Lowerer(plan, operands)
+    # Forward-only masks are exact: iterating a superset of them is safe.
+    lo.strict = plan.fusion == "auto" and not plan.notes
     lo.declare_vars(plan.tree.children, [])
     lo.declare_storage()
     lo.emit(plan.tree.children, set())
