@@ -131,17 +131,11 @@ cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
 
 
 cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
-                               Py_ssize_t start, Py_ssize_t end, Py_ssize_t pf_end) noexcept nogil:
-    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, 2 chains.
-
-    ``x[ind[p + 32]]`` is prefetched while ``p + 32 < pf_end`` (the end of
-    ``ind``), across row ends.
-    """
+                               Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, 2 chains."""
     cdef double s0 = 0.0, s1 = 0.0
     cdef Py_ssize_t p = start
     while p + 1 < end:
-        if p + 32 < pf_end:
-            SPFUSE_PREFETCH_R(&x[ind[p + 32]])
         s0 += <double>val[p] * <double>x[ind[p]]
         s1 += <double>val[p + 1] * <double>x[ind[p + 1]]
         p += 2
@@ -402,7 +396,7 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
             r0 = _split(ip, m, b, nb)
             r1 = _split(ip, m, b + 1, nb)
             for i in range(r0, r1):
-                op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], ip[m])
+                op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
