@@ -217,8 +217,12 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
 
 def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
     from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
+    from spfuse.lowering.templates import match_template
     from spfuse.runtime import looptree as lt
 
+    template = match_template(plan)
+    if template is not None:
+        return template.run(tensors, effective_num_threads(num_threads))
     try:
         lowered = lower_to_looptree(plan, tensors)
     except UnrealizableMask:
@@ -306,6 +310,16 @@ def _einsum_program(subscripts: str, ndims: tuple):
     return einsum_to_program(subscripts, ndims)
 
 
+def describe_execution(plan: Plan) -> str:
+    """How a plan runs: the template kernel it matches, or the generic executor."""
+    from spfuse.lowering.templates import match_template
+    m = match_template(plan)
+    if m is None:
+        return "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
+    roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
+    return f"template kernel '{m.kernel}' ({m.why}; {roles})"
+
+
 class Kernel:
     """A program planned once and run many times (see :func:`compile`).
 
@@ -382,7 +396,7 @@ class Kernel:
         plans = self.plans(**operands)
         if isinstance(plans[self.fusion], UnsupportedError):
             raise plans[self.fusion]
-        return explain_plans(plans, self.fusion, "generic loop-tree executor (Cython, nogil)")
+        return explain_plans(plans, self.fusion, describe_execution(plans[self.fusion]))
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())

@@ -166,3 +166,20 @@ def test_random_programs_match_numpy(prog_shapes, seed, fusion, threads, canonic
             np.testing.assert_allclose(densify(got[k]), ref[k], rtol=1e-9, atol=1e-9)
     else:
         np.testing.assert_allclose(densify(got), ref, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_kernel_table_uses_a_template_kernel(name, rng):
+    from spfuse.api import describe_execution
+    k = spfuse.compile(KERNELS[name])
+    plan = k.plans(**operands(name, rng))["auto"]
+    assert describe_execution(plan).startswith("template kernel"), describe_execution(plan)
+
+
+def test_template_and_generic_executor_agree(rng):
+    # the generic loop-tree path (fusion="none") is the in-engine oracle of the templates
+    for name in sorted(KERNELS):
+        ops = operands(name, rng, n=20)
+        a = densify(spfuse.evaluate(KERNELS[name], **ops))
+        b = densify(spfuse.evaluate(KERNELS[name], fusion="none", **ops))
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)

@@ -1,0 +1,338 @@
+"""Template kernels: the fast path for fused groups of a known shape.
+
+A single-statement program that is a pure sum of products of accesses is an
+*einsum*; its factors are unified with each template's signature (which
+factor is the CSR / CSF / dense operand, which indices are summed).  The
+template kernels in ``spfuse._kernels`` implement exactly the fused trees
+the planner builds for these programs -- SDDMM's scalar temporary, SpMM-GEMM's
+row temporary, MTTKRP's hoisted row -- with dispatch paid per row, not per
+element.  Programs that are not einsums use unit-op templates (SDDMM-div,
+n-way SpAdd); everything else runs on the generic loop-tree executor.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from spfuse.formats import Format
+from spfuse.frontend.ast import Access, Binary
+from spfuse.ir.ops import TensorInfo
+from spfuse.passes.max_fusion import lift_sums
+
+__all__ = ["TemplateMatch", "match_template"]
+
+
+@dataclass(frozen=True)
+class TemplateMatch:
+    """A template chosen for a program: ``kernel`` name, operand roles, and
+    why (shown by ``explain``).  ``run(tensors, num_threads)`` returns
+    ``{result_name: ndarray | Tensor}``."""
+
+    kernel: str
+    roles: Mapping[str, str]
+    why: str
+    run: Callable[[Mapping[str, Any], int], dict]
+
+
+# -- classification of operands -------------------------------------------
+
+def _kind(info: TensorInfo) -> str:
+    if not info.is_sparse:
+        return "dense"
+    if info.ndim == 2 and info.levels == ("dense", "compressed") and info.mode_order == (0, 1):
+        return "csr"
+    if info.ndim == 3 and info.levels == ("compressed",) * 3 and info.mode_order == (0, 1, 2):
+        return "csf"
+    return "other"
+
+
+def _einsum(program) -> Optional[tuple]:
+    """``(out_name, out_indices, summed, [(name, indices)])`` or None."""
+    if len(program.statements) != 1:
+        return None
+    stmt = program.statements[0]
+    lifted = lift_sums(stmt.value)
+    if lifted is None:
+        return None
+    summed, body = lifted
+    factors = []
+
+    def collect(e):
+        if isinstance(e, Access):
+            factors.append((e.name, e.indices))
+            return True
+        if isinstance(e, Binary) and e.op == "*":
+            return collect(e.left) and collect(e.right)
+        return False
+
+    if not collect(body) or len(set(summed)) != len(summed):
+        return None
+    if any(len(set(ix)) != len(ix) for _, ix in factors):
+        return None
+    return stmt.target.name, stmt.target.indices, tuple(summed), factors
+
+
+# Template signatures: output letters, then (kind, letters) per factor.
+SIGNATURES = {
+    "spmv": ("i", [("csr", "ij"), ("dense", "j")]),
+    "spmm": ("ik", [("csr", "ij"), ("dense", "jk")]),
+    "spgemm": ("ik", [("csr", "ij"), ("csr", "jk")]),
+    "sddmm": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "kj")]),
+    "sddmm_t": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "jk")]),
+    "ttv": ("ij", [("csf", "ijk"), ("dense", "k")]),
+    "mttkrp": ("ir", [("csf", "ijk"), ("dense", "jr"), ("dense", "kr")]),
+    "spmm_gemm": ("il", [("csr", "ij"), ("dense", "jk"), ("dense", "kl")]),
+    "gnn2": ("ij", [("csr", "ih"), ("dense", "ik"), ("dense", "kh"), ("dense", "jh")]),
+    "sddmm_spmm": ("il", [("csr", "ij"), ("dense", "ik"), ("dense", "jk"), ("dense", "jl")]),
+    "sddmm_spmm_gemm": ("im", [("csr", "ij"), ("dense", "ik"), ("dense", "jk"), ("dense", "jl"),
+                               ("dense", "lm")]),
+    "mttkrp_gemm": ("im", [("csf", "ikl"), ("dense", "lj"), ("dense", "kj"), ("dense", "jm")]),
+    "spttm_spttm": ("ijm", [("csf", "ijk"), ("dense", "kl"), ("dense", "lm")]),
+}
+
+
+def _unify(sig, out_indices, summed, factors, infos):
+    """Assign factors to a signature: returns the list of factor names per slot."""
+    out_letters, slots = sig
+    if len(slots) != len(factors) or len(out_letters) != len(out_indices):
+        return None
+    letters = {l for _, ls in slots for l in ls}
+    if len(letters) != len(set(out_indices) | set(summed)):
+        return None
+    for perm in itertools.permutations(range(len(factors))):
+        bind = dict(zip(out_letters, out_indices))
+        ok = True
+        for (kind, ls), f in zip(slots, perm):
+            name, ix = factors[f]
+            if _kind(infos[name]) != kind or len(ix) != len(ls):
+                ok = False
+                break
+            for l, i in zip(ls, ix):
+                if bind.setdefault(l, i) != i:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok and len(set(bind.values())) == len(bind):
+            return [factors[f][0] for f in perm]
+    return None
+
+
+# -- array helpers ----------------------------------------------------------
+
+def _dense(t, dtype) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(t.todense(), dtype=dtype))
+
+
+def _csr(t, itype, dtype):
+    lv = t.levels[1]
+    return (np.ascontiguousarray(lv.pos, dtype=itype), np.ascontiguousarray(lv.crd, dtype=itype),
+            np.ascontiguousarray(t.values, dtype=dtype))
+
+
+def _csf(t, itype, dtype):
+    arrs = []
+    for lv in t.levels:
+        arrs += [np.ascontiguousarray(lv.pos, dtype=itype), np.ascontiguousarray(lv.crd, dtype=itype)]
+    return arrs + [np.ascontiguousarray(t.values, dtype=dtype)]
+
+
+def _types(tensors):
+    """One value dtype and one index dtype for every array of a kernel call."""
+    dtype = np.float32 if all(t.dtype == np.float32 for t in tensors) else np.float64
+    itype = np.int64 if any(np.dtype(t.index_dtype) == np.int64 for t in tensors) else np.int32
+    return itype, dtype
+
+
+# -- kernels ----------------------------------------------------------------
+
+#: Below this many stored operand values a kernel runs on one thread: waking
+#: an OpenMP team costs more than the work (and milliseconds on a busy machine).
+PARALLEL_MIN_WORK = 100_000
+
+
+def _threads(ts, nt: int) -> int:
+    return nt if sum(int(np.prod(t.values.shape)) for t in ts) >= PARALLEL_MIN_WORK else 1
+
+
+def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int):
+    from spfuse._kernels import _csf_kernels as csf
+    from spfuse._kernels import _csr_kernels as csr
+    from spfuse._kernels import _dense_kernels as dense
+
+    ts = [tensors[n] for n in names]
+    nt = _threads(ts, nt)
+    itype, dtype = _types(ts)
+    S = ts[0]
+    if kernel in ("spmv", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
+        ip, ix, vals = _csr(S, itype, dtype)
+        d = [_dense(t, dtype) for t in ts[1:]]
+        if kernel == "spmv":
+            out = np.empty(out_shape, dtype)
+            csr.spmv(ip, ix, vals, d[0], out, nt)
+        elif kernel == "spmm":
+            out = np.empty(out_shape, dtype)
+            csr.spmm(ip, ix, vals, d[0], out, nt)
+        elif kernel in ("sddmm", "sddmm_t"):
+            Dt = np.ascontiguousarray(d[1].T) if kernel == "sddmm" else d[1]
+            outv = np.empty_like(vals)
+            csr.sddmm(ip, ix, vals, d[0], Dt, outv, 0, nt)
+            return S.with_values(outv)
+        elif kernel == "spmm_gemm":
+            C, D = d
+            out = np.empty(out_shape, dtype)
+            nnz, H, J = len(vals), C.shape[1], D.shape[1]
+            if C.shape[0] * H * J + nnz * J < nnz * H + S.shape[0] * H * J:
+                # A·(C·D): the dense product first is cheaper (cost model in the note)
+                CD = np.empty((C.shape[0], J), dtype)
+                dense.gemm(C, D, CD, nt)
+                csr.spmm(ip, ix, vals, CD, out, nt)
+            else:
+                csr.spmm_gemm(ip, ix, vals, C, D, out, nt)
+        elif kernel == "gnn2":
+            X, Ykh, Yjh = d
+            Dt, E = np.ascontiguousarray(Ykh.T), np.ascontiguousarray(Yjh.T)
+            out = np.empty(out_shape, dtype)
+            csr.sddmm_spmm(ip, ix, vals, X, Dt, E, out, 0, nt)
+        elif kernel == "sddmm_spmm":
+            C, D, E = d
+            out = np.empty(out_shape, dtype)
+            csr.sddmm_spmm(ip, ix, vals, C, D, E, out, 0, nt)
+        else:
+            C, D, F, W = d
+            out = np.empty(out_shape, dtype)
+            csr.sddmm_spmm_gemm(ip, ix, vals, C, D, F, W, out, nt)
+        return out
+    if kernel == "spgemm":
+        A, B = ts
+        a, b = _csr(A, itype, dtype), _csr(B, itype, dtype)
+        indptr, indices, data = csr.spgemm(*a, *b, B.shape[1], nt)
+        from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+        return Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
+                               CompressedLevel(out_shape[1], indptr, indices)), data, None)
+    arrs = _csf(S, itype, dtype)
+    d = [_dense(t, dtype) for t in ts[1:]]
+    if kernel in ("ttv", "spttm_spttm"):
+        from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+        n_fibers = len(arrs[3])  # level-1 positions: X's (i, j) fibers
+        if kernel == "ttv":
+            outv = np.empty(n_fibers, dtype)
+            csf.ttv(*arrs, d[0], outv, nt)
+            levels, fmt = S.levels[:2], Format(("compressed", "compressed"))
+        else:
+            M = d[1].shape[1]
+            outv = np.empty((n_fibers, M), dtype)
+            csf.spttm_spttm(*arrs, d[0], d[1], outv, nt)
+            levels = tuple(S.levels[:2]) + (DenseLevel(M),)
+            fmt = Format(("compressed", "compressed", "dense"))
+            outv = outv.reshape(-1)
+        return Tensor._trusted(out_shape, fmt, levels, outv, None)
+    out = np.empty(out_shape, dtype)
+    if kernel == "mttkrp":
+        csf.mttkrp(*arrs, d[0], d[1], out, nt)
+    else:
+        csf.mttkrp_gemm(*arrs, d[0], d[1], d[2], out, nt)
+    return out
+
+
+def _match_spadd(plan, infos):
+    """n-way sum/difference of CSR operands with one shape (one workspace per row)."""
+    if len(plan.program.statements) != 1:
+        return None
+    stmt = plan.program.statements[0]
+    terms = []
+
+    def walk(e, sign):
+        if isinstance(e, Access):
+            terms.append((e.name, e.indices, sign))
+            return True
+        if isinstance(e, Binary) and e.op in ("+", "-"):
+            return walk(e.left, sign) and walk(e.right, -sign if e.op == "-" else sign)
+        return False
+
+    if not walk(stmt.value, 1.0) or len(terms) < 2:
+        return None
+    if any(ix != stmt.target.indices or _kind(infos[n]) != "csr" for n, ix, _ in terms):
+        return None
+    return [n for n, _, _ in terms], np.array([s for _, _, s in terms])
+
+
+def _match_sddmm_div(plan, infos):
+    ops = plan.ops
+    if len(ops) != 2 or len(plan.program.statements) != 1:
+        return None
+    t, a = ops
+    if not (t.reduction == "sum" and t.operator == "*" and len(t.reduced) == 1 and a.operator == "/"
+            and a.reduction is None and a.args[1].name == t.out and a.args[0].indices == a.out_indices
+            and getattr(a.args[0], "name", None) in infos and _kind(infos[a.args[0].name]) == "csr"):
+        return None
+    i, j = a.out_indices
+    k = t.reduced[0]
+    (c, cix), (d, dix) = [(r.name, r.indices) for r in t.args]
+    if cix != (i, k):
+        (c, cix), (d, dix) = (d, dix), (c, cix)
+    if cix != (i, k) or dix not in ((k, j), (j, k)) or t.args[1].indices == t.args[0].indices:
+        return None
+    if any(_kind(infos[n]) != "dense" for n in (c, d)):
+        return None
+    return a.args[0].name, c, d, dix == (j, k)
+
+
+def match_template(plan) -> Optional[TemplateMatch]:
+    """The template kernel for ``plan`` (auto fusion only), or None."""
+    if plan.fusion != "auto":
+        return None
+    infos = plan.inputs
+    ein = _einsum(plan.program)
+    result = plan.results[0] if plan.results else None
+    out_shape = tuple(plan.shapes.get(result, ())) if result else ()
+    if ein is not None and None not in out_shape:
+        out_name, out_ix, summed, factors = ein
+        if all(n in infos for n, _ in factors):
+            for kernel, sig in SIGNATURES.items():
+                names = _unify(sig, out_ix, summed, factors, infos)
+                if names is not None:
+                    roles = dict(zip(names, (k for k, _ in sig[1])))
+                    return TemplateMatch(
+                        kernel.replace("_t", "") if kernel == "sddmm_t" else kernel, roles,
+                        f"program is the einsum of template '{kernel}'",
+                        lambda tensors, nt, k=kernel, names=names: {
+                            out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt)})
+    add = _match_spadd(plan, infos)
+    if add is not None and None not in out_shape:
+        names, coef = add
+
+        def run_add(tensors, nt, names=names, coef=coef):
+            from spfuse._kernels import _csr_kernels as csr
+            from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+            ts = [tensors[n] for n in names]
+            itype, dtype = _types(ts)
+            nt = _threads(ts, nt)
+            parts = [_csr(t, itype, dtype) for t in ts]
+            indptr, indices, data = csr.spadd([p[0] for p in parts], [p[1] for p in parts],
+                                              [p[2] for p in parts], coef, out_shape[0], out_shape[1], nt)
+            return {result: Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
+                                            CompressedLevel(out_shape[1], indptr, indices)), data, None)}
+        return TemplateMatch("spadd", {n: "csr" for n in names},
+                             f"{len(names)}-way union with one workspace per row", run_add)
+    div = _match_sddmm_div(plan, infos)
+    if div is not None:
+        b, c, d, transposed = div
+
+        def run_div(tensors, nt, b=b, c=c, d=d, transposed=transposed):
+            from spfuse._kernels import _csr_kernels as csr
+            ts = [tensors[b], tensors[c], tensors[d]]
+            itype, dtype = _types(ts)
+            nt = _threads(ts, nt)
+            ip, ix, vals = _csr(ts[0], itype, dtype)
+            C, D = _dense(ts[1], dtype), _dense(ts[2], dtype)
+            Dt = D if transposed else np.ascontiguousarray(D.T)
+            outv = np.empty_like(vals)
+            csr.sddmm(ip, ix, vals, C, Dt, outv, 1, nt)
+            return {result: ts[0].with_values(outv)}
+        return TemplateMatch("sddmm(div)", {b: "csr", c: "dense", d: "dense"},
+                             "B / (C·D) on B's pattern with a scalar temporary", run_div)
+    return None
