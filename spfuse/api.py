@@ -154,23 +154,23 @@ def _prepare(program: Program, operands: Mapping[str, Any]):
             # check_program names the position of the unknown operand
             break
         tensors[name] = as_tensor(operands[name], name=name)
-    check_program(program, {n: t.shape for n, t in tensors.items()})
-    for s in program.statements:
-        for red in _reductions(s.value):
-            pass
-    program = _diagonals(program, tensors)
+    _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
+    if _has_diagonal(program):
+        program = _diagonals(program, tensors)
     used = set(program.inputs)
     tensors = {n: t for n, t in tensors.items() if n in used}
     return program, tensors
 
 
-def _reductions(e):
-    from spfuse.frontend.ast import Reduce
-    if isinstance(e, Reduce):
-        yield e
-    for c in getattr(e, "__dict__", {}).values():
-        if hasattr(c, "span") and not isinstance(c, (str, tuple)):
-            yield from _reductions(c)
+@functools.lru_cache(maxsize=1024)
+def _checked(program: Program, shapes: tuple) -> None:
+    """``check_program`` once per (program, operand shapes): a repeat call is a dict hit."""
+    check_program(program, dict(shapes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _has_diagonal(program: Program) -> bool:
+    return any(len(set(a.indices)) != len(a.indices) for s in program.statements for a in _accesses(s.value))
 
 
 def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
@@ -217,10 +217,9 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
 
 def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
     from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
-    from spfuse.lowering.templates import match_template
     from spfuse.runtime import looptree as lt
 
-    template = match_template(plan)
+    template = _template(plan)
     if template is not None:
         return template.run(tensors, effective_num_threads(num_threads))
     try:
@@ -244,6 +243,14 @@ def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[in
     return out
 
 
+def _template(plan: Plan):
+    """The plan's template kernel, matched once and remembered on the plan."""
+    from spfuse.lowering.templates import match_template
+    if "_template" not in plan.__dict__:
+        object.__setattr__(plan, "_template", match_template(plan))
+    return plan.__dict__["_template"]
+
+
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads):
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
@@ -251,7 +258,8 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     program, tensors = _prepare(program, operands)
     infos = {n: _info(n, t) for n, t in tensors.items()}
     plan = _cached_plan(program, infos, fusion)
-    _check_empty_max(plan)
+    if plan.__dict__.get("_has_max") is not False:
+        _check_empty_max(plan)
     raw = _execute(plan, tensors, num_threads)
     flavour, dtype = _flavour(tensors), _result_dtype(tensors)
     results = {name: _convert(raw[name], out_format, flavour, dtype) for name in plan.results}
@@ -260,6 +268,9 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
 
 def _check_empty_max(plan: Plan) -> None:
     from spfuse.ir.tree import paths_to_computes
+    if not any(op.reduction in ("max", "min") for op in plan.ops):
+        object.__setattr__(plan, "_has_max", False)
+        return
     for op_id, path in paths_to_computes(plan.tree).items():
         op = next(o for o in plan.ops if o.id == op_id)
         if op.reduction in ("max", "min"):
