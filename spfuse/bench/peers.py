@@ -432,6 +432,27 @@ def einsum_subscripts(program: str) -> tuple[str, list[str]]:
     return ",".join(subs) + "->" + out, names
 
 
+def pairwise_steps(subscripts: str) -> list[str]:
+    """Left-to-right two-operand einsum steps for a product, keeping only indices still needed.
+
+    >>> pairwise_steps("ij,ik,kj->ij")
+    ['ij,ik->ijk', 'ijk,kj->ij']
+    """
+    ins, out = subscripts.split("->")
+    ops = ins.split(",")
+    acc, steps = ops[0], []
+    for n, nxt in enumerate(ops[1:], start=1):
+        later = set(out).union(*ops[n + 1:])
+        keep = "".join(dict.fromkeys(c for c in acc + nxt if c in later))
+        steps.append(f"{acc},{nxt}->{keep}")
+        acc = keep
+    if len(ops) == 1:
+        steps.append(f"{acc}->{out}")
+    elif acc != out:
+        steps[-1] = steps[-1].split("->")[0] + "->" + out
+    return steps
+
+
 def _sparse_impls(sparse) -> dict:
     from spfuse.bench.suite import KERNELS
 
@@ -445,7 +466,14 @@ def _sparse_impls(sparse) -> dict:
             else:
                 out[n] = v
         subs, names = einsum_subscripts(ctx.program)
-        return subs, [out[n] for n in names], out
+        return pairwise_steps(subs), [out[n] for n in names], out
+
+    def run(s):
+        steps, ops, _ = s
+        acc = ops[0]
+        for step, nxt in zip(steps, ops[1:]):
+            acc = sparse.einsum(step, acc, nxt)
+        return acc
 
     impls = {}
     for k in KERNELS:
@@ -455,8 +483,8 @@ def _sparse_impls(sparse) -> dict:
             impls[k.name] = Impl(conv, lambda s: functools.reduce(lambda a, b: a + b, s[1]),
                                  how="B1 + ... + B7 (COO)")
         else:
-            impls[k.name] = Impl(conv, lambda s: sparse.einsum(s[0], *s[1]),
-                                 how=f"sparse.einsum('{einsum_subscripts(k.program)[0]}', ...) on COO")
+            steps = pairwise_steps(einsum_subscripts(k.program)[0])
+            impls[k.name] = Impl(conv, run, how="sparse.einsum pairwise on COO: " + "; ".join(steps))
     return impls
 
 

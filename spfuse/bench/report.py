@@ -37,9 +37,10 @@ def fmt_time(t: Optional[float]) -> str:
 def _cell(r) -> str:
     if r.status != "ok" or r.median is None:
         return "MISMATCH!" if r.status == "MISMATCH" else r.status
+    star = "*" if "rounds (time budget)" in r.note else ""
     if r.peer == "spfuse":
-        return fmt_time(r.median)
-    return f"{fmt_time(r.median)} {r.ratio:.2g}x" if r.ratio else fmt_time(r.median)
+        return fmt_time(r.median) + star
+    return (f"{fmt_time(r.median)} {r.ratio:.2g}x" if r.ratio else fmt_time(r.median)) + star
 
 
 def _grid(header: list[str], rows: list[list[str]]) -> str:
@@ -80,6 +81,7 @@ def tables(records: list, inputs_desc: dict) -> str:
             if notes:
                 out.append("notes:\n" + "\n".join(notes))
             out.append("")
+    out.append("*: fewer timed rounds than --repeat, to keep within the case's time budget")
     if inputs_desc:
         out.append("inputs: " + "; ".join(inputs_desc.values()))
     return "\n".join(out)

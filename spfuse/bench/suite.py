@@ -40,16 +40,16 @@ class Size:
     repeat: int               #: timed calls per variant (median reported)
     call_budget: float        #: a variant whose single call takes longer is not timed
     max_dense_bytes: int      #: peers needing a larger dense temporary are skipped
+    case_budget: float        #: seconds of timed rounds per case and thread count (fewer rounds if over)
 
 
 SIZES = {
-    "tiny": Size("tiny", 300, 4, 8, (30, 25, 20), 1500, (), 3, 1.0, 1 << 26),
-    "small": Size("small", 2000, 8, 16, (120, 100, 80), 20_000,
-                  ("west0479", "1138_bus", "nations"), 5, 0.5, 1 << 28),
+    "tiny": Size("tiny", 300, 4, 8, (30, 25, 20), 1500, (), 3, 1.0, 1 << 26, 0.5),
+    "small": Size("small", 2000, 8, 16, (120, 100, 80), 20_000, ("west0479", "nations"), 5, 0.5, 1 << 28, 1.0),
     "medium": Size("medium", 20_000, 16, 32, (600, 500, 400), 300_000,
-                   ("karate", "GD97_b", "west0479", "1138_bus", "nations"), 7, 5.0, 1 << 30),
+                   ("karate", "GD97_b", "west0479", "1138_bus", "nations"), 7, 5.0, 1 << 30, 10.0),
     "large": Size("large", 200_000, 16, 64, (3000, 2500, 2000), 3_000_000,
-                  ("karate", "GD97_b", "west0479", "1138_bus", "nations"), 9, 30.0, 1 << 32),
+                  ("karate", "GD97_b", "west0479", "1138_bus", "nations"), 9, 30.0, 1 << 32, 60.0),
 }
 
 
