@@ -110,7 +110,9 @@ def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos
         const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
         const floating[::1] vals, const floating[::1] c, floating[::1] out_vals,
         int num_threads):
-    """Tensor-times-vector over the last mode: ``A[i,j] = sum_k X[i,j,k] * c[k]``.
+    """ttv(pos0, crd0, pos1, crd1, pos2, crd2, vals, c, out_vals, num_threads)
+
+    Tensor-times-vector over the last mode: ``A[i,j] = sum_k X[i,j,k] * c[k]``.
 
     ``out_vals[f] = sum_{p in fiber f} vals[p] * c[crd2[p]]`` for every
     level-1 position ``f``, so the result has X's (i, j) pattern: the CSR-like
@@ -147,7 +149,9 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
            const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
            const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
            floating[:, ::1] out, int num_threads):
-    """MTTKRP ``A[i,r] = sum_{j,k} X[i,j,k] * C[j,r] * D[k,r]`` with hoisting.
+    """mttkrp(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out, num_threads)
+
+    MTTKRP ``A[i,r] = sum_{j,k} X[i,j,k] * C[j,r] * D[k,r]`` with hoisting.
 
     Per fiber (i, j): ``t[r] = sum_k X[i,j,k] * D[k,r]`` (thread-private),
     then ``acc[r] += t[r] * C[j,r]`` -- the C factor is hoisted out of the
@@ -211,7 +215,9 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
                 const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
                 const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
                 const floating[:, ::1] E, floating[:, ::1] out, int num_threads):
-    """Fused <MTTKRP, GEMM>: ``A[i,m] = sum_{k,l,j} B[i,k,l] * C[l,j] * D[k,j] * E[j,m]``.
+    """mttkrp_gemm(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, E, out, num_threads)
+
+    Fused <MTTKRP, GEMM>: ``A[i,m] = sum_{k,l,j} B[i,k,l] * C[l,j] * D[k,j] * E[j,m]``.
 
     B is the CSF tensor with modes (i, k, l).  Per slice i (thread-private
     row temporaries): for each fiber (i, k), ``u[j] = sum_l B[i,k,l] *
@@ -280,7 +286,9 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
                 const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
                 const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
                 floating[:, ::1] out_vals, int num_threads):
-    """Fused <SpTTM, SpTTM>: ``A[i,j,m] = sum_{k,l} B[i,j,k] * C[k,l] * D[l,m]``.
+    """spttm_spttm(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out_vals, num_threads)
+
+    Fused <SpTTM, SpTTM>: ``A[i,j,m] = sum_{k,l} B[i,j,k] * C[k,l] * D[l,m]``.
 
     Per fiber f = (i, j): ``t[l] = sum_k B[i,j,k] * C[k,l]`` (thread-private
     row temporary), ``out_vals[f - pos1[0], :] = t @ D``.  The result keeps

@@ -375,7 +375,9 @@ cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[::1] x, floating[::1] out, int num_threads):
-    """``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
+    """spmv(indptr, indices, data, x, out, num_threads)
+
+    ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
 
     Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``), indices in
     ``[0, n)`` (need not be sorted; duplicates are summed), ``len(x) == n``,
@@ -401,7 +403,9 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[:, ::1] B, floating[:, ::1] out, int num_threads):
-    """``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
+    """spmm(indptr, indices, data, B, out, num_threads)
+
+    ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
 
     Row-axpy: for each row ``i`` and each ``p`` in it,
     ``acc += data[p] * B[indices[p], :]`` into a thread-private double
@@ -457,7 +461,9 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
 def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
           const floating[:, ::1] C, const floating[:, ::1] Dt, floating[::1] out_data,
           int op, int num_threads):
-    """Sampled dense-dense product on B's pattern.
+    """sddmm(indptr, indices, bdata, C, Dt, out_data, op, num_threads)
+
+    Sampled dense-dense product on B's pattern.
 
     For each stored ``p`` of row ``i`` of CSR ``B`` (m x n), ``j = indices[p]``,
     ``s = dot(C[i, :], Dt[j, :])`` (double, 8 chains) and
@@ -500,7 +506,9 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
 def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                     const index_t[::1] b_indptr, const index_t[::1] b_indices,
                     Py_ssize_t n_cols, int64_t[::1] row_nnz, int num_threads):
-    """Phase 1 of ``C = A @ B``: ``row_nnz[i]`` = number of distinct columns of row i.
+    """spgemm_symbolic(a_indptr, a_indices, b_indptr, b_indices, n_cols, row_nnz, num_threads)
+
+    Phase 1 of ``C = A @ B``: ``row_nnz[i]`` = number of distinct columns of row i.
 
     Preconditions: A is ``m x n`` CSR, B is ``n x n_cols`` CSR, indices in
     range (any order, duplicates allowed — they count once), ``len(row_nnz)
@@ -563,7 +571,9 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                    const floating[::1] b_data, Py_ssize_t n_cols,
                    const index_t[::1] c_indptr, index_t[::1] c_indices,
                    floating[::1] c_data, int num_threads, bint sort_rows=True):
-    """Phase 2 of ``C = A @ B``: fill ``c_indices``/``c_data`` row by row.
+    """spgemm_numeric(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, n_cols, c_indptr, c_indices, c_data, num_threads, sort_rows=True)
+
+    Phase 2 of ``C = A @ B``: fill ``c_indices``/``c_data`` row by row.
 
     Preconditions: as :func:`spgemm_symbolic`; ``c_indptr`` is the prefix sum
     of its ``row_nnz`` (``c_indptr[0]`` is an arbitrary offset, usually 0);
@@ -1001,7 +1011,9 @@ cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ss
 def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
                const floating[:, ::1] C, const floating[:, ::1] Dt, const floating[:, ::1] E,
                floating[:, ::1] out, int op, int num_threads):
-    """Fused <SDDMM, SpMM> with a SCALAR temporary (SparseLNR).
+    """sddmm_spmm(indptr, indices, bdata, C, Dt, E, out, op, num_threads)
+
+    Fused <SDDMM, SpMM> with a SCALAR temporary (SparseLNR).
 
     ``out[i, :] = sum_{p in row i} w_p * E[j, :]`` with ``j = indices[p]``,
     ``s = dot(C[i, :], Dt[j, :])`` and ``w_p = bdata[p] op s`` as in
@@ -1058,7 +1070,9 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
 def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
               const floating[:, ::1] C, const floating[:, ::1] D, floating[:, ::1] out,
               int num_threads):
-    """Fused <SpMM, GEMM> with a ROW temporary: ``out = (A @ C) @ D``.
+    """spmm_gemm(indptr, indices, data, C, D, out, num_threads)
+
+    Fused <SpMM, GEMM> with a ROW temporary: ``out = (A @ C) @ D``.
 
     Per row i: ``t = sum_p data[p] * C[indices[p], :]`` (thread-private, K
     doubles), then ``out[i, :] = t @ D`` by :func:`_vecmat` (own loop: no
@@ -1114,7 +1128,9 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
                     const floating[:, ::1] Dt, const floating[:, ::1] F,
                     const floating[:, ::1] W, floating[:, ::1] out, int num_threads,
                     int op=0):
-    """Fused <SDDMM, SpMM, GEMM>: scalar temporary, then row temporary.
+    """sddmm_spmm_gemm(indptr, indices, bdata, C, Dt, F, W, out, num_threads, op=0)
+
+    Fused <SDDMM, SpMM, GEMM>: scalar temporary, then row temporary.
 
     ``t[l] = sum_{p in row i} (bdata[p] op dot(C[i], Dt[j])) * F[j, l]``,
     ``out[i, :] = t @ W``; ``op`` as in :func:`sddmm` (default 0: multiply).

@@ -38,7 +38,9 @@ cdef Py_ssize_t _INT_MAX = 2147483647
 
 def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] out,
          num_threads=None):
-    """``out = A @ B`` for C-contiguous A (m, k), B (k, n), out (m, n).
+    """gemm(A, B, out, num_threads=None)
+
+    ``out = A @ B`` for C-contiguous A (m, k), B (k, n), out (m, n).
 
     One BLAS call (dgemm/sgemm by dtype) on swapped operands:
     ``gemm('N', 'N', n, m, k, 1, B, n, A, k, 0, out, n)``.  ``out`` must not
@@ -69,7 +71,9 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
 
 def gemv(const floating[:, ::1] A, const floating[::1] x, floating[::1] out,
          num_threads=None):
-    """``out = A @ x`` for C-contiguous A (m, n), x (n,), out (m,).
+    """gemv(A, x, out, num_threads=None)
+
+    ``out = A @ x`` for C-contiguous A (m, n), x (n,), out (m,).
 
     Column-major view: A is A^T (n x m, ld n), so ``gemv('T', n, m, 1, A, n,
     x, 1, 0, out, 1)``.  ``out`` must not alias; fully overwritten.
@@ -116,7 +120,9 @@ cdef inline double _unary(int op, double x) noexcept nogil:
 
 
 def map_unary(const floating[::1] values, int op_code, floating[::1] out, int num_threads=1):
-    """``out[p] = f(values[p])`` for ``f = UNARY_OPS`` code ``op_code``.
+    """map_unary(values, op_code, out, num_threads=1)
+
+    ``out[p] = f(values[p])`` for ``f = UNARY_OPS`` code ``op_code``.
 
     Codes: relu 0 (``max(x, 0)``, NaN kept), sigmoid 1 (overflow-safe
     form), tanh 2, exp 3, log 4, abs 5, sqrt 6, neg 7; evaluated in double
