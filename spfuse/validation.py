@@ -265,6 +265,9 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
                       f"{pos_name}[-1] == {end}",
                       "the last indptr entry is nnz, the number of stored entries")
     c = crd[:end] if end != ncrd else crd
+    fast = _scan(pos, c, size)
+    if fast is not None and fast < 2:
+        return fast == 0
     if end:
         lo = int(c.min())
         hi = int(c.max())
@@ -283,6 +286,19 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
         starts = starts[(starts > 0) & (starts < end)]
         bad[starts - 1] = False
     return not bool(bad.any())
+
+
+def _scan(pos: np.ndarray, crd: np.ndarray, size: int):
+    """Status of the one-pass Cython scan (0 canonical, 1 non-canonical, >= 2
+    invalid: the numpy checks then word the error), or None when the arrays
+    do not suit it (mixed or unusual integer dtypes)."""
+    if pos.dtype != crd.dtype or pos.dtype not in (np.int32, np.int64) or pos.ndim != 1:
+        return None
+    try:
+        from spfuse._kernels._validate import scan_compressed
+    except ImportError:  # a source checkout without built kernels
+        return None
+    return scan_compressed(np.ascontiguousarray(pos), np.ascontiguousarray(crd), int(size))[0]
 
 
 def check_coords(coords: Any, shape: Sequence[int], name: str = "operand") -> np.ndarray:
