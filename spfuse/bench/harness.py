@@ -88,8 +88,13 @@ def _threads_for(peer: peers_mod.Peer, n: int):
 
 def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[int], repeat: int,
              peer_names: Optional[list[str]] = None, peer_list: Optional[list] = None,
-             tick: Callable[[], None] = lambda: None) -> list[Record]:
-    """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count."""
+             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None) -> list[Record]:
+    """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count.
+
+    ``known_slow`` (a set of ``(peer, kernel)``, updated here) lets a run skip
+    a peer that was over budget for the same kernel on an earlier input.
+    """
+    known_slow = set() if known_slow is None else known_slow
     if peer_list is None:
         peer_list, _ = peers_mod.available_peers(peer_names)
     operands = kernel.operands(inp, size)
@@ -103,6 +108,9 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         impl = peer.impls.get(kernel.name)
         if impl is None:
             status[peer.name] = ("n/a", "cannot express this kernel")
+            continue
+        if (peer.name, kernel.name) in known_slow and peer.name != "spfuse":
+            status[peer.name] = ("slow", "over budget on an earlier input")
             continue
         try:
             state = impl.prepare(operands, ctx)
@@ -137,6 +145,7 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         first[peer.name] = dt
         if dt > size.call_budget:
             status[peer.name] = ("slow", f"one call took {dt:.2f} s > budget {size.call_budget:g} s")
+            known_slow.add((peer.name, kernel.name))
             states.pop(peer.name)
     nbytes = nbytes_moved(kernel.name, operands)
     records = []

@@ -76,8 +76,7 @@ def tables(records: list, inputs_desc: dict) -> str:
             out.append(f"== {n} thread{'s' if n > 1 else ''}: {title} ==")
             out.append(_grid(["input", "kernel"] + peers, rows))
             notes = sorted({f"  {r.peer} on {r.input}/{r.kernel}: {r.status}: {r.note}" for r in recs
-                            if r.status in ("MISMATCH", "error")})
-            notes += sorted({f"  {r.peer}: {r.status}: {r.note}" for r in recs if r.status in ("skip", "slow")})
+                            if r.status in ("MISMATCH", "error", "skip", "slow")})
             if notes:
                 out.append("notes:\n" + "\n".join(notes))
             out.append("")

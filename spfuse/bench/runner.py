@@ -98,11 +98,12 @@ def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: O
     copy_gbps = {n: stream.copy_bandwidth(nbytes, threads=n) for n in threads}
 
     bar = Progress(len(cases), progress)
-    records = []
+    records, known_slow = [], set()
     try:
         for inp, k in cases:
             bar.step(f"{inp.name}/{k.name}")
-            records += harness.run_case(inp, k, sz, threads, repeat, peer_list=peer_list)
+            records += harness.run_case(inp, k, sz, threads, repeat, peer_list=peer_list,
+                                        known_slow=known_slow)
             bar.advance()
     finally:
         bar.close()
