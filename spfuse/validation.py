@@ -139,11 +139,14 @@ def check_shape(shape: Any, name: str = "operand") -> tuple[int, ...]:
 def value_dtype(dtype: Any, name: str = "operand") -> np.dtype:
     """The value dtype a Tensor stores for input ``dtype``.
 
-    float32/float64 are kept, float16 becomes float32, integers and booleans
-    become float64; complex, object, string and other dtypes are refused.
+    float32/float64 are kept (in native byte order: ``>f8`` becomes
+    ``float64``), float16 becomes float32, integers and booleans become
+    float64; complex, object, string and other dtypes are refused.
 
     >>> value_dtype(np.int32), value_dtype(np.float32), value_dtype(bool)
     (dtype('float64'), dtype('float32'), dtype('float64'))
+    >>> value_dtype(">f4")
+    dtype('float32')
     >>> value_dtype(np.complex128, name="B")
     Traceback (most recent call last):
       ...
@@ -155,6 +158,10 @@ def value_dtype(dtype: Any, name: str = "operand") -> np.dtype:
     dt = np.dtype(dtype)
     if dt in VALUE_DTYPES:
         return dt
+    if not dt.isnative and dt.kind in "biuf":  # big-endian data on a little-endian machine (or vice versa)
+        dt = dt.newbyteorder("=")
+        if dt in VALUE_DTYPES:
+            return dt
     if dt == np.float16:
         return np.dtype(np.float32)
     if dt.kind in "biu":
