@@ -184,10 +184,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         elif kernel == "spmm_gemm":
             C, D = d
             out = np.empty(out_shape, dtype)
-            nnz, H, J = len(vals), C.shape[1], D.shape[1]
-            if C.shape[0] * H * J + nnz * J < nnz * H + S.shape[0] * H * J:
-                # A·(C·D): the dense product first is cheaper (cost model in the note)
-                CD = np.empty((C.shape[0], J), dtype)
+            row, dense_first = _association(len(vals), S.shape[0], C.shape[0], C.shape[1], D.shape[1])
+            if dense_first < row:  # A·(C·D): the dense product first is cheaper
+                CD = np.empty((C.shape[0], D.shape[1]), dtype)
                 dense.gemm(C, D, CD, nt)
                 csr.spmm(ip, ix, vals, CD, out, nt)
             else:
@@ -236,6 +235,39 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     else:
         csf.mttkrp_gemm(*arrs, d[0], d[1], d[2], out, nt)
     return out
+
+
+def _association(nnz, I, K, H, J):
+    """Cost of ``(A·C)·D`` (row temporary) and of ``A·(C·D)`` for A (I×K, nnz), C (K×H), D (H×J)."""
+    return nnz * H + I * H * J, K * H * J + nnz * J
+
+
+_WHY = {
+    "spmv": "gather-dot per row",
+    "spmm": "row axpy; the dense k loop is tiled (not sparse, not a parent of a sparse loop)",
+    "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
+    "sddmm": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
+    "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
+    "ttv": "one dot per (i,j) fiber of X",
+    "mttkrp": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber",
+    "gnn2": "<SDDMM,SpMM> with a scalar temporary per stored A entry",
+    "sddmm_spmm": "<SDDMM,SpMM> with a scalar temporary per stored B entry (SparseLNR)",
+    "sddmm_spmm_gemm": "<SDDMM,SpMM,GEMM>: scalar temporary, then a row temporary times W",
+    "mttkrp_gemm": "<MTTKRP,GEMM>: hoisted row temporary per i, then times E",
+    "spttm_spttm": "<SpTTM,SpTTM>: row temporary per (i,j) fiber, then times D",
+}
+
+
+def _why(kernel, names, infos) -> str:
+    if kernel != "spmm_gemm":
+        return _WHY[kernel]
+    A, C, D = (infos[n] for n in names)
+    if None in (A.nnz, *A.shape, *C.shape, *D.shape):
+        return "<SpMM,GEMM>: association chosen at run time from nnz and shapes"
+    row, dense_first = _association(A.nnz, A.shape[0], A.shape[1], C.shape[1], D.shape[1])
+    pick = "A·(C·D): dense product first, then SpMM" if dense_first < row else \
+        "(A·C)·D: row temporary per i, then times D (SparseLNR <SpMM,GEMM>)"
+    return f"{pick}; cost (A·C)·D = nnz·H + I·H·J = {row:.3g} vs A·(C·D) = K·H·J + nnz·J = {dense_first:.3g}"
 
 
 def _match_spadd(plan, infos):
@@ -298,7 +330,7 @@ def match_template(plan) -> Optional[TemplateMatch]:
                     roles = dict(zip(names, (k for k, _ in sig[1])))
                     return TemplateMatch(
                         kernel.replace("_t", "") if kernel == "sddmm_t" else kernel, roles,
-                        f"program is the einsum of template '{kernel}'",
+                        _why(kernel, names, infos),
                         lambda tensors, nt, k=kernel, names=names: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt)})
     add = _match_spadd(plan, infos)
