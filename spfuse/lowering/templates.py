@@ -124,26 +124,31 @@ def _unify(sig, out_indices, summed, factors, infos):
 # -- array helpers ----------------------------------------------------------
 
 def _dense(t, dtype) -> np.ndarray:
+    if t.format.is_identity_order and t.values.dtype == dtype:
+        return t.values.reshape(t.shape)  # dense storage is already C order: no copy
     return np.ascontiguousarray(np.asarray(t.todense(), dtype=dtype))
+
+
+def _as(a, dtype):
+    return a if a.dtype == dtype else a.astype(dtype)  # Tensor arrays are 1-D and contiguous
 
 
 def _csr(t, itype, dtype):
     lv = t.levels[1]
-    return (np.ascontiguousarray(lv.pos, dtype=itype), np.ascontiguousarray(lv.crd, dtype=itype),
-            np.ascontiguousarray(t.values, dtype=dtype))
+    return _as(lv.pos, itype), _as(lv.crd, itype), _as(t.values, dtype)
 
 
 def _csf(t, itype, dtype):
     arrs = []
     for lv in t.levels:
-        arrs += [np.ascontiguousarray(lv.pos, dtype=itype), np.ascontiguousarray(lv.crd, dtype=itype)]
-    return arrs + [np.ascontiguousarray(t.values, dtype=dtype)]
+        arrs += [_as(lv.pos, itype), _as(lv.crd, itype)]
+    return arrs + [_as(t.values, dtype)]
 
 
 def _types(tensors):
     """One value dtype and one index dtype for every array of a kernel call."""
-    dtype = np.float32 if all(t.dtype == np.float32 for t in tensors) else np.float64
-    itype = np.int64 if any(np.dtype(t.index_dtype) == np.int64 for t in tensors) else np.int32
+    dtype = np.dtype(np.float32) if all(t.dtype == np.float32 for t in tensors) else np.dtype(np.float64)
+    itype = np.dtype(np.int64) if any(t.index_dtype == np.int64 for t in tensors) else np.dtype(np.int32)
     return itype, dtype
 
 
@@ -155,7 +160,7 @@ PARALLEL_MIN_WORK = 100_000
 
 
 def _threads(ts, nt: int) -> int:
-    return nt if sum(int(np.prod(t.values.shape)) for t in ts) >= PARALLEL_MIN_WORK else 1
+    return nt if sum(t.values.size for t in ts) >= PARALLEL_MIN_WORK else 1
 
 
 def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int):
