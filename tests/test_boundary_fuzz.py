@@ -513,7 +513,7 @@ def _mut_dense(rng, ops, kernel, name):
     if choice == 7:
         ops[name] = (a * 3).astype(str(rng.choice(("int32", "int64", "uint8", "bool", "float16", "float32"))))
         return "valid", "dense int/bool/small float"
-    if choice == 8:
+    if choice == 8 and a.size:  # (a zero-size array's .tolist() loses its shape)
         ops[name] = a.tolist()
         return "valid", "nested list"
     if choice == 9:
@@ -765,3 +765,148 @@ def _main(argv):
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+# --------------------------------------------------------------------------- property tests
+# Beyond tests/test_engine.py (float64, int32 indices, no zero-size extents,
+# default out_format): float32 values, int64 index arrays, zero-size extents,
+# forced output formats, and einsum with random subscripts against np.einsum.
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+from spfuse.testing import programs, random_operands  # noqa: E402
+
+_PROPERTY = settings(max_examples=int(os.environ.get("SPFUSE_PROPERTY_EXAMPLES", 120)), deadline=None,
+                     suppress_health_check=list(HealthCheck))
+
+
+def _has_empty_max(program, shapes) -> bool:
+    """Whether some max/min reduces over an index of extent 0 (spfuse raises, like numpy)."""
+    from spfuse.frontend.ast import Reduce
+    from spfuse.frontend.check import check_program
+    from spfuse.frontend.reductions import children, make_reductions_explicit
+    prog = make_reductions_explicit(program)
+    for st_, ext in zip(prog.statements, check_program(prog, shapes)):
+        stack = [st_.value]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Reduce) and e.op in ("max", "min") and ext.get(e.index) == 0:
+                return True
+            stack.extend(children(e))
+    return False
+
+
+def _compare(got, ref, rtol):
+    if isinstance(ref, dict):
+        assert isinstance(got, dict) and list(got) == list(ref)
+        for k in ref:
+            np.testing.assert_allclose(_densify_result(got[k]), ref[k], rtol=rtol, atol=rtol, err_msg=k)
+    else:
+        np.testing.assert_allclose(_densify_result(got), ref, rtol=rtol, atol=rtol)
+
+
+def _check_program(program, ops, fusion, threads, out_format=None, rtol=1e-9, zero_size_ok=False):
+    ref = dense_reference(program, ops)
+    try:
+        got = spfuse.evaluate(program.text, fusion=fusion, num_threads=threads, out_format=out_format, **ops)
+    except spfuse.UnsupportedError:
+        assert fusion == "max"
+        return None
+    except ValueError as exc:
+        if zero_size_ok and "of extent 0" in str(exc):
+            return None
+        if out_format in ("csr", "csc", "coo") and "needs a 2-D result" in str(exc):
+            return None
+        raise
+    _compare(got, ref, rtol)
+    return got
+
+
+@_PROPERTY
+@given(programs(max_extent=4, n_statements=(1, 3)), st.integers(0, 2**31 - 1),
+       st.sampled_from(["auto", "none", "max"]), st.sampled_from([1, 2]), st.booleans(),
+       st.sampled_from([0.0, 0.3, 1.0]))
+def test_property_float32_operands(prog_shapes, seed, fusion, threads, canonical, density):
+    program, shapes = prog_shapes
+    ops = random_operands(seed, shapes, density=density, canonical=canonical, dtype=np.float32,
+                          empty_rows=0.2)
+    got = _check_program(program, ops, fusion, threads, rtol=2e-4)
+    if got is not None and shapes:  # (a program without inputs computes in float64)
+        for v in (got.values() if isinstance(got, dict) else [got]):
+            assert np.asarray(_densify_result(v)).dtype == np.float32
+
+
+@_PROPERTY
+@given(programs(max_extent=4, n_statements=(1, 3)), st.integers(0, 2**31 - 1),
+       st.sampled_from(["auto", "none", "max"]), st.sampled_from([1, 2]), st.booleans())
+def test_property_int64_indices(prog_shapes, seed, fusion, threads, canonical):
+    program, shapes = prog_shapes
+    ops = random_operands(seed, shapes, density=0.4, canonical=canonical, index_dtype=np.int64,
+                          empty_rows=0.2, formats=("csr", "csc", "coo"))
+    _check_program(program, ops, fusion, threads)
+
+
+@_PROPERTY
+@given(programs(max_extent=3, n_statements=(1, 3), zero_size=True), st.integers(0, 2**31 - 1),
+       st.sampled_from(["auto", "none", "max"]), st.sampled_from([1, 2]), st.booleans())
+def test_property_zero_size_extents(prog_shapes, seed, fusion, threads, canonical):
+    program, shapes = prog_shapes
+    ops = random_operands(seed, shapes, density=0.5, canonical=canonical)
+    empty_max = _has_empty_max(program, shapes)
+    got = _check_program(program, ops, fusion, threads, zero_size_ok=empty_max)
+    if not empty_max and got is None:
+        assert fusion == "max"
+
+
+@_PROPERTY
+@given(programs(max_extent=4, n_statements=(1, 2)), st.integers(0, 2**31 - 1),
+       st.sampled_from(["auto", "none", "max"]),
+       st.sampled_from([None, "dense", "csr", "csc", "coo", "csf"]), st.sampled_from(["array", "matrix"]))
+def test_property_out_format(prog_shapes, seed, fusion, out_format, flavour):
+    program, shapes = prog_shapes
+    ops = random_operands(seed, shapes, density=0.4, canonical=False, flavour="array")
+    if flavour == "matrix":  # coo_matrix/csr_matrix only exist in 2-d
+        ops = {k: (sp.csr_matrix(v) if sp.issparse(v) and v.ndim == 2 else v) for k, v in ops.items()}
+    got = _check_program(program, ops, fusion, 1, out_format=out_format)
+    if got is None:
+        return
+    for v in (got.values() if isinstance(got, dict) else [got]):
+        if out_format == "dense":
+            assert isinstance(v, (np.ndarray, np.floating, float))
+        elif out_format in ("csr", "csc", "coo"):
+            assert sp.issparse(v) and v.format == out_format
+        elif out_format == "csf":
+            assert isinstance(v, (spfuse.Tensor, np.ndarray, np.floating, float))
+
+
+@st.composite
+def _einsum_case(draw):
+    letters = "abcd"
+    n_ops = draw(st.integers(1, 3))
+    ext = {c: draw(st.integers(1, 4)) for c in letters}
+    terms = []
+    for _ in range(n_ops):
+        ndim = draw(st.integers(0, 3))
+        terms.append("".join(draw(st.sampled_from(letters)) for _ in range(ndim)))
+    used = sorted(set("".join(terms)))
+    if draw(st.booleans()):
+        out = draw(st.permutations(used))[:draw(st.integers(0, len(used)))] if used else []
+        subs = ",".join(terms) + "->" + "".join(out)
+    else:
+        subs = ",".join(terms)
+    shapes = [tuple(ext[c] for c in t) for t in terms]
+    return subs, shapes, draw(st.integers(0, 2**31 - 1))
+
+
+@_PROPERTY
+@given(_einsum_case(), st.sampled_from(["auto", "none", "max"]))
+def test_property_einsum_random_subscripts(case, fusion):
+    subs, shapes, seed = case
+    ops = random_operands(seed, {f"T{n}": s for n, s in enumerate(shapes)}, density=0.5)
+    args = list(ops.values())
+    ref = np.einsum(subs, *[_dense_of(a) for a in args])
+    try:
+        got = spfuse.einsum(subs, *args, fusion=fusion)
+    except spfuse.UnsupportedError:
+        assert fusion == "max"
+        return
+    np.testing.assert_allclose(_densify_result(got), ref, rtol=1e-9, atol=1e-9, err_msg=subs)
