@@ -202,3 +202,31 @@ def test_kernel_inputs_shared_between_threads_are_not_mutated():
     _run_threads(body)
     for before, after in zip(snapshot, (A.data, A.indices, A.indptr)):
         np.testing.assert_array_equal(before, after)
+
+
+def test_plan_cache_evictions_under_contention(monkeypatch):
+    """A tiny plan cache (monkeypatched) evicts all the time while eight threads plan
+    distinct shapes: no KeyError/RuntimeError from the dict, every result right."""
+    import spfuse.api as api
+    monkeypatch.setattr(api, "_MAX_CACHED", 3)
+    spfuse.clear_cache()
+    text = "y[i] = A[i,j] * x[j]"
+    work = []
+    for tid in range(N_THREADS):
+        rng = np.random.default_rng([13, tid])
+        rounds = []
+        for r in range(25):
+            ops = {"A": random_sparse(rng, (5 + (tid * 25 + r) % 17, 4 + r % 5), 0.4, "csr"),
+                   "x": None}
+            ops["x"] = rng.standard_normal(ops["A"].shape[1])
+            rounds.append((ops, dense_reference(text, ops)))
+        work.append(rounds)
+
+    def body(tid, barrier):
+        barrier.wait()
+        for ops, ref in work[tid]:
+            np.testing.assert_allclose(spfuse.evaluate(text, **ops), ref, rtol=1e-12, atol=1e-12)
+
+    _run_threads(body)
+    assert spfuse.cache_info()["plans"] <= 3 + N_THREADS
+    spfuse.clear_cache()
