@@ -71,6 +71,17 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[
     lines.append(f"parallel loops: {', '.join(p.parallel_loops) or 'none (outermost loop is a reduction)'}")
     if execution:
         lines.append(f"execution: {execution}")
+    if p.formats:
+        lines.append("result formats (inferred):")
+        for d in p.formats.values():
+            ws = f"; {d.workspace}" if d.workspace else ""
+            lines.append(f"  {d.name}: {d.format_name} ({d.reason}{ws})")
+    ops = {op.id: op for op in p.ops}
+    tiles = [f"S{o}: {ix} in tiles of {t}" for o, d in p.tiles.items() for ix, t in d.items()]
+    lines.append("tiling: " + ("; ".join(tiles) if tiles else
+                               "none (no long dense loop outside every sparse loop)"))
+    for note in p.notes:
+        lines.append(f"note: {note}")
     lines.append("")
     lines.append("redundancies (ReACT): present in each strategy?")
     names = [m for m in ("none", "max", "auto") if m in plans]

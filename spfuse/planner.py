@@ -13,7 +13,7 @@ strings them together for one fusion strategy:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
 
 from spfuse.errors import UnsupportedError
@@ -22,6 +22,7 @@ from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, iter_nodes
 from spfuse.passes.build_trees import build_trees, op_extents
 from spfuse.passes.decompose import decompose
+from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
 from spfuse.passes.iteration_space import (IterationSpaces, propagate_iteration_spaces,
                                            statement_masks)
@@ -30,6 +31,7 @@ from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
 from spfuse.passes.redundancy import RedundancyReport, analyse
+from spfuse.passes.tiling import choose_tiles
 
 __all__ = ["FUSION_STRATEGIES", "Plan", "plan_program"]
 
@@ -55,7 +57,9 @@ class Plan:
     report: RedundancyReport
     planning_seconds: float = 0.0
     notes: tuple[str, ...] = field(default=())
-    atoms: Mapping[str, tuple] = field(default_factory=dict)  # mask atom → (statement, tensor, indices)
+    atoms: Mapping[str, tuple] = field(default_factory=dict)  # mask atom → (statement, tensor, indices, mode)
+    formats: Mapping[str, FormatDecision] = field(default_factory=dict)
+    tiles: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def parallel_loops(self) -> tuple[str, ...]:
@@ -88,6 +92,18 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     """
     if fusion not in FUSION_STRATEGIES:
         raise KeyError(f"unknown fusion strategy {fusion!r}; valid: {', '.join(FUSION_STRATEGIES)}")
+    if fusion == "auto" and propagate:
+        tiny = _tiny_reductions(program, inputs)
+        if tiny:
+            try:
+                plan = plan_program(program, inputs, "max")
+            except UnsupportedError:
+                pass
+            else:
+                note = ("input-sensitive fusion (ReACT 4.3.3): every reduction is tiny ("
+                        + ", ".join(f"{ix}: {n}" for ix, n in tiny.items())
+                        + f" ≤ {TINY_REDUCTION}), so maximal fusion beats temporaries")
+                return replace(plan, fusion="auto", notes=plan.notes + (note,))
     start = time.perf_counter()
     results = program.results
     if fusion == "max":
@@ -114,11 +130,31 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     extents = {n.index.upper(): n.extent for n in iter_nodes(tree) if isinstance(n, Loop)}
     final = spaces.final if spaces is not None else masks
     report = analyse(tree, ops, inputs, final, temporaries, extents, atoms)
+    formats, tiles = infer_formats(tree, ops, results), choose_tiles(tree, ops)
     notes = () if propagate or fusion != "auto" else (
         "iteration-space propagation disabled: a propagated mask could not be iterated "
         "concordantly, so every operation iterates its own operands' patterns",)
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
-                temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms)
+                temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
+                formats=formats, tiles=tiles)
+
+
+#: Reductions this short are cheaper fused into one loop nest than materialised.
+TINY_REDUCTION = 2
+
+
+def _tiny_reductions(program: Program, inputs: Mapping[str, TensorInfo]) -> dict[str, int]:
+    """Extents of the reduced indices when all are known and ≤ TINY_REDUCTION, else {}."""
+    ops = decompose(program)
+    shapes = _shapes(ops, inputs)
+    out = {}
+    for op in ops:
+        ext = op_extents(op, shapes)
+        for ix in op.reduced:
+            if ext[ix] is None or ext[ix] > TINY_REDUCTION:
+                return {}
+            out[ix] = ext[ix]
+    return out
 
 
 def try_plan(program: Program, inputs, fusion: str):

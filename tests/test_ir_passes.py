@@ -163,3 +163,39 @@ def test_spmm_keeps_dense_output_and_row_order():
     p = plan("SpMM")
     assert p.orders[0] == ("i", "j", "k")
     assert all(m.is_true for ix, m in p.masks[0].items() if ix in ("i", "k"))
+
+
+# -- scheduling decisions (issue "automatic scheduling") ----------------------
+
+def test_output_formats_inferred():
+    assert plan("SDDMM").formats["A"].format_name == "csr"
+    assert plan("SpMM").formats["C"].format_name == "dense"
+    spgemm = plan("SpGEMM").formats["C"]
+    assert spgemm.format_name == "csr" and "workspace over k" in spgemm.workspace
+    assert plan("SpAdd-7").formats["A"].format_name == "csr"
+    assert plan("SpAdd-7").formats["A"].workspace is None
+
+
+def test_spmm_tiles_dense_k_never_sparse_parent_i():
+    A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (4096, 4096), nnz=40960)
+    p = plan_program(parse_program(KERNELS["SpMM"]), {"A": A, "B": TensorInfo.dense("B", (4096, 2048))})
+    assert p.tiles == {0: {"k": 256}}
+    short = plan_program(parse_program(KERNELS["SpMM"]), {"A": A, "B": TensorInfo.dense("B", (4096, 64))})
+    assert short.tiles == {}
+
+
+def test_input_sensitive_fusion_for_tiny_reductions():
+    B = TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (50, 40), nnz=200)
+    ins = {"B": B, "C": TensorInfo.dense("C", (50, 1)), "D": TensorInfo.dense("D", (1, 40)),
+           "E": TensorInfo.dense("E", (50, 40))}
+    prog = parse_program("Z[i,j] = B[i,j] * (C[i,k] * D[k,j]) * E[i,j]")
+    p = plan_program(prog, ins)
+    assert p.fusion == "auto" and any("input-sensitive" in n for n in p.notes)
+    assert len(p.ops) == 1  # one perfectly nested statement, no temporary
+    ins["C"], ins["D"] = TensorInfo.dense("C", (50, 16)), TensorInfo.dense("D", (16, 40))
+    assert not plan_program(prog, ins).notes
+
+
+def test_spmm_gemm_row_temporary():
+    p = plan("SpMM-GEMM")
+    assert [t.kept for t in p.temporaries.values()] == [("k",)]

@@ -1,0 +1,83 @@
+"""Format inference for results and temporaries (Scorch Algorithm 3).
+
+Each dimension of a result is stored dense when its iteration mask is
+``true`` and compressed when a sparse mask restricts it; the level order
+follows the loop order of the statement that writes it.  A compressed result
+written under a reduction loop that encloses its compressed level (SpGEMM's
+``j`` around ``k``) is *scattered into*: a dense workspace over the
+compressed index collects each row before it is compacted (the workspace
+transformation, seed 004).  Temporaries keep the storage memory optimisation
+chose (dense, or compressed sharing a mask).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from spfuse.ir.tree import paths_to_computes
+
+__all__ = ["FormatDecision", "infer_formats", "NAMED"]
+
+NAMED = {
+    ("dense", "dense"): "dense", ("dense", "compressed"): "csr", ("compressed", "compressed"): "dcsr",
+}
+
+
+@dataclass(frozen=True)
+class FormatDecision:
+    """Storage chosen for one result: levels in loop order, and why."""
+
+    name: str
+    levels: tuple[str, ...]
+    mode_order: tuple[int, ...]
+    workspace: Optional[str]
+    reason: str
+
+    @property
+    def format_name(self) -> str:
+        if all(lv == "dense" for lv in self.levels):
+            return "dense"
+        if len(self.levels) == 2:
+            base = NAMED.get(self.levels, "/".join(self.levels))
+            return base if self.mode_order == (0, 1) else {"csr": "csc", "dcsr": "dcsc"}.get(base, base)
+        if all(lv == "compressed" for lv in self.levels):
+            return "csf"
+        return "(" + ",".join(self.levels) + ")"
+
+
+def infer_formats(tree, ops, results) -> dict[str, FormatDecision]:
+    """Decide the storage of every result of the planned ``tree``.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> from spfuse.planner import plan_program
+    >>> csr = lambda n: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (5, 5))
+    >>> p = plan_program(parse_program("C[i,k] = A[i,j] * B[j,k]"), {"A": csr("A"), "B": csr("B")})
+    >>> d = p.formats["C"]; d.format_name, d.workspace
+    ('csr', 'dense workspace over k per i (scattered under the reduction over j)')
+    """
+    paths = paths_to_computes(tree)
+    out: dict[str, FormatDecision] = {}
+    for op in ops:
+        if op.out not in results:
+            continue
+        path = paths[op.id]
+        by_index = {lp.bound(op.id): (depth, lp) for depth, lp in enumerate(path)}
+        dims = sorted(range(len(op.out_indices)), key=lambda d: by_index[op.out_indices[d]][0])
+        levels = tuple("dense" if by_index[op.out_indices[d]][1].mask.is_true else "compressed" for d in dims)
+        workspace = None
+        for d in dims:
+            depth, loop = by_index[op.out_indices[d]]
+            if loop.mask.is_true:
+                continue
+            scatter = [lp.bound(op.id) for lp in path[:depth] if lp.bound(op.id) in op.reduced]
+            if scatter:
+                outer = [op.out_indices[e] for e in dims if by_index[op.out_indices[e]][0] < depth]
+                workspace = (f"dense workspace over {op.out_indices[d]}"
+                             + (f" per {','.join(outer)}" if outer else "")
+                             + f" (scattered under the reduction over {','.join(scatter)})")
+        sparse = [op.out_indices[d] for d, lv in zip(dims, levels) if lv == "compressed"]
+        reason = ("every index iterates densely" if not sparse else
+                  f"{', '.join(sparse)} iterate{'s' if len(sparse) == 1 else ''} a sparse mask")
+        out[op.out] = FormatDecision(op.out, levels, tuple(dims), workspace, reason)
+    return out
