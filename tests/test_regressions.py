@@ -96,3 +96,16 @@ def test_tensor_whose_borrowed_indices_were_mutated_does_not_crash():
     proc = subprocess.run([sys.executable, "-c", _MUTATED_TENSOR], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "survived" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+
+
+@pytest.mark.xfail(strict=True, reason="fusion='auto' switches to maximal fusion when every reduction "
+                                       "is tiny (input-sensitive rule, k <= 2) and then distributes "
+                                       "B[i,j] over the k-sum like fusion='max'")
+@pytest.mark.parametrize("K", [0, 2])
+def test_auto_fusion_tiny_k_sddmm_inf_is_ieee(K):
+    B = sp.csc_array(np.array([[np.inf, 1.0]]))     # csc: the generic executor
+    C = np.array([[1.0, -1.0]])[:, :K]
+    D = np.array([[2.0, 2.0], [1.0, 1.0]])[:K]
+    want = dense_reference(SDDMM, {"B": B, "C": C, "D": D})   # K=0: [[nan, 0]]; K=2: [[inf, 1]]
+    got = spfuse.evaluate(SDDMM, B=B, C=C, D=D, fusion="auto").toarray()
+    np.testing.assert_array_equal(got, want)
