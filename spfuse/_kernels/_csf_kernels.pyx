@@ -18,14 +18,23 @@ range, ``crd0`` strictly increasing -- distinct output rows); explicit
 ``prange(schedule="dynamic", chunksize=1)``; thread-private workspaces
 allocated once per call per thread; the arithmetic of a slice never depends
 on the thread count, so results are bit-identical for any ``num_threads``.
+
+Interruptible (see ``_interrupt.pxd``): a call whose estimated work exceeds
+one chunk runs its level-0 positions as consecutive chunks (balanced like
+the blocks), one parallel region each, with ``PyErr_CheckSignals()`` in
+between; workspaces live in a ``_Workspaces`` table (one slot per thread,
+allocated by the thread on first use) freed on any exit, KeyboardInterrupt
+included.  Chunks group whole slices, so chunking never changes results.
 """
 cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
+from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport index_t
+from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 
 __all__ = ["ttv", "mttkrp", "mttkrp_gemm", "spttm_spttm"]
 
@@ -106,6 +115,57 @@ cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
     return &a[0] if a.shape[0] > 0 else NULL
 
 
+cdef inline Py_ssize_t _sub(const index_t* pos1, const index_t* pos2, Py_ssize_t q0,
+                            Py_ssize_t q1, Py_ssize_t b, Py_ssize_t nb) noexcept nogil:
+    """First level-0 position of block ``b`` of ``nb`` of the chunk ``[q0, q1)``."""
+    return q0 + _split(pos1 + q0, pos2, q1 - q0, b, nb)
+
+
+cdef inline double _work(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
+                         double per_entry, double per_fiber, double per_slice) noexcept nogil:
+    """Estimated work units of a call (see ``_interrupt.pxd``)."""
+    cdef double nf = <double>(pos1[n] - pos1[0])
+    cdef double ne = <double>(pos2[pos1[n]] - pos2[pos1[0]])
+    return per_entry * ne + per_fiber * nf + per_slice * <double>n
+
+
+cdef inline void* _ws_get(void** ws, size_t nbytes) noexcept nogil:
+    """The calling thread's workspace, malloc'ed on first use (NULL on failure)."""
+    cdef void** mine = ws + omp_get_thread_num()
+    if mine[0] == NULL:
+        mine[0] = malloc(nbytes)
+    return mine[0]
+
+
+cdef class _Workspaces:
+    """One workspace pointer per thread for one call; freed on any exit."""
+    cdef void** ptr
+    cdef Py_ssize_t n
+
+    def __cinit__(self, int num_threads):
+        self.n = num_threads if num_threads > 1 else 1
+        self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
+        if self.ptr == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t t
+        if self.ptr != NULL:
+            for t in range(self.n):
+                free(self.ptr[t])
+            free(self.ptr)
+
+
+def _set_chunk_work(double units):
+    """_set_chunk_work(units) -> previous value
+
+    Testing hook: work units per thread per chunk of this module's kernels
+    (default 2**24, see ``_interrupt.pxd``; values < 1 only query).  Small
+    values run small inputs as many chunks, each preceded by a signal check.
+    """
+    return spfuse_set_chunk_work(units)
+
+
 def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
         const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
         const floating[::1] vals, const floating[::1] c, floating[::1] out_vals,
@@ -122,8 +182,7 @@ def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos
     Complexity O(nnz + n_fibers); no workspace.
     """
     cdef Py_ssize_t n = crd0.shape[0]
-    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
-    cdef Py_ssize_t b, q, q0, q1, f, p
+    cdef Py_ssize_t nb, nch, ch, h0, h1, b, q, q0, q1, f, p
     cdef double s
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* p2 = _iptr(pos2)
@@ -133,16 +192,23 @@ def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos
     cdef floating* ov = &out_vals[0] if out_vals.shape[0] > 0 else NULL
     if n == 0:
         return
-    with nogil:
-        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-            q0 = _split(p1, p2, n, b, nb)
-            q1 = _split(p1, p2, n, b + 1, nb)
-            for q in range(q0, q1):
-                for f in range(p1[q], p1[q + 1]):
-                    s = 0.0
-                    for p in range(p2[f], p2[f + 1]):
-                        s = s + <double>v[p] * <double>cv[c2[p]]
-                    ov[f - p1[0]] = <floating>s
+    nch = num_chunks(_work(p1, p2, n, 4.0, 4.0, 1.0), num_threads, n)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        h0 = _split(p1, p2, n, ch, nch)
+        h1 = _split(p1, p2, n, ch + 1, nch)
+        nb = _num_blocks(h1 - h0, num_threads)
+        with nogil:
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+                q0 = _sub(p1, p2, h0, h1, b, nb)
+                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
+                for q in range(q0, q1):
+                    for f in range(p1[q], p1[q + 1]):
+                        s = 0.0
+                        for p in range(p2[f], p2[f + 1]):
+                            s = s + <double>v[p] * <double>cv[c2[p]]
+                        ov[f - p1[0]] = <floating>s
 
 
 def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -164,7 +230,7 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t I = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t nb, nch, ch, h0, h1
     cdef Py_ssize_t b, q, q0, q1, f, p, r, row
     cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
@@ -186,29 +252,39 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
             memset(op + row * R, 0, R * sizeof(floating))
     if n == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        t = <double*>malloc((2 * R + 1) * sizeof(double))
-        acc = t + R
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if t == NULL:
-                failed += 1
-                continue
-            q0 = _split(p1, p2, n, b, nb)
-            q1 = _split(p1, p2, n, b + 1, nb)
-            for q in range(q0, q1):
-                memset(acc, 0, R * sizeof(double))
-                for f in range(p1[q], p1[q + 1]):
-                    memset(t, 0, R * sizeof(double))
-                    for p in range(p2[f], p2[f + 1]):
-                        _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
-                    crow = cp + <Py_ssize_t>c1[f] * R
+    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef void** wsp = ws.ptr
+    # work: per entry, per fiber, per slice (see _work)
+    nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), <double>(R + 1)),
+                     num_threads, n)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        h0 = _split(p1, p2, n, ch, nch)
+        h1 = _split(p1, p2, n, ch + 1, nch)
+        nb = _num_blocks(h1 - h0, num_threads)
+        with nogil, parallel(num_threads=num_threads):
+            t = <double*>_ws_get(wsp, (2 * R + 1) * sizeof(double))
+            acc = t + R
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if t == NULL:
+                    failed += 1
+                    continue
+                q0 = _sub(p1, p2, h0, h1, b, nb)
+                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
+                for q in range(q0, q1):
+                    memset(acc, 0, R * sizeof(double))
+                    for f in range(p1[q], p1[q + 1]):
+                        memset(t, 0, R * sizeof(double))
+                        for p in range(p2[f], p2[f + 1]):
+                            _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
+                        crow = cp + <Py_ssize_t>c1[f] * R
+                        for r in range(R):
+                            acc[r] += t[r] * <double>crow[r]
                     for r in range(R):
-                        acc[r] += t[r] * <double>crow[r]
-                for r in range(R):
-                    op[<Py_ssize_t>c0[q] * R + r] = <floating>acc[r]
-        free(t)
-    if failed:
-        raise MemoryError("mttkrp: cannot allocate the thread workspace")
+                        op[<Py_ssize_t>c0[q] * R + r] = <floating>acc[r]
+        if failed:
+            raise MemoryError("mttkrp: cannot allocate the thread workspace")
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -231,7 +307,7 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     cdef Py_ssize_t I = out.shape[0]
     cdef Py_ssize_t M = out.shape[1]
     cdef Py_ssize_t J = C.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t nb, nch, ch, h0, h1
     cdef Py_ssize_t b, q, q0, q1, f, p, r, row
     cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
@@ -255,31 +331,41 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
             memset(op + row * M, 0, M * sizeof(floating))
     if n == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        u = <double*>malloc((2 * J + M + 1) * sizeof(double))
-        t = u + J
-        acc = t + J
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if u == NULL:
-                failed += 1
-                continue
-            q0 = _split(p1, p2, n, b, nb)
-            q1 = _split(p1, p2, n, b + 1, nb)
-            for q in range(q0, q1):
-                memset(t, 0, J * sizeof(double))
-                for f in range(p1[q], p1[q + 1]):
-                    memset(u, 0, J * sizeof(double))
-                    for p in range(p2[f], p2[f + 1]):
-                        _axpy(u, <double>v[p], cp + <Py_ssize_t>c2[p] * J, J)
-                    drow = dp + <Py_ssize_t>c1[f] * J
-                    for r in range(J):
-                        t[r] += u[r] * <double>drow[r]
-                _vecmat(t, J, ep, M, acc)
-                for r in range(M):
-                    op[<Py_ssize_t>c0[q] * M + r] = <floating>acc[r]
-        free(u)
-    if failed:
-        raise MemoryError("mttkrp_gemm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef void** wsp = ws.ptr
+    # work: per entry, per fiber, per slice (see _work)
+    nch = num_chunks(_work(p1, p2, n, <double>(J + 8), <double>(2 * J + 8), <double>(J * M + J + 1)),
+                     num_threads, n)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        h0 = _split(p1, p2, n, ch, nch)
+        h1 = _split(p1, p2, n, ch + 1, nch)
+        nb = _num_blocks(h1 - h0, num_threads)
+        with nogil, parallel(num_threads=num_threads):
+            u = <double*>_ws_get(wsp, (2 * J + M + 1) * sizeof(double))
+            t = u + J
+            acc = t + J
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if u == NULL:
+                    failed += 1
+                    continue
+                q0 = _sub(p1, p2, h0, h1, b, nb)
+                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
+                for q in range(q0, q1):
+                    memset(t, 0, J * sizeof(double))
+                    for f in range(p1[q], p1[q + 1]):
+                        memset(u, 0, J * sizeof(double))
+                        for p in range(p2[f], p2[f + 1]):
+                            _axpy(u, <double>v[p], cp + <Py_ssize_t>c2[p] * J, J)
+                        drow = dp + <Py_ssize_t>c1[f] * J
+                        for r in range(J):
+                            t[r] += u[r] * <double>drow[r]
+                    _vecmat(t, J, ep, M, acc)
+                    for r in range(M):
+                        op[<Py_ssize_t>c0[q] * M + r] = <floating>acc[r]
+        if failed:
+            raise MemoryError("mttkrp_gemm: cannot allocate the thread workspace")
 
 
 def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -301,7 +387,7 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t L = C.shape[1]
     cdef Py_ssize_t M = out_vals.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(n, num_threads)
+    cdef Py_ssize_t nb, nch, ch, h0, h1
     cdef Py_ssize_t b, q, q0, q1, f, p, r
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* p2 = _iptr(pos2)
@@ -315,23 +401,33 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     cdef int failed = 0
     if n == 0 or M == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        t = <double*>malloc((L + M + 1) * sizeof(double))
-        acc = t + L
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if t == NULL:
-                failed += 1
-                continue
-            q0 = _split(p1, p2, n, b, nb)
-            q1 = _split(p1, p2, n, b + 1, nb)
-            for q in range(q0, q1):
-                for f in range(p1[q], p1[q + 1]):
-                    memset(t, 0, L * sizeof(double))
-                    for p in range(p2[f], p2[f + 1]):
-                        _axpy(t, <double>v[p], cp + <Py_ssize_t>c2[p] * L, L)
-                    _vecmat(t, L, dp, M, acc)
-                    for r in range(M):
-                        op[(f - p1[0]) * M + r] = <floating>acc[r]
-        free(t)
-    if failed:
-        raise MemoryError("spttm_spttm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef void** wsp = ws.ptr
+    # work: per entry, per fiber, per slice (see _work)
+    nch = num_chunks(_work(p1, p2, n, <double>(L + 8), <double>(L * M + L + 8), 1.0),
+                     num_threads, n)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        h0 = _split(p1, p2, n, ch, nch)
+        h1 = _split(p1, p2, n, ch + 1, nch)
+        nb = _num_blocks(h1 - h0, num_threads)
+        with nogil, parallel(num_threads=num_threads):
+            t = <double*>_ws_get(wsp, (L + M + 1) * sizeof(double))
+            acc = t + L
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if t == NULL:
+                    failed += 1
+                    continue
+                q0 = _sub(p1, p2, h0, h1, b, nb)
+                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
+                for q in range(q0, q1):
+                    for f in range(p1[q], p1[q + 1]):
+                        memset(t, 0, L * sizeof(double))
+                        for p in range(p2[f], p2[f + 1]):
+                            _axpy(t, <double>v[p], cp + <Py_ssize_t>c2[p] * L, L)
+                        _vecmat(t, L, dp, M, acc)
+                        for r in range(M):
+                            op[(f - p1[0]) * M + r] = <floating>acc[r]
+        if failed:
+            raise MemoryError("spttm_spttm: cannot allocate the thread workspace")

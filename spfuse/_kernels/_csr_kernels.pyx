@@ -23,9 +23,16 @@ Conventions shared by every routine of this module
   blocks are handed out by ``prange(schedule="dynamic", chunksize=1)``.  The
   arithmetic of one row never depends on the thread count, so results are
   bit-identical for any ``num_threads``.
-* Thread-private workspaces are allocated once per call per thread inside
-  ``with nogil, parallel():`` and freed in the same block; an allocation
-  failure raises ``MemoryError`` after the parallel region.
+* Interruptible: a kernel whose estimated work exceeds one chunk (see
+  ``_interrupt.pxd``) runs its rows as consecutive chunks (balanced like the
+  blocks), one parallel region each, and calls ``PyErr_CheckSignals()``
+  between chunks: Ctrl-C raises ``KeyboardInterrupt`` within ~one chunk
+  (tens of ms).  Chunks group whole rows, so chunking never changes results.
+* Thread-private workspaces are allocated once per call per thread (lazily,
+  by the thread, on its first chunk; slot ``omp_get_thread_num()`` of a
+  ``_Workspaces`` table) and freed by the Python-level ``finally`` -- also when
+  a signal interrupts the call; an allocation failure raises ``MemoryError``
+  after the parallel region.
 * Sparse outputs are built in two phases: a symbolic pass that counts the
   entries of each row, a prefix sum (numpy ``cumsum``, in Python), and a
   numeric pass in which each row fills its own disjoint slice.  Output rows
@@ -41,6 +48,7 @@ from libc.string cimport memcpy, memset
 
 import numpy as np
 
+from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
 )
@@ -370,6 +378,62 @@ cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
     return &a[0] if a.shape[0] > 0 else NULL
 
 
+cdef inline Py_ssize_t _sub(const index_t* ptr, Py_ssize_t c0, Py_ssize_t c1, Py_ssize_t b,
+                            Py_ssize_t nb) noexcept nogil:
+    """First row of block ``b`` of ``nb`` blocks of the chunk ``[c0, c1)`` (as _split)."""
+    return c0 + _split(ptr + c0, c1 - c0, b, nb)
+
+
+cdef inline void* _ws_get(void** ws, int k, int slot, size_t nbytes) noexcept nogil:
+    """The calling thread's workspace ``slot`` (of ``k`` per thread), malloc'ed
+    on first use (NULL if that fails; the caller counts the failure)."""
+    cdef void** mine = ws + <Py_ssize_t>omp_get_thread_num() * k + slot
+    if mine[0] == NULL:
+        mine[0] = malloc(nbytes)
+    return mine[0]
+
+
+cdef inline void** _ws_slot(void** ws, int k, int slot) noexcept nogil:
+    """Address of the calling thread's workspace ``slot`` (of ``k`` per thread)."""
+    return ws + <Py_ssize_t>omp_get_thread_num() * k + slot
+
+
+cdef class _Workspaces:
+    """Thread-private workspace pointers of one kernel call, freed on any exit.
+
+    ``k`` slots per thread; thread ``t`` owns ``ptr[t * k : (t + 1) * k]``.
+    Threads allocate their slots lazily inside the parallel region (first
+    touch by the owner) and keep them across chunks; ``__dealloc__`` (the
+    kernel's reference dropping, on return or on an exception such as
+    KeyboardInterrupt) frees them.
+    """
+    cdef void** ptr
+    cdef Py_ssize_t n
+
+    def __cinit__(self, int num_threads, int k):
+        self.n = <Py_ssize_t>(num_threads if num_threads > 1 else 1) * k
+        self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
+        if self.ptr == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t t
+        if self.ptr != NULL:
+            for t in range(self.n):
+                free(self.ptr[t])
+            free(self.ptr)
+
+
+def _set_chunk_work(double units):
+    """_set_chunk_work(units) -> previous value
+
+    Testing hook: work units per thread per chunk of this module's kernels
+    (default 2**24, see ``_interrupt.pxd``; values < 1 only query).  Small
+    values run small inputs as many chunks, each preceded by a signal check.
+    """
+    return spfuse_set_chunk_work(units)
+
+
 # --------------------------------------------------------------------------
 # SpMV, SpMM, SDDMM
 # --------------------------------------------------------------------------
@@ -386,19 +450,26 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     Complexity O(nnz + m) work, O(1) extra memory; memory bound.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1
+    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = _fptr(x)
     cdef floating* op = &out[0] if m > 0 else NULL
-    with nogil:
-        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+    # work: a random gather per entry (~4 units)
+    cdef Py_ssize_t nch = num_chunks(4.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil:
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -417,8 +488,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = out.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, k, k0, kw
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, k, k0, kw
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
@@ -430,32 +500,41 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or K == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        acc = <double*>malloc(K_TILE * sizeof(double))
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if acc == NULL:
-                failed += 1
-                continue
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                orow = op + i * K
-                k0 = 0
-                while k0 < K:
-                    kw = K - k0
-                    if kw > K_TILE:
-                        kw = K_TILE
-                    memset(acc, 0, kw * sizeof(double))
-                    for p in range(ip[i], ip[i + 1]):
-                        if p + 2 < annz:
-                            _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
-                        _axpy(acc, <double>val[p], bp + <Py_ssize_t>ind[p] * K + k0, kw)
-                    for k in range(kw):
-                        orow[k0 + k] = <floating>acc[k]
-                    k0 = k0 + kw
-        free(acc)
-    if failed:
-        raise MemoryError("spmm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    # work: K multiply-adds + a row fetch per entry
+    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            acc = <double*>_ws_get(wsp, 1, 0, K_TILE * sizeof(double))
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if acc == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    orow = op + i * K
+                    k0 = 0
+                    while k0 < K:
+                        kw = K - k0
+                        if kw > K_TILE:
+                            kw = K_TILE
+                        memset(acc, 0, kw * sizeof(double))
+                        for p in range(ip[i], ip[i + 1]):
+                            if p + 2 < annz:
+                                _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
+                            _axpy(acc, <double>val[p], bp + <Py_ssize_t>ind[p] * K + k0, kw)
+                        for k in range(kw):
+                            orow[k0 + k] = <floating>acc[k]
+                        k0 = k0 + kw
+        if failed:
+            raise MemoryError("spmm: cannot allocate the thread workspace")
 
 
 def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
@@ -478,8 +557,7 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = C.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p
+    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1, p
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* bv = _fptr(bdata)
@@ -488,21 +566,39 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
     cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
     cdef double s
     cdef Py_ssize_t annz = ip[m]
-    with nogil:
-        for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                for p in range(ip[i], ip[i + 1]):
-                    if p + 2 < annz:
-                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                    s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
-                    ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
+    # work: a K-dot + a row fetch per entry
+    cdef Py_ssize_t nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil:
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    for p in range(ip[i], ip[i + 1]):
+                        if p + 2 < annz:
+                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                        s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
+                        ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
 
 
 # --------------------------------------------------------------------------
 # SpGEMM (Gustavson, two phases)
 # --------------------------------------------------------------------------
+cdef inline double _spgemm_work(const index_t* aip, Py_ssize_t m, const index_t* bip,
+                                Py_ssize_t nbr, double per_flop) noexcept nogil:
+    """Estimated work of a SpGEMM phase: ``per_flop`` units per expected flop
+    (nnz(A) * mean row length of B, O(1): the exact count would cost a pass
+    over A) plus the row and entry overheads."""
+    cdef double annz = <double>(aip[m] - aip[0])
+    cdef double avg = <double>(bip[nbr] - bip[0]) / <double>nbr if nbr > 0 else 0.0
+    return per_flop * annz * avg + 4.0 * (annz + <double>m)
+
+
 def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                     const index_t[::1] b_indptr, const index_t[::1] b_indices,
                     Py_ssize_t n_cols, int64_t[::1] row_nnz, int num_threads):
@@ -518,8 +614,7 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     thread.
     """
     cdef Py_ssize_t m = a_indptr.shape[0] - 1
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, q, z, cnt
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q, z, cnt
     cdef index_t j, k
     cdef const index_t* aip = &a_indptr[0]
     cdef const index_t* aind = _iptr(a_indices)
@@ -527,42 +622,56 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef const index_t* bind = _iptr(b_indices)
     cdef int64_t* rn = &row_nnz[0] if m > 0 else NULL
     cdef index_t* mark
+    cdef void** slot
     cdef int failed = 0
     cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
-        if mark != NULL:
-            for z in range(n_cols):
-                mark[z] = -1
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if mark == NULL:
-                failed += 1
-                continue
-            r0 = _split(aip, m, b, nb)
-            r1 = _split(aip, m, b + 1, nb)
-            for i in range(r0, r1):
-                cnt = 0
-                for p in range(aip[i], aip[i + 1]):
-                    j = aind[p]
-                    # software pipeline (see spgemm_numeric)
-                    if p + 3 < annz:
-                        SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
-                    if p + 2 < annz:
-                        SPFUSE_PREFETCH_R(&bind[bip[aind[p + 2]]])
-                    if p + 1 < annz:
-                        for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
-                            SPFUSE_PREFETCH_W(&mark[bind[q]])
-                    for q in range(bip[j], bip[j + 1]):
-                        k = bind[q]
-                        if mark[k] != <index_t>i:
-                            mark[k] = <index_t>i
-                            cnt = cnt + 1
-                rn[i] = cnt
-        free(mark)
-    if failed:
-        raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 16.0), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(aip, m, ch, nch)
+        c1 = _split(aip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            slot = _ws_slot(wsp, 1, 0)
+            if slot[0] == NULL:
+                # first chunk of this thread: marker array (stamp = row number)
+                mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+                if mark != NULL:
+                    for z in range(n_cols):
+                        mark[z] = -1
+                slot[0] = mark
+            mark = <index_t*>slot[0]
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if mark == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(aip, c0, c1, b, nb)
+                r1 = _sub(aip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    cnt = 0
+                    for p in range(aip[i], aip[i + 1]):
+                        j = aind[p]
+                        # software pipeline (see spgemm_numeric)
+                        if p + 3 < annz:
+                            SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+                        if p + 2 < annz:
+                            SPFUSE_PREFETCH_R(&bind[bip[aind[p + 2]]])
+                        if p + 1 < annz:
+                            for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                                SPFUSE_PREFETCH_W(&mark[bind[q]])
+                        for q in range(bip[j], bip[j + 1]):
+                            k = bind[q]
+                            if mark[k] != <index_t>i:
+                                mark[k] = <index_t>i
+                                cnt = cnt + 1
+                    rn[i] = cnt
+        if failed:
+            raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
 
 
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
@@ -591,8 +700,7 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     16 * n_cols + (itemsize + 8) * max row nnz bytes.
     """
     cdef Py_ssize_t m = a_indptr.shape[0] - 1
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, q, cs, cnt, minc, maxc, max_cnt
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q, cs, cnt, minc, maxc, max_cnt
     cdef index_t j, k
     cdef int64_t stamp
     cdef double v
@@ -608,63 +716,74 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef _Slot* slots
     cdef index_t* tmp
     cdef Py_ssize_t* start
+    cdef void** slot
     cdef int failed = 0
     cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
     with nogil:
         max_cnt = _max_row(cip, m)
-    with nogil, parallel(num_threads=num_threads):
-        slots = _new_slots(n_cols)
-        tmp = <index_t*>malloc((max_cnt + 1) * sizeof(index_t))
-        start = <Py_ssize_t*>malloc((max_cnt + 2) * sizeof(Py_ssize_t))
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if slots == NULL or tmp == NULL or start == NULL:
-                failed += 1
-                continue
-            # balance by output nnz (known now) + rows
-            r0 = _split(cip, m, b, nb)
-            r1 = _split(cip, m, b + 1, nb)
-            for i in range(r0, r1):
-                cs = cip[i] - cip[0]
-                stamp = i
-                cnt = 0
-                minc = n_cols
-                maxc = -1
-                for p in range(aip[i], aip[i + 1]):
-                    j = aind[p]
-                    v = aval[p]
-                    # software pipeline over A's entries (contiguous across
-                    # rows): B row pointer of p+3, B row of p+2, slots of p+1
-                    if p + 3 < annz:
-                        SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
-                    if p + 2 < annz:
-                        q = bip[aind[p + 2]]
-                        SPFUSE_PREFETCH_R(&bind[q])
-                        SPFUSE_PREFETCH_R(&bval[q])
-                    if p + 1 < annz:
-                        for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
-                            SPFUSE_PREFETCH_W(&slots[bind[q]])
-                    for q in range(bip[j], bip[j + 1]):
-                        k = bind[q]
-                        if slots[k].mark != stamp:
-                            slots[k].mark = stamp
-                            slots[k].v = v * <double>bval[q]
-                            cind[cs + cnt] = k
-                            cnt = cnt + 1
-                            if k < minc:
-                                minc = k
-                            if k > maxc:
-                                maxc = k
-                        else:
-                            slots[k].v += v * <double>bval[q]
-                _compact_row(slots, stamp, cind + cs, cval + cs, cnt, minc, maxc, sort_rows,
-                             tmp, start)
-        free(slots)
-        free(tmp)
-        free(start)
-    if failed:
-        raise MemoryError("spgemm_numeric: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 3)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 32.0)
+                     + 8.0 * <double>(cip[m] - cip[0]), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        # chunks and blocks balanced by output nnz (known now) + rows
+        c0 = _split(cip, m, ch, nch)
+        c1 = _split(cip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            slot = _ws_slot(wsp, 3, 0)
+            if slot[0] == NULL:
+                slot[0] = _new_slots(n_cols)
+            slots = <_Slot*>slot[0]
+            tmp = <index_t*>_ws_get(wsp, 3, 1, (max_cnt + 1) * sizeof(index_t))
+            start = <Py_ssize_t*>_ws_get(wsp, 3, 2, (max_cnt + 2) * sizeof(Py_ssize_t))
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if slots == NULL or tmp == NULL or start == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(cip, c0, c1, b, nb)
+                r1 = _sub(cip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    cs = cip[i] - cip[0]
+                    stamp = i
+                    cnt = 0
+                    minc = n_cols
+                    maxc = -1
+                    for p in range(aip[i], aip[i + 1]):
+                        j = aind[p]
+                        v = aval[p]
+                        # software pipeline over A's entries (contiguous across
+                        # rows): B row pointer of p+3, B row of p+2, slots of p+1
+                        if p + 3 < annz:
+                            SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+                        if p + 2 < annz:
+                            q = bip[aind[p + 2]]
+                            SPFUSE_PREFETCH_R(&bind[q])
+                            SPFUSE_PREFETCH_R(&bval[q])
+                        if p + 1 < annz:
+                            for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                                SPFUSE_PREFETCH_W(&slots[bind[q]])
+                        for q in range(bip[j], bip[j + 1]):
+                            k = bind[q]
+                            if slots[k].mark != stamp:
+                                slots[k].mark = stamp
+                                slots[k].v = v * <double>bval[q]
+                                cind[cs + cnt] = k
+                                cnt = cnt + 1
+                                if k < minc:
+                                    minc = k
+                                if k > maxc:
+                                    maxc = k
+                            else:
+                                slots[k].v += v * <double>bval[q]
+                    _compact_row(slots, stamp, cind + cs, cval + cs, cnt, minc, maxc, sort_rows,
+                                 tmp, start)
+        if failed:
+            raise MemoryError("spgemm_numeric: cannot allocate the thread workspace")
 
 
 def _prefix_sum(row_nnz, idx_dtype):
@@ -725,56 +844,63 @@ cdef int _collect(list arrays, void** out) except -1:
 
 
 cdef void _spadd_rows(_Operands ops, const double* coef, Py_ssize_t m, Py_ssize_t n_cols,
+                      Py_ssize_t c0, Py_ssize_t c1, Py_ssize_t max_cnt, void** wsp,
                       index_t itype, floating ftype, bint numeric,
                       int64_t* row_nnz, const index_t* cip, index_t* cind, floating* cval,
                       int num_threads, int* failed) noexcept nogil:
-    """Shared body of spadd_symbolic (numeric=False) / spadd_numeric (True).
+    """Shared body of spadd_symbolic (numeric=False) / spadd_numeric (True)
+    over the chunk of rows ``[c0, c1)``.
 
     Symbolic: a thread-private index_t marker per column counts the union.
     Numeric: thread-private (accumulator, stamp) slots, coordinate list in
-    the output slice, then ``_compact_row`` (scan or bucket sort).
+    the output slice, then ``_compact_row`` (scan or bucket sort).  The
+    workspaces live in ``wsp`` (3 slots per thread, see ``_Workspaces``) and
+    survive across chunks; ``max_cnt`` is the longest output row (numeric).
     """
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, p, z, t, cnt, cs, minc, maxc, max_cnt = 0
+    cdef const index_t* ip0 = <const index_t*>ops.indptr[0]
+    cdef const index_t* bal = cip if numeric else ip0
+    cdef Py_ssize_t nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
+    cdef Py_ssize_t b, i, r0, r1, p, t, cnt, cs, minc, maxc, z = 0
     cdef index_t k
     cdef int64_t stamp
     cdef double c
     cdef const index_t* ip
     cdef const index_t* ind
     cdef const floating* val
-    cdef const index_t* ip0 = <const index_t*>ops.indptr[0]
-    cdef index_t* mark
-    cdef _Slot* slots
-    cdef index_t* tmp
-    cdef Py_ssize_t* start
+    # (initialised: Cython makes them firstprivate in the parallel block)
+    cdef index_t* mark = NULL
+    cdef _Slot* slots = NULL
+    cdef index_t* tmp = NULL
+    cdef Py_ssize_t* start = NULL
+    cdef void** slot = NULL
     cdef int nfail = 0
-    if numeric:
-        max_cnt = _max_row(cip, m)
     with parallel(num_threads=num_threads):
         mark = NULL
         slots = NULL
         tmp = NULL
         start = NULL
+        slot = _ws_slot(wsp, 3, 0)
         if numeric:
-            slots = _new_slots(n_cols)
-            tmp = <index_t*>malloc((max_cnt + 1) * sizeof(index_t))
-            start = <Py_ssize_t*>malloc((max_cnt + 2) * sizeof(Py_ssize_t))
+            if slot[0] == NULL:
+                slot[0] = _new_slots(n_cols)
+            slots = <_Slot*>slot[0]
+            tmp = <index_t*>_ws_get(wsp, 3, 1, (max_cnt + 1) * sizeof(index_t))
+            start = <Py_ssize_t*>_ws_get(wsp, 3, 2, (max_cnt + 2) * sizeof(Py_ssize_t))
         else:
-            mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
-            if mark != NULL:
-                for z in range(n_cols):
-                    mark[z] = -1
+            if slot[0] == NULL:
+                mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+                if mark != NULL:
+                    for z in range(n_cols):
+                        mark[z] = -1
+                slot[0] = mark
+            mark = <index_t*>slot[0]
         for b in prange(nb, schedule="dynamic", chunksize=1):
             if (not numeric and mark == NULL) or (numeric and (slots == NULL or tmp == NULL
                                                                or start == NULL)):
                 nfail += 1
                 continue
-            if numeric:
-                r0 = _split(cip, m, b, nb)
-                r1 = _split(cip, m, b + 1, nb)
-            else:
-                r0 = _split(ip0, m, b, nb)
-                r1 = _split(ip0, m, b + 1, nb)
+            r0 = _sub(bal, c0, c1, b, nb)
+            r1 = _sub(bal, c0, c1, b + 1, nb)
             for i in range(r0, r1):
                 cnt = 0
                 if numeric:
@@ -812,10 +938,6 @@ cdef void _spadd_rows(_Operands ops, const double* coef, Py_ssize_t m, Py_ssize_
                                 mark[k] = <index_t>i
                                 cnt = cnt + 1
                     row_nnz[i] = cnt
-        free(mark)
-        free(slots)
-        free(tmp)
-        free(start)
     failed[0] = nfail
 
 
@@ -826,6 +948,10 @@ cdef object _spadd_run(list indptrs, list indices, list datas, const double[::1]
     cdef Py_ssize_t n = len(indptrs)
     cdef _Operands ops
     cdef int failed = 0
+    cdef Py_ssize_t nch, ch, c0, c1, max_cnt = 0
+    cdef double work
+    cdef const index_t* bal
+    cdef _Workspaces ws
     cdef const double* coef = &coefficients[0] if n > 0 else NULL
     cdef int64_t* rn = <int64_t*>rn_addr
     cdef const index_t* cip = <const index_t*>cip_addr
@@ -847,13 +973,28 @@ cdef object _spadd_run(list indptrs, list indices, list datas, const double[::1]
         _collect(indptrs, ops.indptr)
         _collect(indices, ops.indices)
         _collect(datas, ops.data)
-        with nogil:
-            _spadd_rows(ops, coef, n_rows, n_cols, itype, ftype, numeric,
-                        rn, cip, cind, cval, num_threads, &failed)
+        ws = _Workspaces(num_threads, 3)
+        bal = cip if numeric else <const index_t*>ops.indptr[0]
+        if numeric:
+            with nogil:
+                max_cnt = _max_row(cip, n_rows)
+        # work: a scatter per operand entry, a gather per output entry, rows
+        work = <double>n_rows * <double>n
+        for a in indices:
+            work += (16.0 if numeric else 8.0) * <double>len(a)
+        nch = num_chunks(work, num_threads, n_rows)
+        for ch in range(nch):
+            if ch > 0:
+                PyErr_CheckSignals()
+            c0 = _split(bal, n_rows, ch, nch)
+            c1 = _split(bal, n_rows, ch + 1, nch)
+            with nogil:
+                _spadd_rows(ops, coef, n_rows, n_cols, c0, c1, max_cnt, ws.ptr, itype, ftype,
+                            numeric, rn, cip, cind, cval, num_threads, &failed)
+            if failed:
+                raise MemoryError("spadd: cannot allocate the thread workspace")
     finally:
         free(ops.indptr)
-    if failed:
-        raise MemoryError("spadd: cannot allocate the thread workspace")
 
 
 def _check_operand_dtypes(indptrs, indices, datas, index_dtype, value_dtype):
@@ -1028,7 +1169,7 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = C.shape[1]
     cdef Py_ssize_t L = out.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t nb, nch, ch, c0, c1
     cdef Py_ssize_t b, i, r0, r1, p, l
     cdef double w
     cdef const index_t* ip = &indptr[0]
@@ -1043,28 +1184,36 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        acc = <double*>malloc((L + 1) * sizeof(double))
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if acc == NULL:
-                failed += 1
-                continue
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                memset(acc, 0, L * sizeof(double))
-                for p in range(ip[i], ip[i + 1]):
-                    if p + 2 < annz:
-                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                        _prefetch_row(ep + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
-                    w = _sddmm_value(op, <double>bv[p],
-                                     _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
-                    _axpy(acc, w, ep + <Py_ssize_t>ind[p] * L, L)
-                for l in range(L):
-                    op_[i * L + l] = <floating>acc[l]
-        free(acc)
-    if failed:
-        raise MemoryError("sddmm_spmm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + L + 8), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            acc = <double*>_ws_get(wsp, 1, 0, (L + 1) * sizeof(double))
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if acc == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    memset(acc, 0, L * sizeof(double))
+                    for p in range(ip[i], ip[i + 1]):
+                        if p + 2 < annz:
+                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                            _prefetch_row(ep + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
+                        w = _sddmm_value(op, <double>bv[p],
+                                         _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+                        _axpy(acc, w, ep + <Py_ssize_t>ind[p] * L, L)
+                    for l in range(L):
+                        op_[i * L + l] = <floating>acc[l]
+        if failed:
+            raise MemoryError("sddmm_spmm: cannot allocate the thread workspace")
 
 
 def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -1086,7 +1235,7 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = C.shape[1]
     cdef Py_ssize_t L = out.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t nb, nch, ch, c0, c1
     cdef Py_ssize_t b, i, r0, r1, p, l
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
@@ -1100,27 +1249,36 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        t = <double*>malloc((K + L + 1) * sizeof(double))
-        acc = t + K
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if t == NULL:
-                failed += 1
-                continue
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                memset(t, 0, K * sizeof(double))
-                for p in range(ip[i], ip[i + 1]):
-                    if p + 2 < annz:
-                        _prefetch_row(cp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                    _axpy(t, <double>val[p], cp + <Py_ssize_t>ind[p] * K, K)
-                _vecmat(t, K, dp, L, acc)
-                for l in range(L):
-                    op_[i * L + l] = <floating>acc[l]
-        free(t)
-    if failed:
-        raise MemoryError("spmm_gemm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8)
+                     + <double>m * <double>K * <double>L, num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            t = <double*>_ws_get(wsp, 1, 0, (K + L + 1) * sizeof(double))
+            acc = t + K
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if t == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    memset(t, 0, K * sizeof(double))
+                    for p in range(ip[i], ip[i + 1]):
+                        if p + 2 < annz:
+                            _prefetch_row(cp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                        _axpy(t, <double>val[p], cp + <Py_ssize_t>ind[p] * K, K)
+                    _vecmat(t, K, dp, L, acc)
+                    for l in range(L):
+                        op_[i * L + l] = <floating>acc[l]
+        if failed:
+            raise MemoryError("spmm_gemm: cannot allocate the thread workspace")
 
 
 def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
@@ -1144,7 +1302,7 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
     cdef Py_ssize_t K = C.shape[1]
     cdef Py_ssize_t Lf = F.shape[1]
     cdef Py_ssize_t M = out.shape[1]
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
+    cdef Py_ssize_t nb, nch, ch, c0, c1
     cdef Py_ssize_t b, i, r0, r1, p, l
     cdef double w
     cdef const index_t* ip = &indptr[0]
@@ -1161,27 +1319,36 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or M == 0:
         return
-    with nogil, parallel(num_threads=num_threads):
-        t = <double*>malloc((Lf + M + 1) * sizeof(double))
-        acc = t + Lf
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if t == NULL:
-                failed += 1
-                continue
-            r0 = _split(ip, m, b, nb)
-            r1 = _split(ip, m, b + 1, nb)
-            for i in range(r0, r1):
-                memset(t, 0, Lf * sizeof(double))
-                for p in range(ip[i], ip[i + 1]):
-                    if p + 2 < annz:
-                        _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                        _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * Lf, Lf * sizeof(floating))
-                    w = _sddmm_value(op, <double>bv[p],
-                                     _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
-                    _axpy(t, w, fp + <Py_ssize_t>ind[p] * Lf, Lf)
-                _vecmat(t, Lf, wp, M, acc)
-                for l in range(M):
-                    op_[i * M + l] = <floating>acc[l]
-        free(t)
-    if failed:
-        raise MemoryError("sddmm_spmm_gemm: cannot allocate the thread workspace")
+    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + Lf + 8)
+                     + <double>m * <double>Lf * <double>M, num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            t = <double*>_ws_get(wsp, 1, 0, (Lf + M + 1) * sizeof(double))
+            acc = t + Lf
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if t == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    memset(t, 0, Lf * sizeof(double))
+                    for p in range(ip[i], ip[i + 1]):
+                        if p + 2 < annz:
+                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                            _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * Lf, Lf * sizeof(floating))
+                        w = _sddmm_value(op, <double>bv[p],
+                                         _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+                        _axpy(t, w, fp + <Py_ssize_t>ind[p] * Lf, Lf)
+                    _vecmat(t, Lf, wp, M, acc)
+                    for l in range(M):
+                        op_[i * M + l] = <floating>acc[l]
+        if failed:
+            raise MemoryError("sddmm_spmm_gemm: cannot allocate the thread workspace")
