@@ -222,12 +222,18 @@ def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[in
     template = _template(plan)
     if template is not None:
         return template.run(tensors, effective_num_threads(num_threads))
+    from spfuse.lowering.templates import PARALLEL_MIN_WORK
+    threads = effective_num_threads(num_threads)
+    work = sum(t.values.size for t in tensors.values()) + sum(
+        int(np.prod([e or 0 for e in plan.shapes[r]])) for r in plan.results)
+    if work < PARALLEL_MIN_WORK:
+        threads = 1  # waking a thread team costs more than this much work
     try:
         lowered = lower_to_looptree(plan, tensors)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
-    raw = lt.run(lowered.plan, num_threads=effective_num_threads(num_threads))
+    raw = lt.run(lowered.plan, num_threads=threads)
     out = {}
     for spec in lowered.outputs:
         v = raw[spec.name]
