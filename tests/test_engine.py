@@ -54,7 +54,9 @@ def test_kernel_table_float32(name, rng):
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_one_and_two_threads_bit_identical(name, rng):
+def test_one_and_two_threads_bit_identical(name, rng, monkeypatch):
+    import spfuse.lowering.templates as templates
+    monkeypatch.setattr(templates, "PARALLEL_MIN_WORK", 0)  # really use 2 threads on small inputs
     ops = operands(name, rng, n=40)
     one = spfuse.evaluate(KERNELS[name], num_threads=1, **ops)
     two = spfuse.evaluate(KERNELS[name], num_threads=2, **ops)
@@ -174,6 +176,17 @@ def test_kernel_table_uses_a_template_kernel(name, rng):
     k = spfuse.compile(KERNELS[name])
     plan = k.plans(**operands(name, rng))["auto"]
     assert describe_execution(plan).startswith("template kernel"), describe_execution(plan)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_generic_executor_threads_bit_identical(threads, rng, monkeypatch):
+    import spfuse.lowering.templates as templates
+    monkeypatch.setattr(templates, "PARALLEL_MIN_WORK", 0)
+    for name in sorted(KERNELS):
+        ops = operands(name, rng, n=30)
+        one = densify(spfuse.evaluate(KERNELS[name], fusion="none", num_threads=1, **ops))
+        many = densify(spfuse.evaluate(KERNELS[name], fusion="none", num_threads=threads, **ops))
+        assert np.array_equal(one, many), name
 
 
 def test_template_and_generic_executor_agree(rng):
