@@ -109,3 +109,52 @@ def test_auto_fusion_tiny_k_sddmm_inf_is_ieee(K):
     want = dense_reference(SDDMM, {"B": B, "C": C, "D": D})   # K=0: [[nan, 0]]; K=2: [[inf, 1]]
     got = spfuse.evaluate(SDDMM, B=B, C=C, D=D, fusion="auto").toarray()
     np.testing.assert_array_equal(got, want)
+
+
+def _survives(code: str):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "survived" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+
+
+_HYPERSPARSE = """
+    import numpy as np, scipy.sparse as sp, spfuse
+    N = 2**61            # a legal extent: 1 * N fits in int64
+    row = sp.csr_array((np.array([1.0]), np.array([N - 1]), np.array([0, 1])), shape=(1, N))
+    try:
+        r = spfuse.evaluate({program!r}, **{operands})
+        assert r.nnz == 1, r
+    except MemoryError:   # refusing to allocate an N-wide workspace is fine; corrupting the heap is not
+        pass
+    print("survived")
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="_csr_kernels.pyx spadd: the per-thread mark/slot workspace "
+                                       "malloc((n_cols + 1) * sizeof(...)) overflows size_t for "
+                                       "n_cols ~ 2**61, a tiny buffer is written past its end "
+                                       "('free(): invalid pointer', abort)")
+def test_spadd_hypersparse_huge_extent_does_not_corrupt_the_heap():
+    _survives(_HYPERSPARSE.format(program="C[i,j] = A[i,j] + B[i,j]", operands="dict(A=row, B=row)"))
+
+
+@pytest.mark.xfail(strict=True, reason="_csr_kernels.pyx spgemm_symbolic/numeric: same size_t "
+                                       "overflow of the n_cols-wide workspace (abort / segfault)")
+def test_spgemm_hypersparse_huge_extent_does_not_corrupt_the_heap():
+    _survives(_HYPERSPARSE.format(program="C[i,k] = A[i,j] * B[j,k]",
+                                  operands="dict(A=sp.csr_array(np.ones((1, 1))), B=row)"))
+
+
+def test_hypersparse_huge_extent_generic_and_template_paths_that_work():
+    """The same huge-but-legal shapes through kernels that do not need an n-wide workspace."""
+    _survives("""
+        import numpy as np, scipy.sparse as sp, spfuse
+        N = 2**61
+        row = sp.csr_array((np.array([2.0]), np.array([N - 1]), np.array([0, 1])), shape=(1, N))
+        assert spfuse.evaluate("C[i,j] = A[i,j] + B[i,j]", A=row, B=row, fusion="none").sum() == 4.0
+        x = sp.coo_array((np.array([3.0]), (np.array([N - 1]),)), shape=(N,))
+        assert spfuse.evaluate("y[i] = A[i,j] * x[j]", A=row, x=x).tolist() == [6.0]
+        X = spfuse.Tensor.from_coo([[0], [0], [N - 1]], [2.0], (1, 1, N))
+        assert spfuse.evaluate("A[i,j] = X[i,j,k] * c[k]", X=X, c=x).sum() == 6.0
+        print("survived")
+    """)
