@@ -158,3 +158,14 @@ def test_hypersparse_huge_extent_generic_and_template_paths_that_work():
         assert spfuse.evaluate("A[i,j] = X[i,j,k] * c[k]", X=X, c=x).sum() == 6.0
         print("survived")
     """)
+
+
+@pytest.mark.xfail(strict=True, reason="api._convert returns a dense-inferred result as numpy even when "
+                                       "every operand is scipy.sparse (design §1: scipy in -> scipy "
+                                       "out); csr x csc SpGEMM infers a dense C")
+def test_all_sparse_inputs_give_a_scipy_result():
+    A = sp.random_array((3, 4), density=0.5, format="csr", rng=0)
+    B = sp.random_array((4, 2), density=0.5, format="csc", rng=1)
+    got = spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=B)
+    np.testing.assert_allclose(got.toarray() if sp.issparse(got) else got, (A @ B).toarray())
+    assert sp.issparse(got)
