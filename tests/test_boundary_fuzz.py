@@ -519,6 +519,12 @@ def _mut_dense(rng, ops, kernel, name):
     if choice == 9:
         ops[name] = a.astype(">f8")
         return "valid", "big-endian dense"
+    if choice == 11:
+        if a.ndim == 1 and rng.random() < 0.5:
+            ops[name] = sp.coo_array(a)  # a 1-d sparse vector
+            return "valid", "1-d coo_array for a dense slot"
+        ops[name] = spfuse.Tensor.from_numpy(a, "dense" if a.ndim != 2 else str(rng.choice(("dense", "csr", "csc"))))
+        return "valid", "spfuse.Tensor for a dense slot"
     if choice == 10:
         ops[name] = np.broadcast_to(a.reshape(-1)[:1] if a.size else a, a.shape) if a.size else a
         return "valid", "broadcast view (zero strides)"
@@ -552,7 +558,9 @@ def _mut_call(rng, case):
     end = text.index("]", start)
     inner = text[start:end].split(",")
     case.program = text[:start] + ",".join(inner[:-1]) + text[end:]
-    return "invalid", "wrong arity (missing index)", (target,)
+    # the text alone may already be ill-formed ("output index 'k' is not bound"): naming
+    # the dropped index is as good as naming the operand
+    return "invalid", "wrong arity (missing index)", (target, inner[-1].strip())
 
 
 def make_case(seed: int, index: int) -> Case:
@@ -565,6 +573,15 @@ def make_case(seed: int, index: int) -> Case:
         name = str(rng.choice(SPARSE[kernel]))
         case.kind, case.label = _mut_sparse(rng, ops, kernel, name)
         case.names = (name,)
+        m = ops[name]
+        if (rng.random() < 0.2 and sp.issparse(m) and m.format in ("csr", "csc")
+                and case.label != "has_canonical_format lies"):
+            # the same (possibly damaged) arrays through Tensor.from_csr / from_csc
+            ctor = spfuse.Tensor.from_csr if m.format == "csr" else spfuse.Tensor.from_csc
+            ops[name] = _TensorCtor(ctor, m.data, m.indices, m.indptr, m._shape)
+            case.label += " via Tensor.from_csr/csc"
+            if case.kind == "either":  # no scipy slack convention there: indptr[-1] must be nnz
+                case.kind = "invalid"
     elif r < 0.85:
         dense = [n for n in ops if n not in SPARSE[kernel]]
         if dense:
@@ -606,6 +623,16 @@ def _dense_all(operands):
 
 
 # --------------------------------------------------------------------------- running one case
+def _names_operand(exc, names) -> bool:
+    """The first line of the message (not the program echoed under it) names an operand:
+    ``operand 'B': ...`` for operand errors, ``'B' ...`` or ``B[i, j]`` for program errors."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    if isinstance(exc, (spfuse.InvalidOperandError, spfuse.OperandTypeError)):
+        return any(first.startswith(f"operand '{n}'") for n in names)
+    return any(f"'{n}'" in first or f"{n}[" in first for n in names)
+
+
+
 def run_case(case: Case, threads: int = 1) -> list[str]:
     """Run ``case`` through every fusion mode; return a list of problems (empty = fine)."""
     problems = []
@@ -629,7 +656,7 @@ def run_case(case: Case, threads: int = 1) -> list[str]:
                 problems.append(f"{fusion}: legal input refused: {type(outcome).__name__}: {msg}")
             elif not isinstance(outcome, spfuse.SpfuseError):
                 problems.append(f"{fusion}: error is not a SpfuseError: {type(outcome).__name__}: {msg}")
-            elif case.names and not any(f"'{n}'" in msg or f"{n}[" in msg for n in case.names):
+            elif case.names and not _names_operand(outcome, case.names):
                 problems.append(f"{fusion}: message does not name {case.names}: {msg}")
             continue
         if case.kind == "invalid":
