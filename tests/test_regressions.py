@@ -169,3 +169,22 @@ def test_all_sparse_inputs_give_a_scipy_result():
     got = spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=B)
     np.testing.assert_allclose(got.toarray() if sp.issparse(got) else got, (A @ B).toarray())
     assert sp.issparse(got)
+
+
+@pytest.mark.xfail(strict=True, reason="an explicit sum(k, ...) that re-binds an index k also used (and "
+                                       "implicitly summed) outside it gives a wrong result on sparse "
+                                       "operands (auto and none); renaming the inner k to l gives the "
+                                       "right one.  Bound indices are not alpha-renamed before "
+                                       "decomposition / iteration-space propagation")
+@pytest.mark.parametrize("fusion", ["auto", "none"])
+def test_shadowed_reduction_index(fusion):
+    A = np.zeros((1, 2, 4))
+    A[0, 0, 2] = 1.0
+    B = np.zeros((4, 2, 1))
+    B[3, 0, 0] = -1.0
+    shadow = "R[j,i] = (A[i,j,k] - 1.0) * where(B[k,j,i], sum(k, A[i,j,k]), A[i,j,k])"
+    renamed = "R[j,i] = (A[i,j,k] - 1.0) * where(B[k,j,i], sum(l, A[i,j,l]), A[i,j,k])"
+    ops = {"A": sp.coo_array(A), "B": sp.coo_array(B)}
+    want = dense_reference(shadow, {"A": A, "B": B})                       # [[-1], [0]]
+    np.testing.assert_allclose(spfuse.evaluate(renamed, fusion=fusion, **ops).toarray(), want)
+    np.testing.assert_allclose(spfuse.evaluate(shadow, fusion=fusion, **ops).toarray(), want)
