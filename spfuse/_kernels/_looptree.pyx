@@ -18,6 +18,19 @@ geometrically with ``realloc``).  A top-level loop flagged parallel by the
 builder runs as contiguous static blocks, one per thread, with thread-private
 copies of ``private`` buffers; COO emissions of the threads are appended in
 thread (= iteration) order, so results are identical for any thread count.
+
+Interruptible (see ``_interrupt.pxd``): every top-level loop runs in chunks
+of consecutive iterations (serial or parallel alike), one ``nogil`` section
+(one parallel region) per chunk, with ``PyErr_CheckSignals()`` between
+chunks.  Chunks are sized by counted work -- ``Ctx.work`` adds the iterations
+of every loop at every depth and the elements of every RESET -- not by time:
+the first chunk is one iteration per thread, the next ones aim at
+``spfuse_chunk_work / LT_UNIT`` units per thread from the work per iteration
+measured so far (growing at most 8x per chunk).  A top-level UNION loop
+(never parallel) is resumed from its merge cursors instead.  A chunk boundary
+only changes where the COO emissions are appended (still in iteration order)
+and where block mode flushes (bitwise the per-element results), so results
+do not depend on the chunking.
 """
 from libc.stdint cimport int64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, realloc, free
@@ -27,6 +40,9 @@ from cython.parallel cimport parallel
 cimport numpy as cnp
 import numpy as np
 
+from spfuse._kernels._interrupt cimport (
+    PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
+)
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num, omp_get_num_threads
 
 cnp.import_array()
@@ -80,6 +96,12 @@ cdef enum:
 
     STACK_SIZE = 64
     BLK = 256
+
+    # interpreter work units (loop iterations) per template-kernel unit
+    # (_interrupt.pxd): one interpreted iteration costs ~10 ns
+    LT_UNIT = 8
+    # growth bound of consecutive top-level chunks
+    LT_GROWTH = 8
 
 STACK_LIMIT = STACK_SIZE
 
@@ -146,6 +168,7 @@ ctypedef struct Ctx:
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
     double* vst        # block mode: vector stack, one row of BLK per slot
+    int64_t work       # work counter (loop iterations + reset elements)
     int err
 
 
@@ -374,6 +397,7 @@ cdef void exec_reset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
     cdef int64_t k, n, off, ts, nb, nf, d
     if P.reset_whole[r]:
         n = P.buf_size[P.reset_buf[r]]
+        C.work += n
         for k in range(n):
             b[k] = v
         return
@@ -384,10 +408,13 @@ cdef void exec_reset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
     for k in range(ts, ts + nb):
         off += P.rterm_b[k] * C.ival[P.rterm_a[k]]
     ts += nb   # free dims: rterm_a = extent, rterm_b = stride (outermost first)
+    n = 1
     for k in range(nf):
         if P.rterm_a[ts + k] == 0:
             return
+        n *= P.rterm_a[ts + k]
         C.odo[k] = 0
+    C.work += n
     while True:
         n = off
         for k in range(nf):
@@ -695,6 +722,7 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
     cdef int64_t* crd0 = NULL
     cdef bint ok
     cdef bint blk = P.loop_block[lid] != 0
+    C.work += qhi - qlo
     if P.loop_mode[lid] == M_DENSE:
         for k in range(nl):
             seek_setup(P, C, levs[k])
@@ -746,6 +774,16 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
 
 
 cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
+    exec_union_part(P, C, node, False, INT64_MAX)
+
+
+cdef bint exec_union_part(Plan* P, Ctx* C, int64_t node, bint resume,
+                          int64_t limit) noexcept nogil:
+    """K-way merge loop; stops (returns False) after the first iteration at
+    which ``C.work >= limit``, True once finished (or on error).  With
+    ``resume`` it continues from the merge cursors left by the previous
+    call on the same context instead of opening the segments (the top-level
+    executor resumes a union loop between signal checks)."""
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t v = P.loop_var[lid]
     cdef int64_t nd = P.loop_ndrv[lid]
@@ -753,8 +791,9 @@ cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
     cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
     cdef int64_t k, L, i, c, nb = 0
     cdef bint blk = P.loop_block[lid] != 0
-    for k in range(nl):
-        seek_setup(P, C, levs[k])
+    if not resume:
+        for k in range(nl):
+            seek_setup(P, C, levs[k])
     while True:
         i = INT64_MAX
         for k in range(nd):
@@ -775,14 +814,20 @@ cdef void exec_union(Plan* P, Ctx* C, int64_t node) noexcept nogil:
         for k in range(nd, nl):
             C.curpos[levs[k]] = locate(P, C, levs[k], i)
         C.ival[v] = i
+        C.work += 1
         if blk:
             nb = block_push(P, C, node, levs, nl, i, nb)
         else:
             exec_children(P, C, node)
         if C.err:
-            return
+            return True
+        if C.work >= limit:
+            if nb:
+                flush_block(P, C, node, nb)
+            return False
     if nb:
         flush_block(P, C, node, nb)
+    return True
 
 
 cdef void exec_loop(Plan* P, Ctx* C, int64_t node) noexcept nogil:
@@ -801,6 +846,87 @@ cdef void exec_node(Plan* P, Ctx* C, int64_t node) noexcept nogil:
         exec_stmt(P, C, P.node_arg[node])
     else:
         exec_reset(P, C, P.node_arg[node])
+
+
+# ------------------------------------------------- top-level chunks -------
+
+cdef inline int64_t _lt_chunk(int64_t nthreads) noexcept nogil:
+    """Interpreter work units of one chunk on ``nthreads`` threads."""
+    cdef double w = spfuse_chunk_work / LT_UNIT
+    if w < 1.0:
+        w = 1.0
+    return <int64_t>(w * <double>nthreads)
+
+
+cdef inline int64_t _next_step(int64_t step, int64_t iters, int64_t work,
+                               int64_t nthreads) noexcept nogil:
+    """Iterations of the next chunk: the target work at the work per
+    iteration of the last chunk, between ``nthreads`` and LT_GROWTH times
+    the last step."""
+    cdef double per = <double>(work if work > 0 else 1) / <double>(iters if iters > 0 else 1)
+    cdef double want = <double>_lt_chunk(nthreads) / per
+    cdef double cap = <double>step * LT_GROWTH
+    if want > cap:
+        want = cap
+    if want < <double>nthreads:
+        want = <double>nthreads
+    return <int64_t>want
+
+
+cdef int64_t _run_parallel_chunk(Plan* P, Ctx* ctxs, Ctx* S, int64_t node, int64_t q,
+                                 int64_t e, int nthreads, int64_t nc,
+                                 int64_t nvars) noexcept nogil:
+    """Iterations ``[q, e)`` of a parallel top-level loop: contiguous static
+    blocks, one per thread, then the threads' COO emissions appended to
+    ``S``'s in thread (= iteration) order.  Returns the work done, -1 on
+    error (out of memory)."""
+    cdef int64_t t, c, n, nvar, work = 0
+    # (initialised: Cython makes them firstprivate in the parallel block)
+    cdef int64_t a = 0, b = 0, chunk = 0
+    cdef int tid = 0, nt = 1
+    cdef Ctx* C
+    for t in range(nthreads):
+        ctxs[t].work = 0
+    with parallel(num_threads=nthreads):
+        tid = omp_get_thread_num()
+        nt = omp_get_num_threads()
+        chunk = (e - q + nt - 1) // nt
+        a = q + tid * chunk
+        b = a + chunk
+        if b > e:
+            b = e
+        if a < b:
+            # outer (serial) variable values are shared state
+            memcpy(ctxs[tid].ival, S.ival, nvars * sizeof(int64_t))
+            exec_loop_range(P, &ctxs[tid], node, a, b)
+    for t in range(nthreads):
+        C = &ctxs[t]
+        if C.err:
+            return -1
+        work += C.work
+        for c in range(nc):
+            n = C.coo_n[c]
+            if n == 0:
+                continue
+            nvar = P.coo_nvar[c]
+            while S.coo_n[c] + n > S.coo_cap[c]:
+                if coo_grow(S, c, nvar) != 0:
+                    return -1
+            memcpy(S.coo_crd[c] + S.coo_n[c] * nvar, C.coo_crd[c], n * nvar * sizeof(int64_t))
+            memcpy(S.coo_val[c] + S.coo_n[c], C.coo_val[c], n * sizeof(double))
+            S.coo_n[c] += n
+            C.coo_n[c] = 0
+    return work
+
+
+def _set_chunk_work(double units):
+    """_set_chunk_work(units) -> previous value
+
+    Testing hook: work units per thread per chunk (default 2**24, see
+    ``_interrupt.pxd``; the interpreter counts ``units / LT_UNIT`` loop
+    iterations; values < 1 only query).
+    """
+    return spfuse_set_chunk_work(units)
 
 
 # ------------------------------------------------------------- program ----
@@ -932,8 +1058,9 @@ cdef class _Program:
         ``(coords (n, nvar) int64, values (n,) float64)`` in emission order.
         """
         cdef int64_t nctx = nthreads + 1           # ctx[nthreads] = serial
-        cdef int64_t t, b, c, node, lo, hi, nvar, n, total, chunk, a, e
-        cdef int tid, nt, err = 0
+        cdef int64_t t, b, c, node, lo, hi, nvar, n, q, e, step, work
+        cdef int nt, err = 0
+        cdef bint done, par
         cdef Ctx* ctxs
         cdef Ctx* C
         cdef Ctx* S
@@ -1000,53 +1127,59 @@ cdef class _Program:
                     else:
                         C.buf[b] = shared[b]
             S = &ctxs[nctx - 1]
-            with nogil:
-                node = 0
-                while node < nn and err == 0:
-                    if (nthreads > 1 and toppar[node] and P.node_kind[node] == N_LOOP
-                            and loop_range(P, S, node, &lo, &hi) and hi - lo > 1):
+            node = 0
+            while node < nn and err == 0:
+                if P.node_kind[node] != N_LOOP:
+                    # STMT / RESET at top level: one bounded step
+                    with nogil:
+                        exec_node(P, S, node)
+                    err = S.err
+                elif P.loop_mode[P.node_arg[node]] == M_UNION:
+                    # (never parallel) resumed from its merge cursors per chunk
+                    c = 0
+                    done = False
+                    while not done:
+                        if c > 0:
+                            PyErr_CheckSignals()
+                        with nogil:
+                            S.work = 0
+                            done = exec_union_part(P, S, node, c > 0, _lt_chunk(1))
+                        err = S.err
+                        if err:
+                            break
+                        c += 1
+                elif loop_range(P, S, node, &lo, &hi):
+                    par = nthreads > 1 and toppar[node] != 0 and hi - lo > 1
+                    nt = nthreads if par else 1
+                    if par:
                         for b in range(nb):
                             if priv[b]:
                                 for t in range(nthreads):
                                     memcpy(ctxs[t].buf[b], shared[b], bufsz[b] * sizeof(double))
-                        with parallel(num_threads=nthreads):
-                            tid = omp_get_thread_num()
-                            nt = omp_get_num_threads()
-                            chunk = (hi - lo + nt - 1) // nt
-                            a = lo + tid * chunk
-                            e = a + chunk
-                            if e > hi:
-                                e = hi
-                            if a < e:
-                                # outer (serial) variable values are shared state
-                                memcpy(ctxs[tid].ival, S.ival, self.nvars * sizeof(int64_t))
-                                exec_loop_range(P, &ctxs[tid], node, a, e)
-                        # append thread COO emissions in thread order
-                        for t in range(nthreads):
-                            C = &ctxs[t]
-                            if C.err:
-                                err = 1
-                            for c in range(nc):
-                                n = C.coo_n[c]
-                                if n == 0:
-                                    continue
-                                nvar = P.coo_nvar[c]
-                                while S.coo_n[c] + n > S.coo_cap[c]:
-                                    if coo_grow(S, c, nvar) != 0:
-                                        err = 1
-                                        break
-                                if err:
-                                    break
-                                memcpy(S.coo_crd[c] + S.coo_n[c] * nvar, C.coo_crd[c],
-                                       n * nvar * sizeof(int64_t))
-                                memcpy(S.coo_val[c] + S.coo_n[c], C.coo_val[c], n * sizeof(double))
-                                S.coo_n[c] += n
-                                C.coo_n[c] = 0
-                    else:
-                        exec_node(P, S, node)
-                        if S.err:
-                            err = 1
-                    node = P.node_end[node]
+                    # chunks of consecutive iterations [q, e): one per thread first,
+                    # then sized from the work per iteration counted so far
+                    q = lo
+                    step = nt
+                    while q < hi:
+                        if q > lo:
+                            PyErr_CheckSignals()
+                        e = hi if hi - q <= step else q + step
+                        if par:
+                            with nogil:
+                                work = _run_parallel_chunk(P, ctxs, S, node, q, e, nthreads,
+                                                           nc, self.nvars)
+                            err = work < 0
+                        else:
+                            with nogil:
+                                S.work = 0
+                                exec_loop_range(P, S, node, q, e)
+                            work = S.work
+                            err = S.err
+                        if err:
+                            break
+                        step = _next_step(step, e - q, work, nt)
+                        q = e
+                node = P.node_end[node]
             if err:
                 raise MemoryError("loop-tree executor: out of memory growing a COO output")
             out = []
