@@ -139,8 +139,13 @@ def _accesses(e):
     return iter_accesses(e)
 
 
-def _prepare(program: Program, operands: Mapping[str, Any]):
-    """Validate operands and check the program against them."""
+def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset()):
+    """Validate operands and check the program against them.
+
+    A ``Tensor`` the caller passes in may share index arrays with objects the
+    caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
+    checked again -- the one-pass scan -- unless this call made it
+    (``trusted``)."""
     if not isinstance(program, Program):
         raise TypeError(f"expected a program text, got {type(program).__name__}")
     inputs = program.inputs
@@ -153,7 +158,10 @@ def _prepare(program: Program, operands: Mapping[str, Any]):
         if name not in operands:
             # check_program names the position of the unknown operand
             break
-        tensors[name] = as_tensor(operands[name], name=name)
+        obj = operands[name]
+        if isinstance(obj, Tensor) and name not in trusted and "compressed" in obj.format.levels:
+            obj = Tensor(obj.shape, obj.format, obj.levels, obj.values, origin=obj.origin, name=name)
+        tensors[name] = as_tensor(obj, name=name)
     _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
     if _has_diagonal(program):
         program = _diagonals(program, tensors)
@@ -257,18 +265,25 @@ def _template(plan: Plan):
     return plan.__dict__["_template"]
 
 
-def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads):
+def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
+         trusted: frozenset = frozenset()):
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    program, tensors = _prepare(program, operands)
+    program, tensors = _prepare(program, operands, trusted)
     infos = {n: _info(n, t) for n, t in tensors.items()}
     plan = _cached_plan(program, infos, fusion)
     if plan.__dict__.get("_has_max") is not False:
         _check_empty_max(plan)
     raw = _execute(plan, tensors, num_threads)
     flavour, dtype = _flavour(tensors), _result_dtype(tensors)
-    results = {name: _convert(raw[name], out_format, flavour, dtype) for name in plan.results}
+    all_scipy = bool(tensors) and all(t.origin in ("sparray", "spmatrix") for t in tensors.values())
+    results = {}
+    for name in plan.results:
+        value = raw[name]
+        if all_scipy and out_format is None and isinstance(value, np.ndarray) and value.ndim == 2:
+            value = Tensor.from_numpy(value.astype(dtype, copy=False), "csr")  # scipy in -> scipy out
+        results[name] = _convert(value, out_format, flavour, dtype)
     return results[plan.results[0]] if len(results) == 1 else results
 
 
@@ -373,20 +388,26 @@ class Kernel:
         raise ProgramError(f"{name!r} is not read by the program")
 
     def _tensors(self, operands):
-        out = {}
+        """Operands converted to the declared formats, and the names this call
+        converted itself (those need no second check)."""
+        out, made = {}, set()
         for name, value in operands.items():
             fmt = self._formats.get(name)
             t = as_tensor(value, name=name)
+            if t is not value:
+                made.add(name)
             if fmt is not None and t.format != fmt and fmt.name != "coo":
                 t = t.asformat(fmt)
+                made.add(name)
             out[name] = t
-        return out
+        return out, frozenset(made)
 
     def __call__(self, **operands: Any):
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         merged = {n: v for n, v in self.declared.items() if not isinstance(v, (str, Format))}
         merged.update(operands)
-        return _run(self.program, self._tensors(merged), self.out_format, self.fusion, self.num_threads)
+        tensors, made = self._tensors(merged)
+        return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)
 
     def _infos(self, operands=None) -> dict:
         infos = {}

@@ -318,10 +318,25 @@ def _match_sddmm_div(plan, infos):
     return a.args[0].name, c, d, dix == (j, k)
 
 
+#: Gustavson-style kernels (SpGEMM, SpAdd) keep a dense row workspace of the
+#: output's width per thread; beyond this width (hypersparse outputs) the
+#: generic executor, which emits coordinates instead, is used.
+MAX_WORKSPACE_COLUMNS = 2**25
+
+
 def match_template(plan) -> Optional[TemplateMatch]:
     """The template kernel for ``plan`` (auto fusion only), or None."""
     if plan.fusion != "auto":
         return None
+    m = _match(plan)
+    if m is not None and m.kernel in ("spgemm", "spadd"):
+        width = plan.shapes.get(plan.results[0], (0, 0))[-1]
+        if width is None or width > MAX_WORKSPACE_COLUMNS:
+            return None
+    return m
+
+
+def _match(plan) -> Optional[TemplateMatch]:
     infos = plan.inputs
     ein = _einsum(plan.program)
     result = plan.results[0] if plan.results else None

@@ -19,6 +19,7 @@ from typing import Iterable
 from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program,
                                  Reduce, Unary, Where)
 from spfuse.ir.ops import Const, Leaf, Ref, UnitOp
+from spfuse.passes.rename import distinct_binders
 
 __all__ = ["decompose", "factor_reductions", "free_indices"]
 
@@ -170,6 +171,6 @@ def decompose(program: Program) -> tuple[UnitOp, ...]:
     d = _Decomposer(program)
     for n, stmt in enumerate(program.statements):
         d.statement = n
-        value = factor_reductions(stmt.value)
+        value = factor_reductions(distinct_binders(stmt))
         d.node(value, stmt.target.name, stmt.target.indices)
     return tuple(d.ops)

@@ -13,6 +13,8 @@ from typing import Optional
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Access, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
 from spfuse.ir.ops import Ref
+from spfuse.passes.rename import all_indices as _all_indices
+from spfuse.passes.rename import distinct_binders, rename as _rename
 
 __all__ = ["StatementOp", "lift_sums", "maximal_statement_ops"]
 
@@ -69,25 +71,6 @@ def _has_reduce(e: Expr) -> bool:
     return False
 
 
-def _all_indices(e: Expr) -> set[str]:
-    return {ix for a in iter_accesses(e) for ix in a.indices}
-
-
-def _rename(e: Expr, old: str, new: str) -> Expr:
-    """Rename free occurrences of index ``old`` (a Reduce over ``old`` shadows it)."""
-    if isinstance(e, Access):
-        return Access(e.name, tuple(new if ix == old else ix for ix in e.indices), e.span, e.index_spans)
-    if isinstance(e, Binary):
-        return Binary(e.op, _rename(e.left, old, new), _rename(e.right, old, new), e.span)
-    if isinstance(e, Unary):
-        return Unary(e.fn, _rename(e.arg, old, new), e.span)
-    if isinstance(e, Where):
-        return Where(*(_rename(c, old, new) for c in (e.cond, e.then, e.other)), e.span)
-    if isinstance(e, Reduce) and e.index != old:
-        return Reduce(e.op, e.index, _rename(e.body, old, new), e.span, e.implicit)
-    return e
-
-
 def lift_sums(e: Expr) -> Optional[tuple[tuple[str, ...], Expr]]:
     """``(summed indices, body)`` with every sum lifted to the top, or ``None``
     when distributivity does not allow it.
@@ -134,31 +117,6 @@ def lift_sums(e: Expr) -> Optional[tuple[tuple[str, ...], Expr]]:
     return None if _has_reduce(e) else ((), e)
 
 
-def _distinct_binders(e: Expr, outside: set[str], taken: set[str]) -> Expr:
-    """Rename every reduction index that is also used outside its reduction, so
-    lifting the reduction to the top cannot capture another use of the name."""
-    if isinstance(e, Reduce):
-        index, body = e.index, e.body
-        if index in outside:
-            index = next(f"{e.index}{k}" for k in range(1, 10**6) if f"{e.index}{k}" not in taken)
-            taken.add(index)
-            body = _rename(body, e.index, index)
-        return Reduce(e.op, index, _distinct_binders(body, outside | {index}, taken), e.span, e.implicit)
-    kids = (e.left, e.right) if isinstance(e, Binary) else (e.arg,) if isinstance(e, Unary) else \
-        (e.cond, e.then, e.other) if isinstance(e, Where) else ()
-    new = []
-    for n, k in enumerate(kids):
-        others = set().union(*(_all_indices(o) for m, o in enumerate(kids) if m != n)) if len(kids) > 1 else set()
-        new.append(_distinct_binders(k, outside | others, taken))
-    if isinstance(e, Binary):
-        return Binary(e.op, new[0], new[1], e.span)
-    if isinstance(e, Unary):
-        return Unary(e.fn, new[0], e.span)
-    if isinstance(e, Where):
-        return Where(*new, e.span)
-    return e
-
-
 def maximal_statement_ops(program) -> tuple[StatementOp, ...]:
     """One :class:`StatementOp` per statement, or :class:`UnsupportedError`."""
     out = []
@@ -168,8 +126,7 @@ def maximal_statement_ops(program) -> tuple[StatementOp, ...]:
             out.append(StatementOp(n, stmt.target.name, stmt.target.indices, value.body, value.op,
                                    (value.index,), n))
             continue
-        taken = _all_indices(value) | set(stmt.target.indices)
-        value = _distinct_binders(value, set(stmt.target.indices), taken)
+        value = distinct_binders(stmt)
         lifted = lift_sums(value)
         if lifted is None:
             from spfuse.frontend.canonical import to_text
