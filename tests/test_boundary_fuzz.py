@@ -829,29 +829,6 @@ def _has_empty_max(program, shapes) -> bool:
     return False
 
 
-def _shadows(program) -> bool:
-    """Whether an explicit reduction re-binds an index used outside it (known bug:
-    tests/test_regressions.py::test_shadowed_reduction_index, xfail)."""
-    from spfuse.frontend.ast import Access, Reduce
-    from spfuse.frontend.reductions import children
-
-    def walk(e, bound, outer, binders):
-        if isinstance(e, Access):
-            outer.update(k for k in e.indices if k not in bound)
-        if isinstance(e, Reduce):
-            binders.add(e.index)
-            bound = bound | {e.index}
-        for c in children(e):
-            walk(c, bound, outer, binders)
-
-    for st_ in program.statements:
-        outer, binders = set(), set()
-        walk(st_.value, frozenset(), outer, binders)
-        if outer & binders or set(st_.target.indices) & binders:
-            return True
-    return False
-
-
 def _compare(got, ref, rtol):
     if isinstance(ref, dict):
         assert isinstance(got, dict) and list(got) == list(ref)
@@ -863,7 +840,6 @@ def _compare(got, ref, rtol):
 
 def _check_program(program, ops, fusion, threads, out_format=None, rtol=1e-9, zero_size_ok=False):
     from hypothesis import assume
-    assume(not _shadows(program))
     ref = dense_reference(program, ops)
     try:
         got = spfuse.evaluate(program.text, fusion=fusion, num_threads=threads, out_format=out_format, **ops)

@@ -151,6 +151,10 @@ class _Lowerer:
                 continue
             ref = Ref(name, tuple(binding))
             tensor = self._concordant(name, ref.indices, op_id)
+            if self.strict and tensor is not self.operands[name]:
+                # A transposed copy walks this level under other parents: a
+                # projection of the atom, not the atom, so not exact.
+                continue
             levels_vars = [binding[m] for m in tensor.format.mode_order]
             level = levels_vars.index(ix)
             if not all(self.op_vars[op_id][v].id in bound_before for v in levels_vars[:level]):
@@ -275,7 +279,10 @@ class _Lowerer:
         (O(nnz of the row), not O(extent))."""
         t = self.plan.temporaries[node.tensor]
         buf = self.buffers[node.tensor]
-        if all(m.is_true for m in t.masks):
+        if all(m.is_true for m in t.masks) or not self.strict:
+            # Unless every mask is iterated exactly (strict), a reader may
+            # visit positions outside this iteration's pattern that an earlier
+            # iteration wrote: clear the whole buffer.
             self.b.reset(buf, node.value)
             return
         path = self.paths[t.op_id]

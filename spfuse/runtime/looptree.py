@@ -1180,7 +1180,8 @@ def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> C
         new[1:] = np.any(crd_s[1:] != crd_s[:-1], axis=1)
     starts = np.flatnonzero(new)
     if op == "sum":
-        vals = np.add.reduceat(val_s, starts)
+        with np.errstate(invalid="ignore"):  # inf + -inf = nan, as numpy's sum gives
+            vals = np.add.reduceat(val_s, starts)
     elif op == "max":
         vals = np.maximum.reduceat(val_s, starts)
     elif op == "min":
