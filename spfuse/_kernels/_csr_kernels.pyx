@@ -456,8 +456,8 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = _fptr(x)
     cdef floating* op = &out[0] if m > 0 else NULL
-    # work: a random gather per entry (~4 units)
-    cdef Py_ssize_t nch = num_chunks(4.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
+    # work: a random gather per entry (~2 units)
+    cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
@@ -629,7 +629,7 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
         return
     cdef _Workspaces ws = _Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
-    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 16.0), num_threads, m)
+    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 8.0), num_threads, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
@@ -725,8 +725,8 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
         max_cnt = _max_row(cip, m)
     cdef _Workspaces ws = _Workspaces(num_threads, 3)
     cdef void** wsp = ws.ptr
-    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 32.0)
-                     + 8.0 * <double>(cip[m] - cip[0]), num_threads, m)
+    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 16.0)
+                     + 4.0 * <double>(cip[m] - cip[0]), num_threads, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()

@@ -11,20 +11,25 @@
 # by the callers, so nothing the user owns is left half-written.
 #
 # Chunks are sized by WORK, never by wall time: a kernel estimates its total
-# work in "units" (about one nanosecond of one core at typical rates: a
-# streamed multiply-add, a tenth of a random gather, ...; the per-kernel
-# weights are next to each kernel) and cuts its rows into
-# ``num_chunks(work, num_threads, rows)`` chunks of about spfuse_chunk_work units per
-# thread (~10-50 ms).  Chunk boundaries only group whole rows, and the
-# arithmetic of one row never depends on which chunk or block it falls in, so
-# results stay bit-identical for any thread count and any chunking.  Work
-# below one chunk (e.g. SpMV of 2M nonzeros) runs exactly as before: one
-# parallel region, no signal check.
+# work in "units" (about 1-2 ns of one core at typical rates: a streamed
+# multiply-add, half a random gather, 1/16 of a SpGEMM flop, ...; the
+# per-kernel weights are next to each kernel) and cuts its rows into
+# ``num_chunks(work, num_threads, rows)`` chunks of about spfuse_chunk_work
+# units per thread (~20-30 ms on an idle 2-core machine for the benchmark
+# kernels; Ctrl-C was measured to raise within ~10-40 ms).  Chunk boundaries
+# only group whole rows, and the arithmetic of one row never depends on which
+# chunk or block it falls in, so results stay bit-identical for any thread
+# count and any chunking.  Work below one chunk (e.g. SpMV of 2M nonzeros)
+# runs as before: one parallel region, no signal check.
+#
+# The kernels use the GIL-held Python-level loop over chunks, not a check
+# from inside the parallel region: no worker ever touches the GIL, and a
+# chunk boundary is a plain fork/join (~10 us), negligible at this size.
 from cpython.exc cimport PyErr_CheckSignals
 
 cdef extern from *:
     """
-    /* Work units per thread per chunk (~17 ms at 1 ns/unit).  One copy per
+    /* Work units per thread per chunk (2**24).  One copy per
        module that cimports this file; tests shrink it (``_set_chunk_work``)
        to run small inputs as many chunks and check that results do not
        change. */

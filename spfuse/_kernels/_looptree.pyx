@@ -97,9 +97,9 @@ cdef enum:
     STACK_SIZE = 64
     BLK = 256
 
-    # interpreter work units (loop iterations) per template-kernel unit
-    # (_interrupt.pxd): one interpreted iteration costs ~10 ns
-    LT_UNIT = 8
+    # template-kernel work units (_interrupt.pxd) per interpreter unit (a
+    # loop iteration: ~5-10 ns)
+    LT_UNIT = 4
     # growth bound of consecutive top-level chunks
     LT_GROWTH = 8
 
