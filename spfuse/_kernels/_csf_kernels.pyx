@@ -34,7 +34,7 @@ from libc.string cimport memset
 
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport index_t
-from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
+from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread_num
 
 __all__ = ["ttv", "mttkrp", "mttkrp_gemm", "spttm_spttm"]
 
@@ -143,7 +143,8 @@ cdef class _Workspaces:
     cdef Py_ssize_t n
 
     def __cinit__(self, int num_threads):
-        self.n = num_threads if num_threads > 1 else 1
+        # (num_threads <= 0 lets OpenMP choose the team: up to its max)
+        self.n = num_threads if num_threads > 0 else max(1, omp_get_max_threads())
         self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
         if self.ptr == NULL:
             raise MemoryError()

@@ -52,7 +52,7 @@ from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_s
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
 )
-from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
+from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread_num
 
 cdef extern from *:
     """
@@ -411,7 +411,8 @@ cdef class _Workspaces:
     cdef Py_ssize_t n
 
     def __cinit__(self, int num_threads, int k):
-        self.n = <Py_ssize_t>(num_threads if num_threads > 1 else 1) * k
+        # (num_threads <= 0 lets OpenMP choose the team: up to its max)
+        self.n = <Py_ssize_t>(num_threads if num_threads > 0 else max(1, omp_get_max_threads())) * k
         self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
         if self.ptr == NULL:
             raise MemoryError()
