@@ -16,7 +16,7 @@ import numpy as np
 
 from spfuse.errors import OperandTypeError, ProgramError, UnsupportedError
 from spfuse.formats import Format
-from spfuse.frontend.ast import Access, Program
+from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
 from spfuse.frontend.einsum import einsum_to_program
 from spfuse.frontend.parser import parse_program
@@ -127,16 +127,8 @@ def _diagonals(program: Program, tensors: dict) -> Program:
             return Reduce(e.op, e.index, walk(e.body), e.span, e.implicit)
         return e
 
-    if not any(len(set(a.indices)) != len(a.indices)
-               for s in program.statements for a in _accesses(s.value)):
-        return program
     stmts = tuple(Assignment(s.target, walk(s.value), s.span) for s in program.statements)
     return Program(stmts, program.text)
-
-
-def _accesses(e):
-    from spfuse.frontend.ast import iter_accesses
-    return iter_accesses(e)
 
 
 def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset()):
@@ -178,7 +170,7 @@ def _checked(program: Program, shapes: tuple) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _has_diagonal(program: Program) -> bool:
-    return any(len(set(a.indices)) != len(a.indices) for s in program.statements for a in _accesses(s.value))
+    return any(len(set(a.indices)) != len(a.indices) for s in program.statements for a in iter_accesses(s.value))
 
 
 def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
@@ -227,11 +219,11 @@ def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[in
     from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
     from spfuse.runtime import looptree as lt
 
+    threads = effective_num_threads(num_threads)
     template = _template(plan)
     if template is not None:
-        return template.run(tensors, effective_num_threads(num_threads))
+        return template.run(tensors, threads)
     from spfuse.lowering.templates import PARALLEL_MIN_WORK
-    threads = effective_num_threads(num_threads)
     work = sum(t.values.size for t in tensors.values()) + sum(
         int(np.prod([e or 0 for e in plan.shapes[r]])) for r in plan.results)
     if work < PARALLEL_MIN_WORK:
@@ -382,7 +374,7 @@ class Kernel:
 
     def _ndim(self, name: str) -> int:
         for s in self.program.statements:
-            for a in _accesses(s.value):
+            for a in iter_accesses(s.value):
                 if a.name == name:
                     return len(a.indices)
         raise ProgramError(f"{name!r} is not read by the program")

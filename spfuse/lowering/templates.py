@@ -349,7 +349,7 @@ def _match(plan) -> Optional[TemplateMatch]:
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1])))
                     return TemplateMatch(
-                        kernel.replace("_t", "") if kernel == "sddmm_t" else kernel, roles,
+                        "sddmm" if kernel == "sddmm_t" else kernel, roles,
                         _why(kernel, names, infos),
                         lambda tensors, nt, k=kernel, names=names: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt)})
