@@ -30,6 +30,7 @@ __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info
 OUT_FORMATS = ("csr", "csc", "coo", "dense", "csf")
 
 _plan_cache: dict = {}
+_dispatch_cache: dict = {}
 _cache_lock = threading.Lock()
 _MAX_CACHED = 512
 
@@ -48,6 +49,7 @@ def clear_cache() -> None:
     """
     with _cache_lock:
         _plan_cache.clear()
+        _dispatch_cache.clear()
     _parse.cache_clear()
 
 
@@ -132,7 +134,7 @@ def _diagonals(program: Program, tensors: dict) -> Program:
 
 
 def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset()):
-    """Validate operands and check the program against them.
+    """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
     A ``Tensor`` the caller passes in may share index arrays with objects the
     caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
@@ -154,12 +156,7 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
         if isinstance(obj, Tensor) and name not in trusted and "compressed" in obj.format.levels:
             obj = Tensor(obj.shape, obj.format, obj.levels, obj.values, origin=obj.origin, name=name)
         tensors[name] = as_tensor(obj, name=name)
-    _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
-    if _has_diagonal(program):
-        program = _diagonals(program, tensors)
-    used = set(program.inputs)
-    tensors = {n: t for n, t in tensors.items() if n in used}
-    return program, tensors
+    return tensors
 
 
 @functools.lru_cache(maxsize=1024)
@@ -215,15 +212,12 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
     return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
 
 
-def _execute(plan: Plan, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
+def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
+    """Run ``plan`` on the generic loop-tree executor."""
     from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
+    from spfuse.lowering.templates import PARALLEL_MIN_WORK
     from spfuse.runtime import looptree as lt
 
-    threads = effective_num_threads(num_threads)
-    template = _template(plan)
-    if template is not None:
-        return template.run(tensors, threads)
-    from spfuse.lowering.templates import PARALLEL_MIN_WORK
     work = sum(t.values.size for t in tensors.values()) + sum(
         int(np.prod([e or 0 for e in plan.shapes[r]])) for r in plan.results)
     if work < PARALLEL_MIN_WORK:
@@ -262,21 +256,64 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    program, tensors = _prepare(program, operands, trusted)
-    infos = {n: _info(n, t) for n, t in tensors.items()}
-    plan = _cached_plan(program, infos, fusion)
-    if plan.__dict__.get("_has_max") is not False:
-        _check_empty_max(plan)
-    raw = _execute(plan, tensors, num_threads)
-    flavour, dtype = _flavour(tensors), _result_dtype(tensors)
-    all_scipy = bool(tensors) and all(t.origin in ("sparray", "spmatrix") for t in tensors.values())
-    results = {}
-    for name in plan.results:
-        value = raw[name]
-        if all_scipy and out_format is None and isinstance(value, np.ndarray) and value.ndim == 2:
-            value = Tensor.from_numpy(value.astype(dtype, copy=False), "csr")  # scipy in -> scipy out
-        results[name] = _convert(value, out_format, flavour, dtype)
-    return results[plan.results[0]] if len(results) == 1 else results
+    tensors = _prepare(program, operands, trusted)
+    # Everything decided from the operands' formats, shapes, dtypes and origins
+    # is remembered: a repeat call validates its operands, then only runs.
+    key = (program, fusion, out_format,
+           tuple((n, t._format, t._shape, t._values.dtype, t.origin) for n, t in tensors.items()))
+    dispatch = _dispatch_cache.get(key)
+    if dispatch is None:
+        dispatch = _Dispatch(program, tensors, fusion, out_format)
+        if not dispatch.diagonal:  # diagonal operands are rebuilt per call: nothing to keep
+            with _cache_lock:
+                if len(_dispatch_cache) >= _MAX_CACHED:
+                    _dispatch_cache.pop(next(iter(_dispatch_cache)))
+                _dispatch_cache[key] = dispatch
+    return dispatch(tensors, num_threads)
+
+
+class _Dispatch:
+    """What one (program, operand signature) call runs: the plan, its template
+    kernel (or the generic executor) and how results are returned."""
+
+    def __init__(self, program: Program, tensors: Mapping[str, Tensor], fusion: str,
+                 out_format: Optional[str]):
+        _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
+        self.diagonal = _has_diagonal(program)
+        self.program = program
+        if self.diagonal:
+            program, tensors = self._diagonal_operands(tensors)
+        infos = {n: _info(n, t) for n, t in tensors.items()}
+        self.plan = plan = _cached_plan(program, infos, fusion)
+        if plan.__dict__.get("_has_max") is not False:
+            _check_empty_max(plan)
+        self.template = _template(plan)
+        self.out_format = out_format
+        self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
+        self.all_scipy = bool(tensors) and all(t.origin in ("sparray", "spmatrix") for t in tensors.values())
+
+    def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
+        """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
+        tensors = dict(tensors)
+        program = _diagonals(self.program, tensors)
+        used = set(program.inputs)
+        return program, {n: t for n, t in tensors.items() if n in used}
+
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
+        if self.diagonal:
+            tensors = self._diagonal_operands(tensors)[1]
+        threads = effective_num_threads(num_threads)
+        plan = self.plan
+        raw = self.template.run(tensors, threads) if self.template is not None else \
+            _execute_generic(plan, tensors, threads)
+        results = {}
+        for name in plan.results:
+            value = raw[name]
+            if (self.all_scipy and self.out_format is None and isinstance(value, np.ndarray)
+                    and value.ndim == 2):
+                value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr")  # scipy in -> scipy out
+            results[name] = _convert(value, self.out_format, self.flavour, self.dtype)
+        return results[plan.results[0]] if len(results) == 1 else results
 
 
 def _check_empty_max(plan: Plan) -> None:

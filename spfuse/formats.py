@@ -33,6 +33,7 @@ Format(levels=('dense', 'compressed'), mode_order=(0, 1))
 """
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -96,9 +97,10 @@ class Format:
         >>> Format.dense(3).levels
         ('dense', 'dense', 'dense')
         """
-        return cls((DENSE,) * _check_ndim(ndim))
+        return _dense(_check_ndim(ndim))
 
     @classmethod
+    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
     def csr(cls) -> "Format":
         """Compressed sparse row: ``(dense, compressed)``, order ``(0, 1)``.
 
@@ -108,6 +110,7 @@ class Format:
         return cls((DENSE, COMPRESSED), (0, 1))
 
     @classmethod
+    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
     def csc(cls) -> "Format":
         """Compressed sparse column: ``(dense, compressed)``, order ``(1, 0)``.
 
@@ -117,6 +120,7 @@ class Format:
         return cls((DENSE, COMPRESSED), (1, 0))
 
     @classmethod
+    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
     def dcsr(cls) -> "Format":
         """Doubly compressed sparse row: both levels compressed, order ``(0, 1)``.
 
@@ -126,6 +130,7 @@ class Format:
         return cls((COMPRESSED, COMPRESSED), (0, 1))
 
     @classmethod
+    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
     def dcsc(cls) -> "Format":
         """Doubly compressed sparse column: both compressed, order ``(1, 0)``.
 
@@ -196,7 +201,7 @@ class Format:
         """
         return len(self.levels)
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """The conventional name when one applies, else a descriptive string.
 
@@ -220,7 +225,7 @@ class Format:
         letters = "".join(_LETTER[k] for k in self.levels)
         return letters if identity else f"{letters}({order})"
 
-    @property
+    @functools.cached_property
     def is_dense(self) -> bool:
         """True when every level is dense (any mode order).
 
@@ -229,7 +234,7 @@ class Format:
         """
         return all(k == DENSE for k in self.levels)
 
-    @property
+    @functools.cached_property
     def is_identity_order(self) -> bool:
         """True when storage level ``l`` holds mode ``l``.
 
@@ -280,8 +285,18 @@ def as_format(fmt: Union[str, Format, None], ndim: int, default: str = "dense") 
                              f"(one per mode)\n  got: {fmt.ndim}")
         return fmt
     if isinstance(fmt, str):
-        return Format.named(fmt, ndim)
+        return _named(fmt, ndim)
     raise TypeError(f"format must be a name or spfuse.Format, got {type(fmt).__name__}")
+
+
+@functools.lru_cache(maxsize=64)
+def _dense(ndim: int) -> Format:
+    return Format((DENSE,) * ndim)  # one shared (immutable) Format per ndim
+
+
+@functools.lru_cache(maxsize=256)
+def _named(name: str, ndim: int) -> Format:
+    return Format.named(name, ndim)  # one shared (immutable) Format per name and ndim
 
 
 def _check_ndim(ndim: object) -> int:

@@ -33,6 +33,7 @@ True
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional, Sequence, Union
@@ -56,6 +57,14 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     view = a.view()
     view.flags.writeable = False
     return view
+
+
+_INT32 = np.dtype(np.int32)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_levels(shape: tuple) -> tuple:
+    return tuple(DenseLevel(s) for s in shape)
 
 
 @dataclass(frozen=True)
@@ -326,6 +335,59 @@ class Tensor:
         self.origin = origin
 
     @classmethod
+    def _fast_dense(cls, arr: np.ndarray) -> Optional["Tensor"]:
+        """The common dense operand (C-contiguous native float32/float64 ndarray)
+        wrapped in a few microseconds, or None: the general path decides."""
+        shape = arr.shape
+        if (arr.dtype not in V.VALUE_DTYPES or not arr.flags.c_contiguous
+                or max((arr.size, *shape)) > V.INT32_MAX):
+            return None
+        values = arr.reshape(-1)  # a new view of the caller's buffer, made read-only
+        values.flags.writeable = False
+        obj = cls.__new__(cls)
+        obj._shape = shape
+        obj._format = Format.dense(len(shape))
+        obj._levels = _dense_levels(shape)
+        obj._values = values
+        obj._index_dtype = _INT32
+        obj._coords = None
+        obj.origin = "numpy"
+        return obj
+
+    @classmethod
+    def _fast_compressed(cls, m: Any, origin: str) -> Optional["Tensor"]:
+        """A canonical scipy CSR/CSC matrix wrapped zero-copy after the one-pass
+        scan, or None when anything is unusual (dtypes, slack, unsorted rows,
+        an error to word): the general path then handles it."""
+        indptr, indices, data = m.indptr, m.indices, m.data
+        if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
+            return None
+        idx = indptr.dtype
+        if (idx != indices.dtype or idx not in V.INDEX_DTYPES or data.dtype not in V.VALUE_DTYPES
+                or indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1
+                or not (indptr.flags.c_contiguous and indices.flags.c_contiguous and data.flags.c_contiguous)):
+            return None
+        shape = m.shape
+        fmt = Format.csr() if m.format == "csr" else Format.csc()
+        nouter, ninner = (shape[0], shape[1]) if m.format == "csr" else (shape[1], shape[0])
+        nnz = len(indices)
+        if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
+            return None
+        if (idx == _INT32) == (max(nouter, ninner, nnz) > V.INT32_MAX):
+            return None  # the index dtype the general path would choose differs
+        if V.scan_status(indptr, indices, ninner) != 0:
+            return None
+        obj = cls.__new__(cls)
+        obj._shape = shape
+        obj._format = fmt
+        obj._levels = (DenseLevel(nouter), CompressedLevel(ninner, _readonly(indptr), _readonly(indices)))
+        obj._values = _readonly(data)
+        obj._index_dtype = idx
+        obj._coords = None
+        obj.origin = origin
+        return obj
+
+    @classmethod
     def _trusted(cls, shape: Sequence[int], fmt: Format, levels: Sequence[Level], values: np.ndarray,
                  origin: Optional[str] = None) -> "Tensor":
         """Wrap parts known to be valid and canonical (no O(nnz) checks).
@@ -426,6 +488,10 @@ class Tensor:
             raise V.wrong_type(name, "not a scipy.sparse object", "a scipy.sparse array or matrix",
                                type(m).__name__, "use Tensor.from_numpy for dense arrays, or as_tensor")
         origin = "sparray" if isinstance(m, sp.sparray) else "spmatrix"
+        if format is None and m.format in ("csr", "csc") and len(m.shape) == 2:
+            t = cls._fast_compressed(m, origin)
+            if t is not None:
+                return t
         shape = V.check_shape(m.shape, name)
         if len(shape) == 2 and m.format in ("csr", "csc"):
             t = cls._from_compressed(m.data, m.indices, m.indptr, shape, m.format, name, origin, slack=True)
@@ -808,6 +874,8 @@ def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = No
     """
     if isinstance(obj, Tensor):
         t = obj
+    elif type(obj) is np.ndarray and (t := Tensor._fast_dense(obj)) is not None:
+        pass
     elif sp.issparse(obj):
         t = Tensor.from_scipy(obj, name=name)
     elif obj is None or isinstance(obj, (str, bytes, dict, set)):

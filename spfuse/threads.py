@@ -27,6 +27,22 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
+# The default (no explicit setting) is resolved once per value of
+# OMP_NUM_THREADS: sched_getaffinity costs microseconds, a call budget is ~50.
+_default_cache: dict = {}
+
+
+def _default_threads() -> int:
+    env = os.environ.get("OMP_NUM_THREADS")
+    n = _default_cache.get(env)
+    if n is None:
+        n = _config.openmp_max_threads()
+        if env is None:
+            n = min(n, _available_cores())
+        n = _default_cache[env] = max(1, n) if _config.openmp_enabled() else 1
+    return n
+
+
 def _check(n: object, what: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"{what} must be a positive int or None, got {n!r}")
@@ -83,9 +99,7 @@ def effective_num_threads(num_threads: int | None = None) -> int:
     elif _global_setting[0] is not None:
         n = _global_setting[0]
     else:
-        n = _config.openmp_max_threads()
-        if "OMP_NUM_THREADS" not in os.environ:
-            n = min(n, _available_cores())
+        return _default_threads()
     if not _config.openmp_enabled():
         return 1
     return max(1, n)

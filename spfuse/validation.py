@@ -40,7 +40,7 @@ import numpy as np
 from spfuse.errors import InvalidOperandError, OperandTypeError
 
 __all__ = [
-    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES",
+    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES", "scan_status",
     "operand_label", "invalid", "wrong_type",
     "check_shape", "value_dtype", "as_values", "check_index_array",
     "index_dtype_for", "check_compressed", "check_coords",
@@ -255,6 +255,14 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
     p0 = int(pos[0])
     if p0 != 0:
         raise invalid(name, f"{pos_name}[0] is not 0", f"{pos_name}[0] == 0", f"{pos_name}[0] == {p0}")
+    end = int(pos[-1])
+    ncrd = len(crd)
+    if 0 <= end <= ncrd and (end == ncrd or not exact_end):
+        # The one-pass scan checks monotonicity and ranges too; numpy only
+        # runs below, to word the error, when the scan finds one.
+        fast = _scan(pos, crd, size)
+        if fast is not None and fast < 2:
+            return fast == 0
     if npos > 1:
         drops = np.flatnonzero(pos[1:] < pos[:-1])
         if drops.size:
@@ -263,8 +271,6 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
                           f"{pos_name}[k] <= {pos_name}[k+1] for every k",
                           f"{pos_name}[{k}] = {int(pos[k])} > {pos_name}[{k + 1}] = {int(pos[k + 1])}",
                           f"{pos_name} (indptr) holds cumulative counts of stored entries per parent position")
-    end = int(pos[-1])
-    ncrd = len(crd)
     if end > ncrd or (exact_end and end != ncrd):
         raise invalid(name, f"{pos_name}[-1] does not match the number of stored entries",
                       f"{pos_name}[-1] == len({crd_name}) == {ncrd}" if exact_end
@@ -272,9 +278,6 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
                       f"{pos_name}[-1] == {end}",
                       "the last indptr entry is nnz, the number of stored entries")
     c = crd[:end] if end != ncrd else crd
-    fast = _scan(pos, c, size)
-    if fast is not None and fast < 2:
-        return fast == 0
     if end:
         lo = int(c.min())
         hi = int(c.max())
@@ -293,6 +296,19 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
         starts = starts[(starts > 0) & (starts < end)]
         bad[starts - 1] = False
     return not bool(bad.any())
+
+
+def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
+    """The one-pass scan's verdict on a compressed level whose ``pos`` and
+    ``crd`` share an int32/int64 dtype, ``pos[0] == 0`` and ``pos[-1] ==
+    len(crd)``: 0 valid and canonical, 1 valid but not canonical, 2 or more
+    invalid (``check_compressed`` words the error).
+
+    >>> scan_status(np.array([0, 2, 3]), np.array([0, 4, 1]), 5)
+    0
+    """
+    from spfuse._kernels._validate import scan_compressed
+    return scan_compressed(pos, crd, size)[0]
 
 
 def _scan(pos: np.ndarray, crd: np.ndarray, size: int):

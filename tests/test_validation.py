@@ -40,6 +40,13 @@ MALFORMED = [
     ("non-monotone indptr",
      lambda: Tensor.from_csr([1.0, 2.0, 3.0], [0, 1, 2], [0, 3, 2, 3], (3, 3), name="B"),
      InvalidOperandError, "indptr is not monotone"),
+    ("indptr jumps past the end, then drops",  # the scan must not read indices[3:10**6]
+     lambda: Tensor.from_csr([1.0, 2.0, 3.0], [0, 1, 2], [0, 10**6, 3], (2, 3), name="B"),
+     InvalidOperandError, "indptr is not monotone"),
+    ("scipy indptr jumps past the end, then drops",
+     lambda: Tensor.from_scipy(_scipy_unchecked(sp.csr_array, [1.0, 2.0, 3.0], [0, 1, 2], [0, 10**6, 3], (2, 3)),
+                               name="B"),
+     InvalidOperandError, "indptr is not monotone"),
     ("wrong indptr length",
      lambda: Tensor.from_csr([1.0, 2.0, 3.0], [0, 1, 2], [0, 1, 3], (3, 3), name="B"),
      InvalidOperandError, "indptr has the wrong length"),

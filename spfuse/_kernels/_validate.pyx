@@ -18,7 +18,8 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
 
     status 0: valid and canonical (coordinates strictly increasing in every
     segment); 1: valid but unsorted or duplicated (canonicalise a copy);
-    2: ``pos`` decreases at ``where``; 3: ``crd[where]`` is out of ``[0, size)``.
+    2: ``pos`` decreases at or after ``where`` (checked here, so no segment
+    is read past ``pos[-1]``); 3: ``crd[where]`` is out of ``[0, size)``.
     Preconditions (checked by the caller): ``pos[0] == 0`` and
     ``pos[-1] <= len(crd)``.
     """
@@ -27,11 +28,14 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
     cdef Py_ssize_t where = -1
     cdef long long c, prev
     cdef int status = 0
+    if n < 0:
+        return 2, 0
+    cdef Py_ssize_t last = pos[n]
     with nogil:
         for s in range(n):
             start = pos[s]
             end = pos[s + 1]
-            if end < start:
+            if end < start or end > last:  # a later drop: never read past pos[-1]
                 status, where = 2, s
                 break
             prev = -1

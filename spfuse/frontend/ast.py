@@ -7,6 +7,7 @@ can point a caret at it.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Union
 
@@ -112,12 +113,20 @@ class Program:
     statements: tuple[Assignment, ...]
     text: str = field(default="", compare=False)
 
-    @property
+    def __hash__(self) -> int:
+        # Programs key the plan caches: hash the statement tree once, not per call.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(self.statements)
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    @functools.cached_property
     def assigned(self) -> tuple[str, ...]:
         """Names assigned, in assignment order."""
         return tuple(s.target.name for s in self.statements)
 
-    @property
+    @functools.cached_property
     def inputs(self) -> tuple[str, ...]:
         """Names read before (or without) being assigned, in order of first use."""
         seen: dict[str, None] = {}
@@ -129,7 +138,7 @@ class Program:
             assigned.add(s.target.name)
         return tuple(seen)
 
-    @property
+    @functools.cached_property
     def results(self) -> tuple[str, ...]:
         """Names assigned and never read by a later statement (what is returned)."""
         out = []
