@@ -402,6 +402,7 @@ class Kernel:
         unknown = sorted(set(declared) - set(self.program.inputs))
         if unknown:
             raise ProgramError(f"compile(): {', '.join(map(repr, unknown))} not read by the program")
+        self._examples = {n: v for n, v in declared.items() if not isinstance(v, (str, Format))}
         self._formats: dict[str, Format] = {}
         for name, spec in declared.items():
             if isinstance(spec, (str, Format)):
@@ -433,9 +434,11 @@ class Kernel:
 
     def __call__(self, **operands: Any):
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
-        merged = {n: v for n, v in self.declared.items() if not isinstance(v, (str, Format))}
-        merged.update(operands)
-        tensors, made = self._tensors(merged)
+        if self._examples:
+            operands = {**self._examples, **operands}
+        if not self._formats:  # nothing to convert: the plain call path
+            return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
+        tensors, made = self._tensors(operands)
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)
 
     def _infos(self, operands=None) -> dict:

@@ -108,6 +108,15 @@ class CompressedLevel:
         object.__setattr__(self, "pos", np.asarray(self.pos))
         object.__setattr__(self, "crd", np.asarray(self.crd))
 
+    @classmethod
+    def _wrap(cls, size: int, pos: np.ndarray, crd: np.ndarray) -> "CompressedLevel":
+        """A level over arrays that are already ndarrays (no coercion): the per-call fast path."""
+        obj = cls.__new__(cls)
+        object.__setattr__(obj, "size", size)
+        object.__setattr__(obj, "pos", pos)
+        object.__setattr__(obj, "crd", crd)
+        return obj
+
     def num_positions(self, parent_positions: int) -> int:
         """Positions of this level: the number of stored coordinates.
 
@@ -380,7 +389,7 @@ class Tensor:
         obj = cls.__new__(cls)
         obj._shape = shape
         obj._format = fmt
-        obj._levels = (DenseLevel(nouter), CompressedLevel(ninner, _readonly(indptr), _readonly(indices)))
+        obj._levels = (DenseLevel(nouter), CompressedLevel._wrap(ninner, _readonly(indptr), _readonly(indices)))
         obj._values = _readonly(data)
         obj._index_dtype = idx
         obj._coords = None

@@ -3,7 +3,8 @@
 One function, :func:`effective_num_threads`, is evaluated on every call: an
 explicit ``num_threads`` wins, then :func:`set_num_threads` / :func:`threads`,
 then ``OMP_NUM_THREADS`` (read by the OpenMP runtime itself), then the number
-of cores this process may run on.
+of cores this process may run on -- the last two resolved once per process,
+at the first call, like the OpenMP runtime does.
 """
 from __future__ import annotations
 
@@ -27,20 +28,19 @@ def _available_cores() -> int:
         return os.cpu_count() or 1
 
 
-# The default (no explicit setting) is resolved once per value of
-# OMP_NUM_THREADS: sched_getaffinity costs microseconds, a call budget is ~50.
-_default_cache: dict = {}
+# The default (no explicit setting) is resolved once: the OpenMP runtime
+# reads OMP_NUM_THREADS once at start-up too, and sched_getaffinity costs
+# microseconds of a ~50 us call budget.
+_default: list[int] = []
 
 
 def _default_threads() -> int:
-    env = os.environ.get("OMP_NUM_THREADS")
-    n = _default_cache.get(env)
-    if n is None:
+    if not _default:
         n = _config.openmp_max_threads()
-        if env is None:
+        if "OMP_NUM_THREADS" not in os.environ:
             n = min(n, _available_cores())
-        n = _default_cache[env] = max(1, n) if _config.openmp_enabled() else 1
-    return n
+        _default.append(max(1, n) if _config.openmp_enabled() else 1)
+    return _default[0]
 
 
 def _check(n: object, what: str) -> int:

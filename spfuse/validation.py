@@ -298,30 +298,35 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
     return not bool(bad.any())
 
 
+try:
+    from spfuse._kernels._validate import scan_compressed as _scan_compressed
+except ImportError:  # a source checkout without built kernels: the numpy checks run instead
+    _scan_compressed = None
+
+
 def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
     """The one-pass scan's verdict on a compressed level whose ``pos`` and
     ``crd`` share an int32/int64 dtype, ``pos[0] == 0`` and ``pos[-1] ==
     len(crd)``: 0 valid and canonical, 1 valid but not canonical, 2 or more
-    invalid (``check_compressed`` words the error).
+    invalid (``check_compressed`` words the error); -1 when the kernels are
+    not built (a source checkout): the caller takes the general path.
 
     >>> scan_status(np.array([0, 2, 3]), np.array([0, 4, 1]), 5)
     0
     """
-    from spfuse._kernels._validate import scan_compressed
-    return scan_compressed(pos, crd, size)[0]
+    if _scan_compressed is None:
+        return -1
+    return _scan_compressed(pos, crd, size)[0]
 
 
 def _scan(pos: np.ndarray, crd: np.ndarray, size: int):
     """Status of the one-pass Cython scan (0 canonical, 1 non-canonical, >= 2
     invalid: the numpy checks then word the error), or None when the arrays
     do not suit it (mixed or unusual integer dtypes)."""
-    if pos.dtype != crd.dtype or pos.dtype not in (np.int32, np.int64) or pos.ndim != 1:
+    if (pos.dtype != crd.dtype or pos.dtype not in (np.int32, np.int64) or pos.ndim != 1
+            or _scan_compressed is None):
         return None
-    try:
-        from spfuse._kernels._validate import scan_compressed
-    except ImportError:  # a source checkout without built kernels
-        return None
-    return scan_compressed(np.ascontiguousarray(pos), np.ascontiguousarray(crd), int(size))[0]
+    return _scan_compressed(np.ascontiguousarray(pos), np.ascontiguousarray(crd), int(size))[0]
 
 
 def check_coords(coords: Any, shape: Sequence[int], name: str = "operand") -> np.ndarray:

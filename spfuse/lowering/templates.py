@@ -17,6 +17,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 
+from spfuse._kernels import _csf_kernels as csf
+from spfuse._kernels import _csr_kernels as csr
+from spfuse._kernels import _dense_kernels as dense
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import TensorInfo
@@ -164,10 +167,6 @@ def _threads(ts, nt: int) -> int:
 
 
 def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int):
-    from spfuse._kernels import _csf_kernels as csf
-    from spfuse._kernels import _csr_kernels as csr
-    from spfuse._kernels import _dense_kernels as dense
-
     ts = [tensors[n] for n in names]
     nt = _threads(ts, nt)
     itype, dtype = _types(ts)

@@ -1,0 +1,114 @@
+"""The per-call path: dispatch cache, fast operand wrapping, re-validation.
+
+A cached call skips planning, never validation: every call scans its
+operands again, so a matrix mutated between calls is refused (or
+canonicalised) exactly as on the first call.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import spfuse
+from spfuse.errors import InvalidOperandError
+from spfuse.tensor import Tensor, as_tensor
+
+SPMV = "y[i] = A[i,j] * x[j]"
+
+
+def _csr(seed=0, shape=(30, 20), density=0.2, dtype=np.float64):
+    return sp.random_array(shape, density=density, format="csr", random_state=seed, dtype=dtype)
+
+
+def test_repeat_calls_hit_the_dispatch_cache_and_stay_correct():
+    spfuse.clear_cache()
+    A, x = _csr(), np.arange(20.0)
+    for seed in range(3):
+        A = _csr(seed)
+        np.testing.assert_allclose(spfuse.evaluate(SPMV, A=A, x=x), A.toarray() @ x)
+    from spfuse import api
+    assert len(api._dispatch_cache) == 1  # same formats, shapes, dtypes: one entry
+
+
+def test_out_of_range_index_written_after_a_cached_call_is_refused():
+    A, x = _csr(), np.ones(20)
+    spfuse.evaluate(SPMV, A=A, x=x)
+    A.indices[0] = 10**6  # the caller mutates its matrix between calls
+    with pytest.raises(InvalidOperandError, match="out-of-range"):
+        spfuse.evaluate(SPMV, A=A, x=x)
+
+
+def test_indptr_broken_after_a_cached_call_is_refused():
+    A, x = _csr(), np.ones(20)
+    k = spfuse.compile(SPMV)
+    k(A=A, x=x)
+    A.indptr[3] = A.indptr[-1] + 100
+    with pytest.raises(InvalidOperandError, match="indptr"):
+        k(A=A, x=x)
+
+
+def test_rows_unsorted_after_a_cached_call_are_canonicalised_on_a_copy():
+    A, x = _csr(seed=4), np.arange(20.0)
+    expected = A.toarray() @ x
+    spfuse.evaluate(SPMV, A=A, x=x)
+    row = int(np.argmax(np.diff(A.indptr)))
+    lo, hi = A.indptr[row], A.indptr[row + 1]
+    assert hi - lo >= 2
+    A.indices[lo:hi] = A.indices[lo:hi][::-1].copy()
+    A.data[lo:hi] = A.data[lo:hi][::-1].copy()
+    before = (A.indices.copy(), A.data.copy())
+    np.testing.assert_allclose(spfuse.evaluate(SPMV, A=A, x=x), expected)
+    np.testing.assert_array_equal(A.indices, before[0])  # the caller's arrays are untouched
+    np.testing.assert_array_equal(A.data, before[1])
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fast_wrap_equals_the_general_path(fmt, itype, dtype):
+    m = _csr(seed=2, dtype=dtype).asformat(fmt)
+    m.indptr, m.indices = m.indptr.astype(itype), m.indices.astype(itype)
+    fast = as_tensor(m, name="A")
+    general = Tensor.from_csr(m.data, m.indices, m.indptr, m.shape) if fmt == "csr" else \
+        Tensor.from_csc(m.data, m.indices, m.indptr, m.shape)
+    assert fast.format == general.format and fast.shape == general.shape
+    assert fast.index_dtype == general.index_dtype == np.int32  # small matrices narrow to int32
+    np.testing.assert_array_equal(fast.todense(), m.toarray())
+    for a, b in zip(fast.levels[1:], general.levels[1:]):
+        np.testing.assert_array_equal(a.pos, b.pos)
+        np.testing.assert_array_equal(a.crd, b.crd)
+    assert not fast.values.flags.writeable and not fast.levels[1].crd.flags.writeable
+    assert m.data.flags.writeable  # the caller's arrays keep their flags
+
+
+@pytest.mark.parametrize("a", [
+    np.arange(12.0).reshape(3, 4), np.arange(12.0).reshape(3, 4).T, np.arange(6, dtype=np.float32),
+    np.array(2.5), np.zeros((0, 3)), np.arange(6).reshape(2, 3), np.arange(6.0).astype(">f8"),
+])
+def test_dense_operands_of_every_layout(a):
+    t = as_tensor(a, name="x")
+    np.testing.assert_array_equal(t.todense(), np.asarray(a, dtype=t.dtype))
+    assert t.format.is_dense and t.origin == "numpy"
+
+
+def test_empty_and_zero_size_operands_on_the_fast_path():
+    for shape in [(0, 5), (5, 0), (0, 0), (4, 6)]:
+        A = sp.csr_array(shape)
+        x = np.ones(shape[1])
+        np.testing.assert_array_equal(spfuse.evaluate(SPMV, A=A, x=x), np.zeros(shape[0]))
+
+
+def test_dispatch_separates_flavour_and_dtype():
+    A, x = _csr(seed=1), np.ones(20)
+    r1 = spfuse.evaluate("C[i,j] = A[i,j] * A[i,j]", A=A)
+    r2 = spfuse.evaluate("C[i,j] = A[i,j] * A[i,j]", A=sp.csr_matrix(A))
+    r3 = spfuse.evaluate("C[i,j] = A[i,j] * A[i,j]", A=A.astype(np.float32))
+    assert isinstance(r1, sp.sparray) and isinstance(r2, sp.spmatrix)
+    assert r3.dtype == np.float32 and r1.dtype == np.float64
+    np.testing.assert_allclose(r2.toarray(), A.toarray() ** 2)
+    assert spfuse.evaluate(SPMV, A=A, x=x.astype(np.float32)).dtype == np.float64
+
+
+def test_diagonal_access_is_rebuilt_per_call():
+    for seed in range(2):
+        A = sp.random_array((6, 6), density=0.5, format="csr", random_state=seed)
+        np.testing.assert_allclose(spfuse.evaluate("y[i] = A[i,i]", A=A), np.diag(A.toarray()))
