@@ -15,7 +15,10 @@ Positions of the last level index ``values``.  CSR is therefore
 ``(DenseLevel(m), CompressedLevel(n, pos=indptr, crd=indices))`` with
 ``values = data``.  Every index array of a tensor has the same dtype,
 :attr:`Tensor.index_dtype`: int32 when every extent, position count and nnz
-fits in int32, int64 otherwise.  Arrays held by a tensor are read-only views;
+fits in int32, int64 otherwise -- except that a canonical scipy CSR/CSC
+matrix with int64 index arrays is wrapped as it is (int64, zero-copy):
+narrowing would copy both index arrays on every call.  Arrays held by a
+tensor are read-only views;
 a tensor never writes into arrays it was given.
 
 Tensors built by spfuse's constructors are canonical (sorted, no duplicate
@@ -382,8 +385,8 @@ class Tensor:
         nnz = len(indices)
         if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
             return None
-        if (idx == _INT32) == (max(nouter, ninner, nnz) > V.INT32_MAX):
-            return None  # the index dtype the general path would choose differs
+        if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
+            return None  # needs int64 indices: the general path widens them
         if V.scan_status(indptr, indices, ninner) != 0:
             return None
         obj = cls.__new__(cls)

@@ -71,7 +71,8 @@ def test_fast_wrap_equals_the_general_path(fmt, itype, dtype):
     general = Tensor.from_csr(m.data, m.indices, m.indptr, m.shape) if fmt == "csr" else \
         Tensor.from_csc(m.data, m.indices, m.indptr, m.shape)
     assert fast.format == general.format and fast.shape == general.shape
-    assert fast.index_dtype == general.index_dtype == np.int32  # small matrices narrow to int32
+    assert fast.index_dtype == itype  # int64 input is kept (zero-copy); from_csr narrows
+    assert general.index_dtype == np.int32
     np.testing.assert_array_equal(fast.todense(), m.toarray())
     for a, b in zip(fast.levels[1:], general.levels[1:]):
         np.testing.assert_array_equal(a.pos, b.pos)
