@@ -13,6 +13,7 @@ import threading
 from typing import Any, Mapping, Optional, Union
 
 import numpy as np
+import scipy.sparse as sp
 
 from spfuse.errors import OperandTypeError, ProgramError, UnsupportedError
 from spfuse.formats import Format
@@ -312,8 +313,33 @@ class _Dispatch:
             if (self.all_scipy and self.out_format is None and isinstance(value, np.ndarray)
                     and value.ndim == 2):
                 value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr")  # scipy in -> scipy out
-            results[name] = _convert(value, self.out_format, self.flavour, self.dtype)
+            results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
+
+
+def _owned(result, tensors: Mapping[str, Tensor]):
+    """``result`` with writable arrays of its own: a kernel's fresh output is
+    handed over (made writable), an array shared with an operand (SDDMM keeps
+    B's pattern) is copied, so changing the result never changes an input."""
+    if not (sp.issparse(result) and result.format in ("csr", "csc")):
+        return result
+    inputs = None
+    for attr in ("data", "indices", "indptr"):
+        arr = getattr(result, attr)
+        if arr.flags.writeable:
+            continue
+        if inputs is None:  # only sparse operands' arrays can be shared with a sparse result
+            inputs = [a for t in tensors.values() if not t.format.is_dense
+                      for a in (t.values, *(x for lv in t.levels if lv.kind == "compressed"
+                                            for x in (lv.pos, lv.crd)))]
+        if any(np.may_share_memory(arr, a) for a in inputs):
+            setattr(result, attr, arr.copy())
+            continue
+        try:
+            arr.flags.writeable = True  # a read-only view of a buffer this call allocated
+        except ValueError:
+            setattr(result, attr, arr.copy())
+    return result
 
 
 def _check_empty_max(plan: Plan) -> None:

@@ -113,3 +113,23 @@ def test_diagonal_access_is_rebuilt_per_call():
     for seed in range(2):
         A = sp.random_array((6, 6), density=0.5, format="csr", random_state=seed)
         np.testing.assert_allclose(spfuse.evaluate("y[i] = A[i,i]", A=A), np.diag(A.toarray()))
+
+
+@pytest.mark.parametrize("program", [
+    "C[i,j] = A[i,j] * (X[i,k] * Y[j,k])",  # SDDMM: the result keeps A's pattern
+    "C[i,j] = A[i,j] + A[i,j]", "C[i,j] = A[i,j]", "C[i,k] = A[i,j] * A[j,k]",
+])
+def test_sparse_results_are_writable_and_never_alias_an_input(program):
+    A = _csr(seed=3, shape=(20, 20))
+    ops = {"A": A, "X": np.ones((20, 3)), "Y": np.ones((20, 3))}
+    ops = {n: v for n, v in ops.items() if f"{n}[" in program}
+    before = [a.copy() for a in (A.data, A.indices, A.indptr)]
+    C = spfuse.evaluate(program, **ops)
+    assert isinstance(C, sp.sparray)
+    for arr in (C.data, C.indices, C.indptr):
+        assert arr.flags.writeable
+        for a in (A.data, A.indices, A.indptr):
+            assert not np.shares_memory(arr, a)
+    C.data *= 2  # the caller owns the result
+    for a, b in zip((A.data, A.indices, A.indptr), before):
+        np.testing.assert_array_equal(a, b)
