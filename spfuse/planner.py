@@ -31,6 +31,7 @@ from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
 from spfuse.passes.reassociate import Association, reassociate
+from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.tiling import choose_tiles
 
@@ -132,8 +133,10 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     orders = {op.id: order_loops(op, inputs, masks[op.id], atoms) for op in ops}
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
+    separations: tuple[str, ...] = ()
     if fusion == "auto":
-        tree, temporaries = reduce_dimensions(trie_fuse(unfused), ops, temps, shapes)
+        fused, separations = separate_small_temporaries(trie_fuse(unfused), unfused, ops, masks, shapes, inputs)
+        tree, temporaries = reduce_dimensions(fused, ops, temps, shapes)
     else:
         tree, temporaries = unfused, full_temporaries(ops, temps, shapes)
     tree = mark_parallel(tree)
@@ -144,7 +147,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     notes = () if propagate or fusion != "auto" else (
         "iteration-space propagation disabled: a propagated mask could not be iterated "
         "concordantly, so every operation iterates its own operands' patterns",)
-    decisions = tuple(a.note for a in associations)
+    decisions = tuple(a.note for a in associations) + separations
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions)
