@@ -9,7 +9,7 @@ it back -- cheap while it stays in cache, a DRAM round trip beyond it.
 
 A contraction is split out of its fused group when
 
-    flops / BLAS_SPEEDUP + 2 · |T| · traffic  <  flops
+    flops / BLAS_SPEEDUP + 2 · |T| · traffic + KERNEL_OVERHEAD  <  flops
 
 with ``traffic`` = :data:`CACHE_TRAFFIC` when the temporaries fit in half of
 :data:`L2_BYTES` (the rest holds the streamed operands) and
@@ -21,6 +21,9 @@ fused kernel's row GEMM ran 1.2-6.8× slower than the BLAS call on the same
 data (n=2000..200000, H=J=4..64), so ``BLAS_SPEEDUP = 2`` is conservative;
 with T = 25 MB (beyond every cache) and J = 16 the two were within 4%
 (150 vs 145 ms), which ``DRAM_TRAFFIC = 4`` reproduces (split when J > 16).
+Through ``spfuse.evaluate`` the extra kernel cost ≈ 30 µs more (Python
+dispatch, the temporary's allocation; n=2000, H=J=16: 431-454 vs 422-449 µs
+fused), ≈ 1.5e5 madds at the 0.23 ns/madd the fused row product ran at.
 """
 from __future__ import annotations
 
@@ -32,12 +35,14 @@ from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Root
 from spfuse.passes.fusion import ops_under, trie_fuse
 
-__all__ = ["separate_small_temporaries", "L2_BYTES", "BLAS_SPEEDUP", "CACHE_TRAFFIC", "DRAM_TRAFFIC"]
+__all__ = ["separate_small_temporaries", "L2_BYTES", "BLAS_SPEEDUP", "CACHE_TRAFFIC", "DRAM_TRAFFIC",
+           "KERNEL_OVERHEAD"]
 
 L2_BYTES = 1 << 20   # typical per-core L2 of current x86 server parts (1-2 MiB); wheels must not probe
 BLAS_SPEEDUP = 2.0   # BLAS gemm vs the fused row-by-row product (measured 1.2-6.8×)
 CACHE_TRAFFIC = 0.5  # madd-equivalents per temporary element written or read from cache
 DRAM_TRAFFIC = 4.0   # ... from memory
+KERNEL_OVERHEAD = 1.5e5  # one more kernel call from Python, in madd-equivalents
 
 
 def _dense_ref(ref: Ref, inputs: Mapping[str, TensorInfo], dense_temps: set) -> bool:
@@ -116,12 +121,12 @@ def _cost(op: UnitOp, group, producers, shapes, itemsize) -> Optional[tuple[bool
     nbytes = elems * itemsize
     fits = nbytes <= L2_BYTES // 2
     traffic = CACHE_TRAFFIC if fits else DRAM_TRAFFIC
-    separate_cost = flops / BLAS_SPEEDUP + 2 * elems * traffic
+    separate_cost = flops / BLAS_SPEEDUP + 2 * elems * traffic + KERNEL_OVERHEAD
     separate = separate_cost < flops
     where = (f"temporary {', '.join(a.name for a in temps)} of {nbytes / 1024:.0f} KiB "
              + (f"fits in L2/2 ({L2_BYTES // 2048} KiB)" if fits else f"exceeds L2/2 ({L2_BYTES // 2048} KiB)")
              if temps else "no temporary shared with the group")
     costs = (f"fused row-by-row {flops:.3g} vs BLAS {flops:.3g}/{BLAS_SPEEDUP:g} + traffic "
-             f"2·{elems}·{traffic:g} = {separate_cost:.3g} madd-equivalents")
+             f"2·{elems}·{traffic:g} + call {KERNEL_OVERHEAD:.3g} = {separate_cost:.3g} madd-equivalents")
     verdict = "separate kernels" if separate else "kept fused"
     return separate, f"{verdict} for {op}: {where}; {costs}"
