@@ -65,6 +65,7 @@ class Plan:
     # Cost decisions shown by explain() with their numbers.  Kept apart from
     # ``notes``: lowering reads a non-empty ``notes`` as "propagation disabled".
     associations: tuple[Association, ...] = ()
+    separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
     decisions: tuple[str, ...] = ()
 
     @property
@@ -134,8 +135,10 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
     separations: tuple[str, ...] = ()
+    separated: tuple[int, ...] = ()
     if fusion == "auto":
-        fused, separations = separate_small_temporaries(trie_fuse(unfused), unfused, ops, masks, shapes, inputs)
+        fused, separations, separated = separate_small_temporaries(trie_fuse(unfused), unfused, ops, masks,
+                                                                   shapes, inputs)
         tree, temporaries = reduce_dimensions(fused, ops, temps, shapes)
     else:
         tree, temporaries = unfused, full_temporaries(ops, temps, shapes)
@@ -150,7 +153,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     decisions = tuple(a.note for a in associations) + separations
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
-                formats=formats, tiles=tiles, associations=associations, decisions=decisions)
+                formats=formats, tiles=tiles, associations=associations, decisions=decisions,
+                separated=separated)
 
 
 #: Reductions this short are cheaper fused into one loop nest than materialised.

@@ -267,3 +267,20 @@ def test_planning_time_is_reported(capsys):
         plan_program(prog, ins)
     with capsys.disabled():
         print(f"\nGNN-1 planning (uncached, auto): {(time.perf_counter() - t) / 20 * 1e3:.2f} ms")
+
+
+@pytest.mark.parametrize("text,kernel", [
+    ("T[i,j] = C[i,k] * D[k,j]; A[i,j] = B[i,j] * T[i,j]", "sddmm"),   # one fused group: its einsum
+    ("T[j,i] = C[i,k] * D[k,j]; A[i,j] = B[i,j] * T[j,i]", None),      # T demanded on B's pattern only
+])
+def test_masked_temporary_is_never_computed_whole(text, kernel, rng):
+    # a temporary that propagation restricts to B's pattern must not become a
+    # whole dense GEMM (O(I·J·K) instead of O(nnz·K))
+    B = _csr(rng, (300, 250), 0.02, np.int32, np.float64)
+    C, D = rng.random((300, 16)), rng.random((16, 250))
+    plan = spfuse.compile(text).plans(B=B, C=C, D=D)["auto"]
+    m = match_template(plan)
+    assert (m and m.kernel) == kernel
+    assert all(g.kernel != "gemm" for g in split_groups(plan))
+    ref = dense_reference(parse_program(text), {"B": B.toarray(), "C": C, "D": D})
+    np.testing.assert_allclose(_dense(spfuse.evaluate(text, B=B, C=C, D=D)), ref, rtol=1e-12, atol=1e-12)

@@ -117,6 +117,28 @@ def _run_gemm(roles, out_shape, tensors, nt):
     return np.ascontiguousarray(out.T) if ot else out
 
 
+def _computed_whole(plan, op: UnitOp) -> bool:
+    """May ``op``'s output be computed whole (as a template or BLAS does)?
+
+    Not when propagation restricted it to a pattern living inside its index
+    space -- SDDMM's ``C·D`` demanded only on ``B[i,j]``: computing it whole
+    would be asymptotically more work.  A pattern that is only a projection
+    onto the temporary (``A[i,k]``'s columns for ``T[k,j]`` in ``A·(X·W)``)
+    prunes little and is not iterable there anyway."""
+    readers = [(o.statement, r.indices) for o in plan.ops for r in o.refs if r.name == op.out]
+    for ix in op.out_indices:
+        mask = plan.masks.get(op.id, {}).get(ix)
+        if mask is None or mask.is_true:
+            continue
+        for atom in mask.atoms:
+            statement, _, indices, _ = plan.atoms[atom]
+            if statement == op.statement and set(indices) <= set(op.out_indices):
+                return False
+            if any(st == statement and set(indices) <= set(rix) for st, rix in readers):
+                return False
+    return True
+
+
 def _temp_info(name, shape) -> TensorInfo:
     return TensorInfo.dense(name, tuple(shape))
 
@@ -155,7 +177,8 @@ def split_groups(plan) -> tuple[Group, ...]:
         kernel, names, ein = "generic", (), None
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
             ein = _group_einsum(ops, outs[0])
-        if ein is not None and all(f in infos or f in produced_in for f, _ in ein[3]):
+        whole = all(_computed_whole(plan, op) for op in ops if op.out in outs and op.out not in plan.results)
+        if ein is not None and whole and all(f in infos or f in produced_in for f, _ in ein[3]):
             local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
             roles = _gemm_roles(ein, local)
             if roles is not None:

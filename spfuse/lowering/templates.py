@@ -326,14 +326,14 @@ MAX_WORKSPACE_COLUMNS = 2**25
 def match_template(plan) -> Optional[TemplateMatch]:
     """The template kernel for ``plan`` (auto fusion only), or None.
 
-    A whole-program template implements the program as written, fused in one
-    group; when the planner re-associated a chain or split the plan into
-    several groups, the plan runs group by group (:mod:`spfuse.lowering.groups`),
+    A whole-program template implements the program as written, fused; when
+    the planner re-associated a chain or split a contraction out of its fused
+    group, or no whole-program template matches, the plan runs group by group (:mod:`spfuse.lowering.groups`),
     each group on a template kernel where one matches -- one decision
     procedure, the planner's."""
     if plan.fusion != "auto":
         return None
-    as_written = len(plan.tree.children) == 1 and not any(
+    as_written = not getattr(plan, "separated", ()) and not any(
         a.changed for a in getattr(plan, "associations", ()))
     m = _match(plan) if as_written else None
     if m is not None and m.kernel in ("spgemm", "spadd"):

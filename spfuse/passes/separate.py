@@ -62,10 +62,10 @@ def _is_gemm(op: UnitOp) -> bool:
 
 def separate_small_temporaries(fused: Root, unfused: Root, ops, masks: Mapping[int, Mapping[str, Mask]],
                                shapes: Mapping[str, tuple], inputs: Mapping[str, TensorInfo],
-                               itemsize: int = 8) -> tuple[Root, tuple[str, ...]]:
+                               itemsize: int = 8) -> tuple[Root, tuple[str, ...], tuple[int, ...]]:
     """Split dense × dense contractions out of their fused groups when the
-    cost model prefers separate kernels; returns the new fused tree and one
-    decision note (with its numbers) per candidate.
+    cost model prefers separate kernels; returns the new fused tree, one
+    decision note (with its numbers) per candidate, and the ids of the ops split out.
 
     >>> from spfuse.frontend.parser import parse_program
     >>> from spfuse.planner import plan_program
@@ -79,7 +79,7 @@ def separate_small_temporaries(fused: Root, unfused: Root, ops, masks: Mapping[i
     dense_temps = {op.out for op in ops
                    if all(masks[op.id].get(ix) is None or masks[op.id][ix].is_true for ix in op.out_indices)}
     children = list(fused.children)
-    notes = []
+    notes, split_ids = [], []
     out = []
     for node in children:
         group = ops_under(node)
@@ -104,7 +104,8 @@ def separate_small_temporaries(fused: Root, unfused: Root, ops, masks: Mapping[i
         rest = [o for o in group if o is not split]
         out.extend(trie_fuse(Root(tuple(unfused.children[o.id] for o in rest))).children)
         out.append(unfused.children[split.id])
-    return Root(tuple(out)), tuple(notes)
+        split_ids.append(split.id)
+    return Root(tuple(out)), tuple(notes), tuple(split_ids)
 
 
 def _cost(op: UnitOp, group, producers, shapes, itemsize) -> Optional[tuple[bool, str]]:
