@@ -1,7 +1,5 @@
 """Reassociation of contraction chains, group-by-group lowering (BLAS for
 dense × dense groups) and the small-temporary → separate-kernels rule."""
-import itertools
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -9,7 +7,6 @@ import scipy.sparse as sp
 import spfuse
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.ops import Ref, TensorInfo
-from spfuse.ir.tree import loop_shape
 from spfuse.lowering.groups import split_groups
 from spfuse.lowering.templates import match_template
 from spfuse.passes.decompose import decompose

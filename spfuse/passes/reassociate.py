@@ -189,7 +189,7 @@ def _best_tree(factors, out_indices, extents, density):
     return best.get(full)
 
 
-def _density(ref: Ref, inputs, dense_temps, shapes) -> Optional[float]:
+def _density(ref: Ref, inputs, dense_temps) -> Optional[float]:
     info = inputs.get(ref.name)
     if info is None:
         return 1.0 if ref.name in dense_temps else None
@@ -295,7 +295,7 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
 def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
     root = chain.root
     written = _text(chain.written, labels)
-    unknown = [f.name for f in factors if _density(f, inputs, dense_temps, shapes) is None]
+    unknown = [f.name for f in factors if _density(f, inputs, dense_temps) is None]
     if unknown:
         why = (f"nnz of {', '.join(dict.fromkeys(unknown))} unknown at planning time"
                if all(f in inputs for f in unknown) else "a factor is a sparse temporary")
@@ -304,11 +304,13 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
     for f in factors:
         for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices))):
             extents[ix] = n if extents.get(ix) is None else extents[ix]
-    if any(v is None for v in extents.values()) or any(f.indices.count(ix) > 1 for f in factors
-                                                        for ix in f.indices):
+    if any(v is None for v in extents.values()):
         return _association(root, labels, written, written, None, None, "an extent is unknown",
                             chain.written)
-    density = [_density(f, inputs, dense_temps, shapes) for f in factors]
+    if any(f.indices.count(ix) > 1 for f in factors for ix in f.indices):
+        return _association(root, labels, written, written, None, None, "a factor repeats an index",
+                            chain.written)
+    density = [_density(f, inputs, dense_temps) for f in factors]
     w_cost = chain_cost(chain.written, factors, root.out_indices, extents, density)
     best = _best_tree(factors, root.out_indices, extents, density)
     if w_cost is None or best is None:
