@@ -82,6 +82,8 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[
                                "none (no long dense loop outside every sparse loop)"))
     for note in p.notes:
         lines.append(f"note: {note}")
+    for decision in getattr(p, "decisions", ()):
+        lines.append(f"decision: {decision}")
     lines.append("")
     lines.append("redundancies (ReACT): present in each strategy?")
     names = [m for m in ("none", "max", "auto") if m in plans]

@@ -30,6 +30,8 @@ from spfuse.passes.loop_order import order_loops
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
+from spfuse.passes.reassociate import Association, reassociate
+from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.tiling import choose_tiles
 
@@ -60,6 +62,11 @@ class Plan:
     atoms: Mapping[str, tuple] = field(default_factory=dict)  # mask atom → (statement, tensor, indices, mode)
     formats: Mapping[str, FormatDecision] = field(default_factory=dict)
     tiles: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    # Cost decisions shown by explain() with their numbers.  Kept apart from
+    # ``notes``: lowering reads a non-empty ``notes`` as "propagation disabled".
+    associations: tuple[Association, ...] = ()
+    separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
+    decisions: tuple[str, ...] = ()
 
     @property
     def parallel_loops(self) -> tuple[str, ...]:
@@ -106,12 +113,17 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
                 return replace(plan, fusion="auto", notes=plan.notes + (note,))
     start = time.perf_counter()
     results = program.results
+    associations: tuple[Association, ...] = ()
     if fusion == "max":
         ops = maximal_statement_ops(program)
         spaces = None
         masks, atoms = statement_masks(ops, inputs)
     else:
         ops = decompose(program)
+        if fusion == "auto":
+            # The library approach ("none") runs the text as written; auto
+            # picks the cheapest association of every contraction chain.
+            ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs))
         spaces = propagate_iteration_spaces(ops, inputs, results)
         # Without propagation every mask comes from the op's own operands and
         # is exact; lowering falls back to it when a propagated mask cannot be
@@ -122,8 +134,12 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     orders = {op.id: order_loops(op, inputs, masks[op.id], atoms) for op in ops}
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
+    separations: tuple[str, ...] = ()
+    separated: tuple[int, ...] = ()
     if fusion == "auto":
-        tree, temporaries = reduce_dimensions(trie_fuse(unfused), ops, temps, shapes)
+        fused, separations, separated = separate_small_temporaries(trie_fuse(unfused), unfused, ops, masks,
+                                                                   shapes, inputs)
+        tree, temporaries = reduce_dimensions(fused, ops, temps, shapes)
     else:
         tree, temporaries = unfused, full_temporaries(ops, temps, shapes)
     tree = mark_parallel(tree)
@@ -134,9 +150,11 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     notes = () if propagate or fusion != "auto" else (
         "iteration-space propagation disabled: a propagated mask could not be iterated "
         "concordantly, so every operation iterates its own operands' patterns",)
+    decisions = tuple(a.note for a in associations) + separations
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
-                formats=formats, tiles=tiles)
+                formats=formats, tiles=tiles, associations=associations, decisions=decisions,
+                separated=separated)
 
 
 #: Reductions this short are cheaper fused into one loop nest than materialised.

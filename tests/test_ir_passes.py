@@ -81,8 +81,20 @@ def test_sddmm_tree_matches_react_figure_1():
     assert p.parallel_loops == ("i",)
 
 
+def _big_chain(name):
+    """SpMM-GEMM-shaped operands whose I×H temporary (25 MB) exceeds every cache."""
+    sparse = "A" if name == "GNN-1" else "B"
+    csr = TensorInfo(sparse, 2, ("dense", "compressed"), (0, 1), (200_000, 200_000), nnz=3_200_000)
+    dense = [n for n in infos(name) if n != sparse]
+    return {sparse: csr, dense[0]: TensorInfo.dense(dense[0], (200_000, 16)),
+            dense[1]: TensorInfo.dense(dense[1], (16, 16))}
+
+
 def test_gnn1_tree_and_row_temporary():
-    p = plan("GNN-1")
+    # ReACT's fused tree with a row temporary is kept while the whole
+    # temporary would not fit in cache; a small one is split into SpMM +
+    # BLAS gemm instead (measured faster: tests/test_reassociate.py).
+    p = plan_program(parse_program(KERNELS["GNN-1"]), _big_chain("GNN-1"))
     assert loop_shape(p.tree) == [("i", ["reset T0", ("k", [("h", ["T0"])]), ("h", [("j", ["Z"])])])]
     assert p.temporaries["T0"].kept == ("h",)
 
@@ -197,5 +209,5 @@ def test_input_sensitive_fusion_for_tiny_reductions():
 
 
 def test_spmm_gemm_row_temporary():
-    p = plan("SpMM-GEMM")
+    p = plan_program(parse_program(KERNELS["SpMM-GEMM"]), _big_chain("SpMM-GEMM"))
     assert [t.kept for t in p.temporaries.values()] == [("k",)]

@@ -94,6 +94,7 @@ SIGNATURES = {
                                ("dense", "lm")]),
     "mttkrp_gemm": ("im", [("csf", "ikl"), ("dense", "lj"), ("dense", "kj"), ("dense", "jm")]),
     "spttm_spttm": ("ijm", [("csf", "ijk"), ("dense", "kl"), ("dense", "lm")]),
+    "ttm": ("ijl", [("csf", "ijk"), ("dense", "kl")]),
 }
 
 
@@ -186,15 +187,12 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             csr.sddmm(ip, ix, vals, d[0], Dt, outv, 0, nt)
             return S.with_values(outv)
         elif kernel == "spmm_gemm":
+            # (A·C)·D fused with a row temporary.  The association and the
+            # fused-vs-separate choice are the planner's (reassociate,
+            # separate): A·(C·D) or separate kernels arrive as several groups.
             C, D = d
             out = np.empty(out_shape, dtype)
-            row, dense_first = _association(len(vals), S.shape[0], C.shape[0], C.shape[1], D.shape[1])
-            if dense_first < row:  # A·(C·D): the dense product first is cheaper
-                CD = np.empty((C.shape[0], D.shape[1]), dtype)
-                dense.gemm(C, D, CD, nt)
-                csr.spmm(ip, ix, vals, CD, out, nt)
-            else:
-                csr.spmm_gemm(ip, ix, vals, C, D, out, nt)
+            csr.spmm_gemm(ip, ix, vals, C, D, out, nt)
         elif kernel == "gnn2":
             X, Ykh, Yjh = d
             Dt, E = np.ascontiguousarray(Ykh.T), np.ascontiguousarray(Yjh.T)
@@ -218,6 +216,17 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
                                CompressedLevel(out_shape[1], indptr, indices)), data, None)
     arrs = _csf(S, itype, dtype)
     d = [_dense(t, dtype) for t in ts[1:]]
+    if kernel == "ttm":
+        # X[i,j,k]·C[k,l]: the CSF's last level is a CSR matrix whose rows are
+        # X's (i, j) fibers, so this is SpMM over fibers; the result keeps
+        # X's two outer levels and a dense row of L per fiber.
+        from spfuse.tensor import DenseLevel, Tensor
+        from spfuse._kernels import _csr_kernels as csr
+        L = d[0].shape[1]
+        outv = np.empty((len(arrs[3]), L), dtype)
+        csr.spmm(arrs[4], arrs[5], arrs[6], d[0], outv, nt)
+        return Tensor._trusted(out_shape, Format(("compressed", "compressed", "dense")),
+                               tuple(S.levels[:2]) + (DenseLevel(L),), outv.reshape(-1), None)
     if kernel in ("ttv", "spttm_spttm"):
         from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
         n_fibers = len(arrs[3])  # level-1 positions: X's (i, j) fibers
@@ -241,11 +250,6 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     return out
 
 
-def _association(nnz, I, K, H, J):
-    """Cost of ``(A·C)·D`` (row temporary) and of ``A·(C·D)`` for A (I×K, nnz), C (K×H), D (H×J)."""
-    return nnz * H + I * H * J, K * H * J + nnz * J
-
-
 _WHY = {
     "spmv": "gather-dot per row",
     "spmm": "row axpy; the dense k loop is tiled (not sparse, not a parent of a sparse loop)",
@@ -259,19 +263,14 @@ _WHY = {
     "sddmm_spmm_gemm": "<SDDMM,SpMM,GEMM>: scalar temporary, then a row temporary times W",
     "mttkrp_gemm": "<MTTKRP,GEMM>: hoisted row temporary per i, then times E",
     "spttm_spttm": "<SpTTM,SpTTM>: row temporary per (i,j) fiber, then times D",
+    "ttm": "SpMM over X's (i,j) fibers: a dense row per fiber",
+    "spmm_gemm": "<SpMM,GEMM>: (A·C)·D with a row temporary per i, then times D (SparseLNR); "
+                 "association and fusion chosen by the planner (see decisions)",
 }
 
 
 def _why(kernel, names, infos) -> str:
-    if kernel != "spmm_gemm":
-        return _WHY[kernel]
-    A, C, D = (infos[n] for n in names)
-    if None in (A.nnz, *A.shape, *C.shape, *D.shape):
-        return "<SpMM,GEMM>: association chosen at run time from nnz and shapes"
-    row, dense_first = _association(A.nnz, A.shape[0], A.shape[1], C.shape[1], D.shape[1])
-    pick = "A·(C·D): dense product first, then SpMM" if dense_first < row else \
-        "(A·C)·D: row temporary per i, then times D (SparseLNR <SpMM,GEMM>)"
-    return f"{pick}; cost (A·C)·D = nnz·H + I·H·J = {row:.3g} vs A·(C·D) = K·H·J + nnz·J = {dense_first:.3g}"
+    return _WHY[kernel]
 
 
 def _match_spadd(plan, infos):
@@ -324,14 +323,25 @@ MAX_WORKSPACE_COLUMNS = 2**25
 
 
 def match_template(plan) -> Optional[TemplateMatch]:
-    """The template kernel for ``plan`` (auto fusion only), or None."""
+    """The template kernel for ``plan`` (auto fusion only), or None.
+
+    A whole-program template implements the program as written, fused; when
+    the planner re-associated a chain or split a contraction out of its fused
+    group, or no whole-program template matches, the plan runs group by group (:mod:`spfuse.lowering.groups`),
+    each group on a template kernel where one matches -- one decision
+    procedure, the planner's."""
     if plan.fusion != "auto":
         return None
-    m = _match(plan)
+    as_written = not getattr(plan, "separated", ()) and not any(
+        a.changed for a in getattr(plan, "associations", ()))
+    m = _match(plan) if as_written else None
     if m is not None and m.kernel in ("spgemm", "spadd"):
         width = plan.shapes.get(plan.results[0], (0, 0))[-1]
         if width is None or width > MAX_WORKSPACE_COLUMNS:
             return None
+    if m is None:
+        from spfuse.lowering.groups import lower_groups
+        m = lower_groups(plan)
     return m
 
 

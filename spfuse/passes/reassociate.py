@@ -1,0 +1,330 @@
+"""Cost-based reassociation of contraction chains (the sparse matrix-chain problem).
+
+The three-address form follows the text: ``A[i,k]*X[k,h]*W[h,j]`` becomes
+``T0 = A·X; Z = T0·W``.  Which association is cheaper depends on the data:
+``(A·X)·W`` costs ``nnz·H + I·H·J`` and ``A·(X·W)`` costs ``K·H·J + nnz·J``.
+This pass finds every *chain* -- unit operations of one statement that are
+sum-contractions ``out = sum(r, a*b)`` linked through temporaries read once --
+and picks the cheapest binary contraction tree over its factors by dynamic
+programming over factor subsets (opt_einsum's ``optimal`` path, small ``n``).
+
+Cost of contracting two parts = the product of the extents of every index
+they carry, times each part's density (a sparse input's density is
+``nnz / size``; a contraction's result is non-zero where any of its terms is,
+assuming uniform independent non-zeros).  This gives the formulas above
+whenever A has at least as many stored entries as rows (``A·X`` is then
+estimated dense).  Pairs that sum no index (outer or Hadamard products)
+are never formed: they would create temporaries bigger than any operand.
+
+The written order is kept when an ``nnz`` or extent is unknown (``compile()``
+before seeing data), or when the best tree is not cheaper by
+:data:`REASSOCIATE_MARGIN` -- cost estimates assume uniformly spread
+non-zeros, so near-ties are not worth leaving the order the user wrote (and
+the fused template that implements it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from math import prod
+from typing import Mapping, Optional
+
+from spfuse.ir.ops import Ref, TensorInfo, UnitOp
+
+__all__ = ["Association", "reassociate", "REASSOCIATE_MARGIN", "chain_cost"]
+
+#: Reassociate only when the written order costs this many times the best.
+REASSOCIATE_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class Association:
+    """The decision for one chain: both trees as text, their costs, and why."""
+
+    statement: int
+    factors: tuple[str, ...]
+    written: str
+    chosen: str
+    written_cost: Optional[float]
+    chosen_cost: Optional[float]
+    reason: str
+    tree: object = field(default=None, compare=False, repr=False)  # nested pairs of factor positions
+
+    @property
+    def changed(self) -> bool:
+        return self.written != self.chosen
+
+    @property
+    def note(self) -> str:
+        head = f"association of {'·'.join(self.factors)}: "
+        if self.written_cost is None:
+            return head + f"written order {self.written} kept ({self.reason})"
+        costs = f"{self.written} = {self.written_cost:.4g}"
+        if self.changed:
+            costs += f" vs {self.chosen} = {self.chosen_cost:.4g}"
+            return head + f"{self.chosen} chosen ({costs} multiply-adds; {self.reason})"
+        return head + f"written order {self.written} kept ({costs} multiply-adds; {self.reason})"
+
+
+def _is_contraction(op: UnitOp) -> bool:
+    return (op.operator == "*" and op.reduction == "sum" and bool(op.reduced) and len(op.args) == 2
+            and all(isinstance(a, Ref) for a in op.args))
+
+
+class _Chain:
+    """Factors and written tree of the chain rooted at one op."""
+
+    def __init__(self, root: UnitOp, producers, internal):
+        self.root = root
+        self.factors: list[Ref] = []
+        self.internal_ops: list[UnitOp] = []   # in the order they were emitted
+        self.written = self._walk(root, producers, internal)
+
+    def _walk(self, op, producers, internal):
+        parts = []
+        for a in op.args:
+            p = producers.get(a.name)
+            if a.name in internal and p is not None and p.statement == self.root.statement \
+                    and a.indices == p.out_indices:
+                parts.append(self._walk(p, producers, internal))
+                self.internal_ops.append(p)
+            else:
+                self.factors.append(a)
+                parts.append(len(self.factors) - 1)
+        return tuple(parts)
+
+
+def _leaves(tree) -> frozenset:
+    return frozenset({tree}) if isinstance(tree, int) else _leaves(tree[0]) | _leaves(tree[1])
+
+
+def _text(tree, names) -> str:
+    if isinstance(tree, int):
+        return names[tree]
+    l, r = (_text(t, names) for t in tree)
+    return f"({l}·{r})"
+
+
+def chain_cost(tree, factors, out_indices, extents, density) -> Optional[float]:
+    """Multiply-adds of evaluating a binary contraction ``tree`` over ``factors``
+    (``None`` when it forms a pair that sums no index).
+
+    >>> from spfuse.ir.ops import Ref
+    >>> f = [Ref("A", ("i", "k")), Ref("X", ("k", "h")), Ref("W", ("h", "j"))]
+    >>> ext = {"i": 10, "k": 10, "h": 4, "j": 2}
+    >>> chain_cost(((0, 1), 2), f, ("i", "j"), ext, [0.3, 1.0, 1.0])  # nnz·H + I·H·J
+    200.0
+    >>> chain_cost((0, (1, 2)), f, ("i", "j"), ext, [0.3, 1.0, 1.0])  # K·H·J + nnz·J
+    140.0
+    """
+    keep = _keeper(factors, out_indices)
+    cost = 0.0
+
+    def walk(t):
+        nonlocal cost
+        if isinstance(t, int):
+            return frozenset({t}), density[t]
+        (sl, dl), (sr, dr) = walk(t[0]), walk(t[1])
+        step = _step(sl, sr, dl, dr, keep, factors, extents, density)
+        if step is None:
+            raise _Invalid
+        c, d = step
+        cost += c
+        return sl | sr, d
+
+    try:
+        walk(tree)
+    except _Invalid:
+        return None
+    return cost
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _keeper(factors, out_indices):
+    def keep(members: frozenset) -> frozenset:
+        inside = {ix for f in members for ix in factors[f].indices}
+        outside = {ix for n, f in enumerate(factors) if n not in members for ix in f.indices}
+        return frozenset(inside & (outside | set(out_indices)))
+    return keep
+
+
+def _step(sl, sr, dl, dr, keep, factors, extents, density):
+    """(cost, density of the result) of contracting parts ``sl`` and ``sr``."""
+    carried = keep(sl) | keep(sr)
+    summed = carried - keep(sl | sr)
+    if not summed:
+        return None
+    cost = prod(extents[ix] for ix in carried) * dl * dr
+    # Uniform, independent non-zeros: an output entry is non-zero when any of
+    # its ``prod(summed)`` terms is (A·X's rows: min(1, nnz/I)).
+    return float(cost), min(1.0, dl * dr * prod(extents[ix] for ix in summed))
+
+
+def _best_tree(factors, out_indices, extents, density):
+    """Cheapest binary tree over all factors (DP over subsets), or None."""
+    n = len(factors)
+    keep = _keeper(factors, out_indices)
+    best: dict[frozenset, tuple] = {frozenset({f}): (0.0, f, density[f]) for f in range(n)}
+    subsets = sorted((frozenset(f for f in range(n) if m >> f & 1) for m in range(1, 1 << n)), key=len)
+    for s in subsets:
+        if len(s) < 2:
+            continue
+        low, rest = min(s), sorted(s - {min(s)})
+        # every split into a part holding the lowest factor and a non-empty rest
+        for m in range(0, (1 << len(rest)) - 1):
+            left = frozenset({low} | {f for b, f in enumerate(rest) if m >> b & 1})
+            right = s - left
+            if left not in best or right not in best:
+                continue
+            (cl, tl, dl), (cr, tr, dr) = best[left], best[right]
+            step = _step(left, right, dl, dr, keep, factors, extents, density)
+            if step is None:
+                continue
+            total = cl + cr + step[0]
+            if s not in best or total < best[s][0]:
+                best[s] = (total, (tl, tr), step[1])
+    full = frozenset(range(n))
+    return best.get(full)
+
+
+def _density(ref: Ref, inputs, dense_temps) -> Optional[float]:
+    info = inputs.get(ref.name)
+    if info is None:
+        return 1.0 if ref.name in dense_temps else None
+    if not info.is_sparse:
+        return 1.0
+    if info.nnz is None or None in info.shape:
+        return None
+    size = prod(info.shape)
+    return info.nnz / size if size else 0.0
+
+
+def _dense_temporaries(ops, inputs: Mapping[str, TensorInfo]) -> set[str]:
+    """Temporaries computed from dense inputs only (dense whatever the op)."""
+    dense: set[str] = set()
+    for op in ops:
+        if all((r.name in inputs and not inputs[r.name].is_sparse) or r.name in dense for r in op.refs):
+            dense.add(op.out)
+    return dense
+
+
+def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, emitted: list):
+    """Unit ops for ``tree`` (post-order); returns the Ref of its value."""
+    if isinstance(tree, int):
+        return factors[tree]
+    left = _emit(tree[0], factors, keep, names, None, template, emitted)
+    right = _emit(tree[1], factors, keep, names, None, template, emitted)
+    members = _leaves(tree)
+    order = [ix for f in sorted(members) for ix in factors[f].indices]
+    carried = list(dict.fromkeys(ix for ix in left.indices + right.indices))
+    if out is None:
+        kept = set(keep(members))
+        out = (names.pop(0), tuple(dict.fromkeys(ix for ix in order if ix in kept)))
+    summed = tuple(ix for ix in carried if ix not in out[1])
+    emitted.append(UnitOp(0, out[0], out[1], "*", (left, right), "sum", summed, template.statement,
+                          template.span))
+    return Ref(*out)
+
+
+def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[str, tuple]):
+    """Re-form every contraction chain of ≥3 factors into its cheapest tree.
+
+    Returns ``(ops, associations)``: the new unit operations (renumbered, in
+    a valid execution order) and one :class:`Association` per chain.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.passes.decompose import decompose
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (1000, 1000), nnz=5000)
+    >>> ins = {"A": A, "X": TensorInfo.dense("X", (1000, 64)), "W": TensorInfo.dense("W", (64, 4))}
+    >>> shapes = {n: i.shape for n, i in ins.items()}
+    >>> new, (a,) = reassociate(decompose(parse_program("Z[i,j] = A[i,k]*X[k,h]*W[h,j]")), ins, ("Z",), shapes)
+    >>> [str(op) for op in new]
+    ['T0[k,j] = sum(h, X[k,h] * W[h,j])', 'Z[i,j] = sum(k, A[i,k] * T0[k,j])']
+    >>> a.written, a.chosen, a.written_cost, a.chosen_cost
+    ('((A·X)·W)', '(A·(X·W))', 576000.0, 276000.0)
+    """
+    uses: dict[str, int] = {}
+    for op in ops:
+        for r in op.refs:
+            uses[r.name] = uses.get(r.name, 0) + 1
+    producers = {op.out: op for op in ops}
+    internal = {op.out for op in ops if _is_contraction(op) and op.out not in results
+                and op.out not in inputs and uses.get(op.out, 0) == 1}
+    consumed_in_chain = set()
+    for op in ops:
+        if _is_contraction(op):
+            for r in op.refs:
+                p = producers.get(r.name)
+                if r.name in internal and p is not None and p.statement == op.statement \
+                        and r.indices == p.out_indices:
+                    consumed_in_chain.add(r.name)
+    dense_temps = _dense_temporaries(ops, inputs)
+    replaced: dict[int, list[UnitOp]] = {}   # root op id -> its new ops
+    dropped: set[int] = set()
+    decisions = []
+    for op in ops:
+        if not _is_contraction(op) or op.out in consumed_in_chain:
+            continue
+        chain = _Chain(op, producers, internal)
+        if len(chain.factors) < 3:
+            continue
+        factors = chain.factors
+        labels = [f.name for f in factors]
+        decision = _decide(chain, factors, labels, inputs, dense_temps, shapes)
+        decisions.append(decision)
+        if decision.changed:
+            keep = _keeper(factors, op.out_indices)
+            emitted: list[UnitOp] = []
+            temp_names = [p.out for p in chain.internal_ops]
+            _emit(decision.tree, factors, keep, temp_names, (op.out, op.out_indices), op, emitted)
+            replaced[op.id] = emitted
+            dropped |= {p.id for p in chain.internal_ops}
+    if not replaced:
+        return tuple(ops), tuple(decisions)
+    out: list[UnitOp] = []
+    for op in ops:
+        if op.id in dropped:
+            continue
+        out.extend(replaced.get(op.id, [op]))
+    return tuple(replace(op, id=n) for n, op in enumerate(out)), tuple(decisions)
+
+
+def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
+    root = chain.root
+    written = _text(chain.written, labels)
+    unknown = [f.name for f in factors if _density(f, inputs, dense_temps) is None]
+    if unknown:
+        why = (f"nnz of {', '.join(dict.fromkeys(unknown))} unknown at planning time"
+               if all(f in inputs for f in unknown) else "a factor is a sparse temporary")
+        return _association(root, labels, written, written, None, None, why, chain.written)
+    extents: dict[str, Optional[int]] = {}
+    for f in factors:
+        for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices))):
+            extents[ix] = n if extents.get(ix) is None else extents[ix]
+    if any(v is None for v in extents.values()):
+        return _association(root, labels, written, written, None, None, "an extent is unknown",
+                            chain.written)
+    if any(f.indices.count(ix) > 1 for f in factors for ix in f.indices):
+        return _association(root, labels, written, written, None, None, "a factor repeats an index",
+                            chain.written)
+    density = [_density(f, inputs, dense_temps) for f in factors]
+    w_cost = chain_cost(chain.written, factors, root.out_indices, extents, density)
+    best = _best_tree(factors, root.out_indices, extents, density)
+    if w_cost is None or best is None:
+        return _association(root, labels, written, written, None, None, "no cheaper valid tree",
+                            chain.written)
+    b_cost, b_tree, _ = best
+    if b_cost * REASSOCIATE_MARGIN < w_cost:
+        return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
+                            f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper", b_tree)
+    why = ("cheapest" if _text(b_tree, labels) == written else
+           f"best alternative {_text(b_tree, labels)} = {b_cost:.4g} is within the "
+           f"{REASSOCIATE_MARGIN}× margin")
+    return _association(root, labels, written, written, w_cost, w_cost, why, chain.written)
+
+
+def _association(root, labels, written, chosen, w, c, why, tree) -> Association:
+    return Association(root.statement, tuple(labels), written, chosen, w, c, why, tree)
