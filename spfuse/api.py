@@ -71,8 +71,11 @@ def _info(name: str, t: Tensor) -> TensorInfo:
 
 def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str,
                  propagate: bool = True) -> Plan:
+    # nnz enters by its power of two: cost-based choices (association, separate
+    # kernels) depend on it, but a plan should not be remade for every matrix.
     key = (program.text, fusion, propagate,
-           tuple(sorted((n, i.levels, i.mode_order, i.shape) for n, i in infos.items())))
+           tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length())
+                        for n, i in infos.items())))
     plan = _plan_cache.get(key)
     if plan is None:
         plan = plan_program(program, infos, fusion, propagate)
@@ -261,7 +264,8 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     # Everything decided from the operands' formats, shapes, dtypes and origins
     # is remembered: a repeat call validates its operands, then only runs.
     key = (program, fusion, out_format,
-           tuple((n, t._format, t._shape, t._values.dtype, t.origin) for n, t in tensors.items()))
+           tuple((n, t._format, t._shape, t._values.dtype, t.origin, len(t._values).bit_length())
+                 for n, t in tensors.items()))
     dispatch = _dispatch_cache.get(key)
     if dispatch is None:
         dispatch = _Dispatch(program, tensors, fusion, out_format)

@@ -221,7 +221,6 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         # X's (i, j) fibers, so this is SpMM over fibers; the result keeps
         # X's two outer levels and a dense row of L per fiber.
         from spfuse.tensor import DenseLevel, Tensor
-        from spfuse._kernels import _csr_kernels as csr
         L = d[0].shape[1]
         outv = np.empty((len(arrs[3]), L), dtype)
         csr.spmm(arrs[4], arrs[5], arrs[6], d[0], outv, nt)
