@@ -87,6 +87,7 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
     for key, loops in sparse_groups.items():
         tensors = {atom_tensor(a, atoms) for a in loops[0].mask.atoms}
         # Dense outer levels of a masking tensor (CSR's rows) are part of its nnz.
+        mine = set()
         for n, loop in enumerate(path):
             if not loop.mask.is_true:
                 continue
@@ -95,7 +96,14 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
                     info = infos.get(ref.name)
                     if ref.name in tensors and info is not None and ix in ref.indices:
                         if not info.mode_is_compressed(ref.indices.index(ix)):
-                            absorbed.add(n)
+                            mine.add(n)
+        ndims = [infos[t].ndim for t in tensors if t in infos]
+        if ndims and len(loops) + len(mine) < min(ndims):
+            # A projection (A's columns k, without A's rows around them): at
+            # most the loops' extents, not nnz -- count them as dense.
+            factors.extend(_symbol(lp) for lp in loops)
+            continue
+        absorbed |= mine
         full = any(len(loops) >= sum(1 for lv in infos[t].levels if lv == "compressed")
                    for t in tensors if t in infos)
         factors.append(f"nnz({key})" if full else f"fibers({key})")
