@@ -260,15 +260,16 @@ class _Operand:
         self.complete = all(ix in bit for ix in ref.indices)
         self.shape = tuple(extent.get(ix) or float(s or DEFAULT_EXTENT) for ix, s in zip(ref.indices, info.shape))
         self.size = math.prod(self.shape)
-        self.nnz = float(info.nnz) if info.nnz is not None and self.sparse else (
+        # at least one entry: estimates divide by coordinate counts (empty operands run anyway)
+        self.nnz = max(float(info.nnz), 1.0) if info.nnz is not None and self.sparse else (
             max(1.0, DEFAULT_DENSITY * self.size) if self.sparse else self.size)
-        self.bits = 0
-        for ix in self.indices:
-            self.bits |= bit.get(ix, 0)
         # after[ix]: indices stored below ix -- visiting one of them before ix
-        # breaks concordance.
-        self.after = {ix: sum(bit.get(j, 0) for j in self.storage[self.storage.index(ix) + 1:])
-                      for ix in self.storage}
+        # breaks concordance (one pass from the last stored mode up).
+        self.after, below = {}, 0
+        for ix in reversed(self.storage):
+            self.after[ix] = below
+            below |= bit.get(ix, 0)
+        self.bits = below
         self.qcache: dict[int, float] = {}
 
     def q(self, bits: int, extent_bits: Mapping[int, float]) -> float:
@@ -332,6 +333,7 @@ class OpModel:
         self.tcost = [0.0 if o.buffer else self.transposition_cost(o) for o in self.tracked]
         self.foreign_constraints: list[tuple[str, int, int]] = []  # (atom, ix bit, prefix bits)
         self._mask_ops: dict[tuple, _Operand] = {}
+        self.demand_atoms: set[str] = set()  # consumers' demand: constrains, not credited
         forward = masks if forward is None else forward
         self.loop_masks = {ix: self._mask_terms(ix, masks.get(ix), forward.get(ix), atoms, infos)
                            for ix in self.indices}
@@ -340,6 +342,7 @@ class OpModel:
         self.sparse_out = frozenset(ix for ix in op.out_indices for term in self.loop_masks[ix] or ()
                                     for atom in term if atom[0] != "demand")
         self._step_cache: dict[tuple, tuple] = {}
+        self._needs: Optional[dict] = None
 
     # -- setup ----------------------------------------------------------------
     def _extents(self, op, infos, shapes) -> dict[str, float]:
@@ -396,6 +399,7 @@ class OpModel:
                     out.append(("value", self._mask_ops[key], prefix))
                 else:
                     out.append(("demand", None, prefix))
+                    self.demand_atoms.add(a)
             terms.append(out)
         return terms
 
@@ -464,8 +468,19 @@ class OpModel:
     def feasible_step(self, bound: int, ix: str) -> bool:
         """A propagated mask on ``ix`` stays iterable: its tensor's storage
         prefix is bound before ``ix`` (mask tensors are never transposed)."""
-        bit = self.bit[ix]
-        return all(prefix & bound == prefix for _, b, prefix in self.foreign_constraints if b == bit)
+        need = self.needs.get(ix, 0)
+        return need & bound == need
+
+    @property
+    def needs(self) -> dict[str, int]:
+        """Per loop, the indices propagated masks need bound before it."""
+        if self._needs is None:
+            self._needs = {}
+            for ix, b in self.bit.items():
+                for _, bb, prefix in self.foreign_constraints:
+                    if bb == b:
+                        self._needs[ix] = self._needs.get(ix, 0) | prefix
+        return self._needs
 
     # -- whole orders -----------------------------------------------------------
     def transposition_cost(self, o: _Operand) -> float:

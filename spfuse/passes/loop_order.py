@@ -78,6 +78,11 @@ class OrderChoice:
         return self._runner
 
     @property
+    def demand(self) -> tuple[str, ...]:
+        """Mask atoms propagated from consumers: kept iterable, their pruning not credited."""
+        return tuple(sorted(self._model.demand_atoms)) if self._model is not None else ()
+
+    @property
     def runner_up(self) -> Optional[OrderCost]:
         """The cheapest other order (None when the op has one index)."""
         return self._runner_up()[0]
