@@ -242,24 +242,30 @@ class _Operand:
     """An access the order must visit: its indices in storage order and sizes."""
 
     __slots__ = ("label", "name", "indices", "storage", "levels", "nnz", "size", "bits", "after",
-                 "sparse", "mode_order", "shape", "csf", "qcache", "buffer", "complete")
+                 "sparse", "mode_order", "csf", "qcache", "buffer", "complete")
 
     def __init__(self, ref, info: TensorInfo, bit: Mapping[str, int], extent: Mapping[str, float],
                  buffer: bool = False):
         self.buffer = buffer  # a temporary or result: produced here, never transposed
-        self.label = str(ref)
-        self.name = ref.name
-        self.indices = tuple(ref.indices)
-        self.mode_order = tuple(info.mode_order)
-        self.storage = tuple(ref.indices[m] for m in info.mode_order)
-        self.levels = tuple(info.levels)
-        self.sparse = info.is_sparse
-        self.csf = info.ndim >= 3
+        self.name = name = ref.name
+        self.indices = indices = tuple(ref.indices)
+        self.label = f"{name}[{','.join(indices)}]"
+        self.mode_order = mode_order = tuple(info.mode_order)
+        self.storage = tuple(indices[m] for m in mode_order)
+        self.levels = levels = tuple(info.levels)
+        self.sparse = "compressed" in levels
+        self.csf = len(indices) >= 3
         # a mask tensor may have modes the op does not loop over (MTTKRP's X
         # seen from the consumer of X·C): those never get bound
-        self.complete = all(ix in bit for ix in ref.indices)
-        self.shape = tuple(extent.get(ix) or float(s or DEFAULT_EXTENT) for ix, s in zip(ref.indices, info.shape))
-        self.size = math.prod(self.shape)
+        self.complete = True
+        size = 1.0
+        for ix, s in zip(indices, info.shape):
+            e = extent.get(ix)
+            if e is None:
+                self.complete = False
+                e = float(s or DEFAULT_EXTENT)
+            size *= e
+        self.size = size
         # at least one entry: estimates divide by coordinate counts (empty operands run anyway)
         self.nnz = max(float(info.nnz), 1.0) if info.nnz is not None and self.sparse else (
             max(1.0, DEFAULT_DENSITY * self.size) if self.sparse else self.size)
@@ -331,10 +337,14 @@ class OpModel:
                 self.dense.append(opnd)
         self.tracked = self.sparse + self.dense + self.buffers
         self.tcost = [0.0 if o.buffer else self.transposition_cost(o) for o in self.tracked]
+        # per loop: (position, operand, storage-below bits, transposition cost) of the accesses it binds
+        self.by_ix = {ix: [(k, o, o.after[ix], self.tcost[k]) for k, o in enumerate(self.tracked)
+                           if ix in o.after] for ix in self.indices}
         self.foreign_constraints: list[tuple[str, int, int]] = []  # (atom, ix bit, prefix bits)
         self._mask_ops: dict[tuple, _Operand] = {}
         self.demand_atoms: set[str] = set()  # consumers' demand: constrains, not credited
         forward = masks if forward is None else forward
+        self._own_by_key = {(o.name, o.indices): o for o in self.sparse}
         self.loop_masks = {ix: self._mask_terms(ix, masks.get(ix), forward.get(ix), atoms, infos)
                            for ix in self.indices}
         # Output dimensions stored compressed: filtered by an operand's pattern
@@ -370,8 +380,9 @@ class OpModel:
         levels above ``ix``) must be bound first."""
         if mask is None or mask.is_true or mask.is_false:
             return None
-        op = self.op
+        statement_of_op = self.op.statement
         value_atoms = forward.atoms if forward is not None else frozenset()
+        own_by_key = self._own_by_key
         terms = []
         for term in mask.terms:
             out = []
@@ -380,12 +391,12 @@ class OpModel:
                 if ref is None:
                     continue
                 statement, tensor, indices, mode = ref
-                own = next((o for o in self.sparse if o.name == tensor and o.indices == tuple(indices)), None)
-                if own is not None and statement == op.statement:
+                own = own_by_key.get((tensor, tuple(indices)))
+                if own is not None and statement == statement_of_op:
                     out.append(("own", own))
                     continue
                 info = infos.get(tensor)
-                if info is None or statement != op.statement or indices[mode] != ix:
+                if info is None or statement != statement_of_op or indices[mode] != ix:
                     continue  # bound through another statement: the lowering finds its path
                 names = [indices[m] for m in info.mode_order[:info.level_of_mode(mode)]]
                 if not all(n in self.bit for n in names):
@@ -497,19 +508,16 @@ class OpModel:
         ``flags`` marks the tracked operands already visited out of order:
         an input is then transposed once; a buffer, which cannot be, pays a
         cache miss per visit of its last index instead."""
-        b = self.bit[ix]
         steps, surv, unit = self.step(bound, ix)
         total = n * steps
         comp, trans = total * unit, 0.0
-        nb = bound | b
-        for k, o in enumerate(self.tracked):
-            if not o.bits & b:
-                continue
-            if not (flags >> k) & 1 and o.after[ix] & bound:
+        nb = bound | self.bit[ix]
+        for k, o, below, tc in self.by_ix[ix]:
+            if below & bound and not (flags >> k) & 1:
                 if (forbid >> k) & 1:
                     return None
                 flags |= 1 << k
-                trans += self.tcost[k]
+                trans += tc
             if o.buffer and (flags >> k) & 1 and not o.bits & ~nb:
                 comp += total * self.c.strided
         return comp, trans, n * surv, flags, total
