@@ -62,9 +62,6 @@ def _order_lines(p) -> list[str]:
             lines.append(f"      runner-up {', '.join(r.order)}{why}: {r.text()}"
                          + (_transposed_text(r.transposed) if r.transposed else ""))
         lines.extend(f"      mode-order cycle: {note}" for note in c.cycle)
-        if c.demand:
-            lines.append(f"      demand {', '.join(c.demand)} from consumers prunes these loops; "
-                         "not credited to the order (ReACT orders before propagating)")
     return lines
 
 

@@ -30,14 +30,11 @@ nanoseconds with constants measured on this machine
   per-entry cost of a sparse mode permutation, or ``size ×`` the per-element
   cost of a dense transposed copy.
 
-Masks propagated from other statements' tensors (SDDMM's ``C·D`` restricted
-to ``B``) are *constraints*, not credits: ReACT orders each unit operation
-from its own operands and propagation then prunes its output loops, so an
-order is admissible only when such a mask stays iterable (its tensor's
-storage prefix bound first; mask tensors are never transposed).  Crediting
-the pruning would pick the dot-product order ``i,j,k`` for SDDMM's ``C·D``
--- which is what the SDDMM template kernel runs -- instead of ReACT's fused
-tree the rest of planning is built around.
+A mask naming a tensor the op does not read (SDDMM's ``C·D`` restricted to
+``B`` by propagation, or an operand's producer pattern) filters like an own
+operand, but the lowering iterates it as stored (never a transposed copy),
+so an order is admissible only when that tensor's storage prefix is bound
+first (:meth:`OpModel.feasible_step`).
 
 >>> from spfuse.ir.ops import Ref, UnitOp, TensorInfo
 >>> from spfuse.ir.masks import TRUE, atom
@@ -342,7 +339,6 @@ class OpModel:
                            if ix in o.after] for ix in self.indices}
         self.foreign_constraints: list[tuple[str, int, int]] = []  # (atom, ix bit, prefix bits)
         self._mask_ops: dict[tuple, _Operand] = {}
-        self.demand_atoms: set[str] = set()  # consumers' demand: constrains, not credited
         forward = masks if forward is None else forward
         self._own_by_key = {(o.name, o.indices): o for o in self.sparse}
         self.loop_masks = {ix: self._mask_terms(ix, masks.get(ix), forward.get(ix), atoms, infos)
@@ -373,11 +369,11 @@ class OpModel:
 
         Each atom is ``("own", operand)`` -- a sparse operand of the op, which
         the lowering may transpose --, ``("value", tensor, prefix bits)`` -- the
-        pattern of an operand's producer (forward iteration space): credited
-        like an own filter --, or ``("demand", None, prefix bits)`` -- pruning
-        propagated from a consumer: a constraint only (module docstring).
-        Mask tensors are iterated as stored, so ``prefix`` (their storage
-        levels above ``ix``) must be bound first."""
+        pattern of an operand's producer (forward iteration space) -- or
+        ``("demand", tensor, prefix bits)`` -- pruning propagated from a
+        consumer.  Both filter like an own operand, but mask tensors are
+        iterated as stored, so ``prefix`` (their storage levels above ``ix``)
+        must be bound first; only forward patterns make an output compressed."""
         if mask is None or mask.is_true or mask.is_false:
             return None
         statement_of_op = self.op.statement
@@ -403,14 +399,10 @@ class OpModel:
                     continue
                 prefix = sum(self.bit[n] for n in set(names))
                 self.foreign_constraints.append((a, self.bit[ix], prefix))
-                if a in value_atoms:
-                    key = (tensor, tuple(indices))
-                    if key not in self._mask_ops:
-                        self._mask_ops[key] = _Operand(Ref(tensor, tuple(indices)), info, self.bit, self.extent)
-                    out.append(("value", self._mask_ops[key], prefix))
-                else:
-                    out.append(("demand", None, prefix))
-                    self.demand_atoms.add(a)
+                key = (tensor, tuple(indices))
+                if key not in self._mask_ops:
+                    self._mask_ops[key] = _Operand(Ref(tensor, tuple(indices)), info, self.bit, self.extent)
+                out.append(("value" if a in value_atoms else "demand", self._mask_ops[key], prefix))
             terms.append(out)
         return terms
 
@@ -448,11 +440,8 @@ class OpModel:
                         f = drivers[x.label]
                     elif atom[2] & bound != atom[2]:
                         continue  # the mask tensor's levels above ix are not bound yet
-                    elif kind == "value":
+                    else:  # a producer's pattern or a consumer's demand, iterated as stored
                         f = x.q(bound | bit, self.extent_bits) / x.q(bound, self.extent_bits)
-                    else:
-                        any_driver = True  # demand: iterable, not credited
-                        continue
                     sel *= min(f / E, 1.0)
                     any_driver = True
                     if best is None or f < best[1]:

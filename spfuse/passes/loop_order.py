@@ -1,25 +1,27 @@
 """Loop order of each unit operation: Scorch's Algorithm 1 (seed 001) with a
 calibrated cost model (:mod:`spfuse.passes.cost_model`).
 
-1. **Mode-order graph** (Algorithm 1, lines 11–18): every sparse operand
-   asks for its storage order (an edge between consecutive stored modes),
-   and so does every tensor of a propagated mask (which cannot be
-   transposed).  While the graph has a cycle, the operand on a cycle that is
-   cheapest to transpose (``nnz ×`` the calibrated per-entry cost) loses its
-   edges: it will be transposed, and that cost counts in every order.
+1. **Mode-order graph** (Algorithm 1, lines 11–18): every input operand --
+   sparse or dense, as Scorch's ``for all T`` -- asks for its storage order
+   (an edge between consecutive stored modes), and so does every tensor of a
+   mask (which cannot be transposed).  While the graph has a cycle, the
+   operand on a cycle that is cheapest to transpose (``nnz ×`` the
+   calibrated per-entry cost, or ``size ×`` the per-element cost of a dense
+   copy) loses its edges: it will be transposed, and that cost counts.
 2. **Order search**: among the orders that respect the remaining edges, pick
-   the cheapest ``computation + workspace + transposition`` (dense operands
-   may be transposed when that pays).  A branch-and-bound over order
-   prefixes with sparse filters' constraints pruning first keeps this cheap:
-   the prefix cost is a lower bound of every completion, and a prefix that
-   breaks a kept operand's storage order is cut at once.  The runner-up is
-   kept for ``explain()``.
+   the cheapest ``computation + workspace + transposition``.  A
+   branch-and-bound over order prefixes keeps this cheap: the prefix cost is
+   a lower bound of every completion, and a prefix that breaks a kept
+   operand's storage order (sparse filters' constraints first) is cut at
+   once.  The runner-up, for ``explain()``, is searched for on demand: the
+   next admissible order, else the best one outside the graph.
 
 Ties go to the order of first appearance in the operands, which reproduces
 ReACT's trees (``i,k,j`` for ``T[i,j] = C[i,k]·D[k,j]``).
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Optional
 
 from spfuse.ir.masks import Mask
@@ -78,11 +80,6 @@ class OrderChoice:
         return self._runner
 
     @property
-    def demand(self) -> tuple[str, ...]:
-        """Mask atoms propagated from consumers: kept iterable, their pruning not credited."""
-        return tuple(sorted(self._model.demand_atoms)) if self._model is not None else ()
-
-    @property
     def runner_up(self) -> Optional[OrderCost]:
         """The cheapest other order (None when the op has one index)."""
         return self._runner_up()[0]
@@ -120,7 +117,7 @@ def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
     >>> sorted(chosen)
     ['B[j,i]']
     """
-    kept = {o.label: o for o in model.sparse}
+    kept = {o.label: o for o in model.sparse + model.dense}
     pinned = [(p, b) for _, b, p in model.foreign_constraints]
     ix_of = {b: ix for ix, b in model.bit.items()}
     chosen: set[str] = set()
@@ -142,11 +139,26 @@ def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
                 notes.append("propagated masks conflict in mode order: one will not be iterable "
                              "(the lowering then re-plans without propagation)")
             return frozenset(chosen), tuple(notes)
-        costs = sorted((model.transposition_cost(kept[lab]), lab) for lab in on_cycle)
-        cost, lab = costs[0]
-        others = ", ".join(f"{other} {fmt_ns(c)}" for c, other in costs[1:])
+        # Cheapest edge to remove: the transposition after which the best
+        # admissible order costs least (transposition included); with more
+        # cycles left, by transposition cost alone.
+        def score(lab):
+            rest = tuple(o for o in kept if o != lab)
+            found = _search(model, rest, hard=True, top=1)
+            return (found[0][0] if found else math.inf, model.transposition_cost(kept[lab]), lab)
+        costs = sorted(score(lab) for lab in on_cycle)
+        _, cost, lab = costs[0]
+        others = ", ".join(f"{other} {fmt_ns(c)}" + (f" (best order then {fmt_ns(t)})" if t < math.inf else "")
+                           for t, c, other in costs[1:])
+        if costs[0][0] < math.inf:
+            others_total = f"best order {fmt_ns(costs[0][0])}"
+        else:
+            others_total = ""
+        o = kept[lab]
+        size = f"nnz {o.nnz:.0f}" if o.sparse else f"{o.size:.0f} elements"
         notes.append(f"storage orders of {', '.join(sorted(on_cycle))} form a cycle: transpose {lab} "
-                     f"(nnz {kept[lab].nnz:.0f}, {fmt_ns(cost)})" + (f"; cheaper than {others}" if others else ""))
+                     f"({size}, {fmt_ns(cost)}" + (f"; {others_total}" if others_total else "") + ")"
+                     + (f"; rather than {others}" if others else ""))
         chosen.add(lab)
         del kept[lab]
 
@@ -194,7 +206,8 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
     """The cheapest loop order of ``op`` and the runner-up (see module docstring).
 
     ``forward`` are the op's masks before consumers' demand was propagated
-    (default ``masks``): only their filters are credited to an order.
+    (default ``masks``): only their patterns make an output dimension
+    compressed (a workspace under a reduction).
 
     >>> from spfuse.ir.ops import Ref, UnitOp, TensorInfo
     >>> from spfuse.ir.masks import TRUE, atom
@@ -207,7 +220,7 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
     """
     model = OpModel(op, infos, masks, atoms, shapes, constants, forward)
     transpose, notes = break_cycles(model)
-    keep = tuple(o.label for o in model.sparse if o.label not in transpose)
+    keep = tuple(o.label for o in model.sparse + model.dense if o.label not in transpose)
     found = _search(model, keep, hard=True, top=1)
     if not found:  # propagated masks admit no order: relax (the lowering re-plans)
         found = _search(model, keep, hard=False, top=1)
