@@ -177,15 +177,14 @@ def _explain(args, out) -> int:
     return 0
 
 
-def _calibrate(args, out) -> int:
+def _calibrate(args, out, argv: Sequence[str]) -> int:
     from spfuse.bench.calibrate import calibrate, format_constants, write_json
     if not args.scale > 0:
         raise ValueError(f"--scale must be > 0, got {args.scale}")
     constants = calibrate(scale=args.scale, repeat=args.repeat, rounds=args.rounds)
     print(format_constants(constants), file=out)
     if args.json:
-        write_json(constants, args.json, "python -m spfuse calibrate " + " ".join(
-            a for a in sys.argv[2:] if a) if sys.argv[1:2] == ["calibrate"] else None)
+        write_json(constants, args.json, "python -m spfuse " + " ".join(argv))
         print(f"wrote {args.json} (use it with SPFUSE_COST_MODEL={args.json})", file=out)
     return 0
 
@@ -200,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
         if args.command == "explain":
             return _explain(args, out)
         if args.command == "calibrate":
-            return _calibrate(args, out)
+            return _calibrate(args, out, sys.argv[1:] if argv is None else argv)
         import spfuse
         spfuse.show_config()
         return 0

@@ -56,6 +56,7 @@ def test_calibrate_cli_writes_json_the_override_reads(tmp_path, monkeypatch, cap
     assert "sparse_step" in capsys.readouterr().out
     data = json.loads(path.read_text())
     assert data["meta"]["units"].startswith("nanoseconds")
+    assert data["meta"]["command"].startswith("python -m spfuse calibrate --scale 0.02")
     monkeypatch.setenv(ENV_VAR, str(path))
     assert active_constants().sparse_step == data["sparse_step"]
 
@@ -253,3 +254,14 @@ def test_explain_shows_cost_breakdown_and_runner_up():
                      B=sp.random_array((30, 30), density=0.05, format="csr", rng=rng))
     assert "computation" in text and "workspace" in text and "transposition" in text
     assert "runner-up" in text and "transposes B" in text and "mode-order cycle" in text
+
+
+def test_dense_cycle_transposes_one_operand_and_matches_numpy():
+    rng = np.random.default_rng(5)
+    A, B = rng.random((20, 30)), rng.random((30, 20))
+    text = "C[i,j] = A[i,j] * B[j,i]"
+    plan, lowered = _lowered_transpositions(text, {"A": A, "B": B})
+    # equal sizes: the result's row-major order decides -- transpose B, not A
+    assert plan.orders[0] == ("i", "j") and [t[0] for t in plan.transpositions[0]] == ["B"]
+    assert len(lowered) == 1 and lowered[0].startswith("B") and "unplanned" not in lowered[0]
+    np.testing.assert_allclose(spfuse.evaluate(text, A=A, B=B), A * B.T, rtol=1e-12)

@@ -242,3 +242,17 @@ def test_mode_order_cycle_is_broken_by_the_cheaper_transposition():
     p = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), {"A": csr("A", 50), "B": csr("B", 700)})
     assert p.orders[0] == ("j", "i")
     assert p.transpositions == {0: (("A", (0, 1), (1, 0)),)}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_orders_hold_at_large_sizes(name):
+    # the decisions pinned above on small infos must not flip when the
+    # extents grow (no dense operand is transposed to trade I·J for I·K)
+    small = plan(name)
+    big = {}
+    for n, i in infos(name).items():  # sparse modes ×200, dense feature modes ×4, 10× the nnz per row
+        shape = tuple(s * 200 if s >= 100 else s * 4 for s in i.shape)
+        big[n] = TensorInfo(n, i.ndim, i.levels, i.mode_order, shape, nnz=i.nnz * 2000 if i.is_sparse else None)
+    large = plan_program(parse_program(KERNELS[name]), big)
+    assert large.orders == small.orders
+    assert {t: v.kept for t, v in large.temporaries.items()} == {t: v.kept for t, v in small.temporaries.items()}

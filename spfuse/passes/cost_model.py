@@ -440,8 +440,9 @@ class OpModel:
                         f = drivers[x.label]
                     elif atom[2] & bound != atom[2]:
                         continue  # the mask tensor's levels above ix are not bound yet
-                    else:  # a producer's pattern or a consumer's demand, iterated as stored
-                        f = x.q(bound | bit, self.extent_bits) / x.q(bound, self.extent_bits)
+                    else:  # a producer's pattern or a consumer's demand, iterated as stored:
+                        # its level under ix depends on the levels above only
+                        f = x.q(atom[2] | bit, self.extent_bits) / x.q(atom[2], self.extent_bits)
                     sel *= min(f / E, 1.0)
                     any_driver = True
                     if best is None or f < best[1]:
