@@ -290,6 +290,9 @@ class _Operand:
         return v
 
 
+_MASK_OPERANDS: dict[tuple, "_Operand"] = {}
+
+
 class OpModel:
     """Everything the cost of an order of ``op`` depends on, precomputed once.
 
@@ -304,11 +307,10 @@ class OpModel:
                  constants: Optional[CostConstants] = None, forward: Optional[Mapping[str, Mask]] = None):
         self.op = op
         self.c = constants or active_constants()
-        seen: dict[str, None] = {}
-        for a in op.refs:
-            seen.update(dict.fromkeys(a.indices))
-        seen.update(dict.fromkeys(op.out_indices))
-        seen.update(dict.fromkeys(op.indices))
+        refs = op.refs
+        seen: list[str] = []
+        for idx in [r.indices for r in refs] + [op.out_indices, op.indices]:
+            seen.extend(ix for ix in idx if ix not in seen)
         self.indices = tuple(seen)  # appearance order: DFS tries it first, so it wins ties
         self.bit = {ix: 1 << n for n, ix in enumerate(self.indices)}
         self.full = (1 << len(self.indices)) - 1
@@ -317,7 +319,7 @@ class OpModel:
         self.sparse: list[_Operand] = []
         self.dense: list[_Operand] = []
         self.buffers: list[_Operand] = []
-        for ref in op.refs + (Ref(op.out, op.out_indices),):
+        for ref in refs + (Ref(op.out, op.out_indices),):
             info = infos.get(ref.name) if ref.name != op.out else None
             if info is None or info.ndim != len(ref.indices):
                 # a temporary or the result: a row-major buffer
@@ -338,7 +340,6 @@ class OpModel:
         self.by_ix = {ix: [(k, o, o.after[ix], self.tcost[k]) for k, o in enumerate(self.tracked)
                            if ix in o.after] for ix in self.indices}
         self.foreign_constraints: list[tuple[str, int, int]] = []  # (atom, ix bit, prefix bits)
-        self._mask_ops: dict[tuple, _Operand] = {}
         forward = masks if forward is None else forward
         self._own_by_key = {(o.name, o.indices): o for o in self.sparse}
         self.loop_masks = {ix: self._mask_terms(ix, masks.get(ix), forward.get(ix), atoms, infos)
@@ -399,12 +400,24 @@ class OpModel:
                     continue
                 prefix = sum(self.bit[n] for n in set(names))
                 self.foreign_constraints.append((a, self.bit[ix], prefix))
-                key = (tensor, tuple(indices))
-                if key not in self._mask_ops:
-                    self._mask_ops[key] = _Operand(Ref(tensor, tuple(indices)), info, self.bit, self.extent)
-                out.append(("value" if a in value_atoms else "demand", self._mask_ops[key], prefix))
+                out.append(("value" if a in value_atoms else "demand", self._mask_operand(tensor, indices, info),
+                            prefix))
             terms.append(out)
         return terms
+
+    def _mask_operand(self, tensor: str, indices, info: TensorInfo) -> _Operand:
+        """The mask tensor's model, shared by the ops of a plan that see it
+        under the same index bits and extents (SpAdd's unions name the same
+        tensors in every op)."""
+        indices = tuple(indices)
+        key = (info, indices, tuple(self.bit.get(ix) for ix in indices),
+               tuple(self.extent.get(ix) for ix in indices))
+        o = _MASK_OPERANDS.get(key)
+        if o is None:
+            if len(_MASK_OPERANDS) > 512:
+                _MASK_OPERANDS.clear()
+            o = _MASK_OPERANDS[key] = _Operand(Ref(tensor, indices), info, self.bit, self.extent)
+        return o
 
     # -- one loop level -------------------------------------------------------
     def step(self, bound: int, ix: str) -> tuple[float, float, float]:

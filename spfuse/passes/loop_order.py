@@ -106,6 +106,25 @@ def _reaches(edges: Mapping[str, set], src: str, dst: str) -> bool:
     return False
 
 
+def _acyclic(model: OpModel, operands) -> bool:
+    """The storage orders of ``operands`` and the masks' prefixes admit an order."""
+    bit = model.bit
+    preds = dict(model.needs)
+    for o in operands:
+        for a, b in zip(o.storage, o.storage[1:]):
+            preds[b] = preds.get(b, 0) | bit[a]
+    placed = 0
+    while placed != model.full:
+        ready = 0
+        for ix, b in bit.items():
+            if not placed & b and not preds.get(ix, 0) & ~placed:
+                ready |= b
+        if not ready:
+            return False
+        placed |= ready
+    return True
+
+
 def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
     """Sparse operands to transpose so the storage orders admit a loop order,
     cheapest first (Algorithm 1, lines 11–18), and a note per decision.
@@ -118,6 +137,8 @@ def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
     ['B[j,i]']
     """
     kept = {o.label: o for o in model.sparse + model.dense}
+    if _acyclic(model, kept.values()):
+        return frozenset(), ()  # the common case, decided without building the graph
     pinned = [(p, b) for _, b, p in model.foreign_constraints]
     ix_of = {b: ix for ix, b in model.bit.items()}
     chosen: set[str] = set()
