@@ -265,3 +265,26 @@ def test_dense_cycle_transposes_one_operand_and_matches_numpy():
     assert plan.orders[0] == ("i", "j") and [t[0] for t in plan.transpositions[0]] == ["B"]
     assert len(lowered) == 1 and lowered[0].startswith("B") and "unplanned" not in lowered[0]
     np.testing.assert_allclose(spfuse.evaluate(text, A=A, B=B), A * B.T, rtol=1e-12)
+
+
+def test_forced_orders_agree_with_the_full_search(monkeypatch):
+    # the pre-pass that skips the cost model when the mode-order graph leaves
+    # one order must pick what the search would
+    import sys
+    sys.path.insert(0, "tests")
+    from kernels import KERNELS, infos
+    from spfuse.passes import loop_order
+    from spfuse.planner import try_plan
+
+    def orders():
+        out = {}
+        for name in KERNELS:
+            for fusion in ("auto", "none", "max"):
+                p = try_plan(parse_program(KERNELS[name]), infos(name), fusion)
+                if not isinstance(p, Exception):
+                    out[name, fusion] = (p.orders, p.transpositions)
+        return out
+
+    quick = orders()
+    monkeypatch.setattr(loop_order, "_forced_order", lambda *a: None)
+    assert orders() == quick

@@ -48,29 +48,40 @@ def appearance_order(op: UnitOp) -> tuple[str, ...]:
 class OrderChoice:
     """The order chosen for one operation, with the numbers behind it.
 
-    ``runner_up`` (the next cheapest order, for ``explain()``) is searched
-    for on first access: planning itself only needs the best order."""
+    Planning only needs the order: when the mode-order graph leaves a single
+    admissible order, the costs are computed on first access of ``best``;
+    ``runner_up`` (for ``explain()``) always is."""
 
-    __slots__ = ("best", "cycle", "_model", "_keep", "_runner")
+    __slots__ = ("_best", "_order", "cycle", "_model", "_keep", "_runner", "_make")
 
-    def __init__(self, best: OrderCost, cycle: tuple[str, ...] = (), model: Optional[OpModel] = None,
-                 keep: tuple = ()):
-        self.best = best
+    def __init__(self, best: Optional[OrderCost], cycle: tuple[str, ...] = (), model: Optional[OpModel] = None,
+                 keep: tuple = (), order: Optional[tuple] = None, make=None):
+        self._best, self._order = best, order if best is None else best.order
         self.cycle = cycle  # how mode-order cycles were broken, one line each
-        self._model, self._keep, self._runner = model, keep, None
+        self._model, self._keep, self._runner, self._make = model, keep, None, make
+
+    @property
+    def best(self) -> OrderCost:
+        if self._best is None:
+            self._model = self._make()
+            self._keep = tuple(o.label for o in self._model.sparse + self._model.dense)
+            self._best = self._model.cost(self._order)
+        return self._best
 
     @property
     def order(self) -> tuple[str, ...]:
-        return self.best.order
+        return self._order
 
     @property
     def transposed(self) -> tuple:
         """``(operand, storage mode order, visiting mode order)`` the lowering converts."""
-        return self.best.transposed
+        # an order forced by the graph visits every input as stored
+        return () if self._best is None else self._best.transposed
 
     def _runner_up(self) -> tuple:
         if self._runner is None:
-            m, best = self._model, self.best.order
+            best = self.best.order
+            m = self._model
             found = _search(m, self._keep, hard=True, top=1, exclude=(best,)) if m is not None else []
             if found:
                 self._runner = (m.cost(found[0][1]), True)
@@ -90,7 +101,7 @@ class OrderChoice:
         return self._runner_up()[1]
 
     def __repr__(self) -> str:
-        return f"OrderChoice({self.best!r}, cycle={self.cycle!r})"
+        return f"OrderChoice({self.order!r}, cycle={self.cycle!r})"
 
 
 def _reaches(edges: Mapping[str, set], src: str, dst: str) -> bool:
@@ -104,6 +115,52 @@ def _reaches(edges: Mapping[str, set], src: str, dst: str) -> bool:
                 seen.add(v)
                 stack.append(v)
     return False
+
+
+def _forced_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
+                  atoms: Mapping[str, tuple]) -> Optional[tuple[str, ...]]:
+    """The order, when the inputs' storage orders and the masks' prefixes
+    admit exactly one (SpMM, SpGEMM, SpAdd): no cost to compare.
+
+    A cheap pre-pass over the same edges as :func:`break_cycles`, so planning
+    pays for the cost model only where there is a choice."""
+    refs = op.refs
+    order: list[str] = []
+    for idx in [r.indices for r in refs] + [op.out_indices, op.indices]:
+        order.extend(ix for ix in idx if ix not in order)
+    preds: dict[str, set] = {ix: set() for ix in order}
+    own = set()
+    for r in refs:
+        info = infos.get(r.name)
+        if info is None or info.ndim != len(r.indices) or (info.ndim < 2 and not info.is_sparse):
+            continue
+        storage = [r.indices[m] for m in info.mode_order]
+        for a, b in zip(storage, storage[1:]):
+            preds[b].add(a)
+        own.add((r.name, tuple(r.indices)))
+    for ix, mask in masks.items():
+        if ix not in preds:
+            continue
+        for a in mask.atoms:
+            ref = atoms.get(a)
+            if ref is None:
+                continue
+            statement, tensor, indices, mode = ref
+            info = infos.get(tensor)
+            if (tensor, tuple(indices)) in own and statement == op.statement:
+                continue
+            if info is None or statement != op.statement or indices[mode] != ix:
+                continue
+            names = [indices[m] for m in info.mode_order[:info.level_of_mode(mode)]]
+            if all(n in preds for n in names):
+                preds[ix].update(names)
+    out: list[str] = []
+    while len(out) < len(order):
+        ready = [ix for ix in order if ix not in out and preds[ix] <= set(out)]
+        if len(ready) != 1:
+            return None  # a choice to cost, or a cycle to break
+        out.append(ready[0])
+    return tuple(out)
 
 
 def _acyclic(model: OpModel, operands) -> bool:
@@ -239,7 +296,13 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
     >>> c.order, c.best.total < c.runner_up.total
     (('i', 'j', 'k'), True)
     """
-    model = OpModel(op, infos, masks, atoms, shapes, constants, forward)
+    def make() -> OpModel:
+        return OpModel(op, infos, masks, atoms, shapes, constants, forward)
+
+    forced = _forced_order(op, infos, masks, atoms)
+    if forced is not None:
+        return OrderChoice(None, order=forced, make=make)
+    model = make()
     transpose, notes = break_cycles(model)
     keep = tuple(o.label for o in model.sparse + model.dense if o.label not in transpose)
     found = _search(model, keep, hard=True, top=1)
