@@ -1,4 +1,4 @@
-"""The ``spfuse`` command line: ``bench``, ``explain`` and ``config``.
+"""The ``spfuse`` command line: ``bench``, ``explain``, ``calibrate`` and ``config``.
 
 ``spfuse bench`` runs the benchmark suite (see :mod:`spfuse.bench`)::
 
@@ -10,6 +10,12 @@ has extents::
 
     spfuse explain "A[i,j] = B[i,j] * (C[i,k] * D[k,j])" --format B=csr \\
         --shape B=1000x1000 --shape C=1000x32 --shape D=32x1000
+
+``spfuse calibrate`` measures the loop-order cost model's constants on this
+machine (see :mod:`spfuse.bench.calibrate`) and can write them as the JSON
+that ``SPFUSE_COST_MODEL=FILE`` makes planning use::
+
+    spfuse calibrate --json costs.json
 
 ``python -m spfuse ...`` is the same program.
 """
@@ -105,7 +111,7 @@ def example_operands(shapes: dict[str, str], formats: dict[str, str], density: f
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     p = argparse.ArgumentParser(prog="spfuse", description="spfuse: fused sparse/dense tensor expressions")
-    sub = p.add_subparsers(dest="command", metavar="{bench,explain,config}")
+    sub = p.add_subparsers(dest="command", metavar="{bench,explain,calibrate,config}")
     sub.required = True
 
     b = sub.add_parser("bench", help="benchmark spfuse against scipy, numpy, GraphBLAS, torch, sparse",
@@ -135,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--fusion", choices=("auto", "max", "none"), default="auto")
     e.add_argument("--png", metavar="FILE", help="draw the index tree (not implemented yet)")
 
+    c = sub.add_parser("calibrate", help="measure the loop-order cost model's constants on this machine",
+                       description="Micro-benchmark spfuse's kernels (SpMV, SpMM, SpGEMM, transpositions) "
+                                   "and print the cost-model constants in ns per unit of work.")
+    c.add_argument("--json", metavar="FILE", help="also write them as JSON (use with SPFUSE_COST_MODEL=FILE)")
+    c.add_argument("--repeat", type=_positive, default=5, help="runs per micro-benchmark (the best is kept)")
+    c.add_argument("--rounds", type=_positive, default=3,
+                   help="run the whole suite this many times and keep each constant's minimum (default 3)")
+    c.add_argument("--scale", type=float, default=1.0, help="problem-size factor (default 1: about 3 s a round)")
+
     sub.add_parser("config", help="print how spfuse was built (spfuse.show_config())")
     return p
 
@@ -162,6 +177,18 @@ def _explain(args, out) -> int:
     return 0
 
 
+def _calibrate(args, out, argv: Sequence[str]) -> int:
+    from spfuse.bench.calibrate import calibrate, format_constants, write_json
+    if not args.scale > 0:
+        raise ValueError(f"--scale must be > 0, got {args.scale}")
+    constants = calibrate(scale=args.scale, repeat=args.repeat, rounds=args.rounds)
+    print(format_constants(constants), file=out)
+    if args.json:
+        write_json(constants, args.json, "python -m spfuse " + " ".join(argv))
+        print(f"wrote {args.json} (use it with SPFUSE_COST_MODEL={args.json})", file=out)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
     """Entry point of ``spfuse`` / ``python -m spfuse``; returns the exit status."""
     out = out or sys.stdout
@@ -171,6 +198,8 @@ def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
             return _bench(args, out)
         if args.command == "explain":
             return _explain(args, out)
+        if args.command == "calibrate":
+            return _calibrate(args, out, sys.argv[1:] if argv is None else argv)
         import spfuse
         spfuse.show_config()
         return 0

@@ -36,6 +36,35 @@ def _num(x: Optional[float]) -> str:
     return "?" if x is None else f"{x:.3g}"
 
 
+def _transposed_text(transposed) -> str:
+    return "; transposes " + ", ".join(f"{n} (mode order {tuple(a)} → {tuple(b)})" for n, a, b in transposed)
+
+
+def _order_lines(p) -> list[str]:
+    """The chosen loop order of each op with its cost, and the runner-up."""
+    choices = getattr(p, "order_choices", None) or {}
+    if not choices:
+        return ["loop order per operation:"] + [f"  S{op.id}: {', '.join(p.orders[op.id])}" for op in p.ops]
+    from spfuse.passes.cost_model import active_constants
+    lines = ["loop order per operation (cost = computation + workspace + transposition;",
+             f"  constants {active_constants().source}):"]
+    for op in p.ops:
+        c = choices.get(op.id)
+        if c is None:
+            lines.append(f"  S{op.id}: {', '.join(p.orders[op.id])}")
+            continue
+        b = c.best
+        lines.append(f"  S{op.id}: {', '.join(b.order):12} {b.text()}"
+                     + (_transposed_text(b.transposed) if b.transposed else ""))
+        if c.runner_up is not None:
+            r = c.runner_up
+            why = "" if c.runner_up_admissible else " (outside the mode-order graph)"
+            lines.append(f"      runner-up {', '.join(r.order)}{why}: {r.text()}"
+                         + (_transposed_text(r.transposed) if r.transposed else ""))
+        lines.extend(f"      mode-order cycle: {note}" for note in c.cycle)
+    return lines
+
+
 def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[str] = None) -> str:
     """Render the report for ``plans[chosen]``, comparing it with the other
     strategies in ``plans`` (values are ``Plan`` or ``UnsupportedError``)."""
@@ -52,8 +81,7 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[
     lines.append("unit operations:")
     lines.extend(f"  S{op.id}: {op}" for op in p.ops)
     lines.append("")
-    lines.append("loop order per operation:")
-    lines.extend(f"  S{op.id}: {', '.join(p.orders[op.id])}" for op in p.ops)
+    lines.extend(_order_lines(p))
     lines.append("")
     lines.append("index trees before fusion (loops show their iteration masks):")
     lines.extend("  " + ln for ln in render(p.unfused).splitlines())

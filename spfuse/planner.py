@@ -26,7 +26,7 @@ from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
 from spfuse.passes.iteration_space import (IterationSpaces, propagate_iteration_spaces,
                                            statement_masks)
-from spfuse.passes.loop_order import order_loops
+from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
@@ -67,6 +67,13 @@ class Plan:
     associations: tuple[Association, ...] = ()
     separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
     decisions: tuple[str, ...] = ()
+    order_choices: Mapping[int, OrderChoice] = field(default_factory=dict)  # costs behind ``orders``
+
+    @property
+    def transpositions(self) -> dict[int, tuple]:
+        """Per op, the operands its loop order visits out of storage order
+        (``(name, storage mode order, visiting mode order)``): what the lowering converts."""
+        return {i: c.transposed for i, c in self.order_choices.items() if c.transposed}
 
     @property
     def parallel_loops(self) -> tuple[str, ...]:
@@ -131,7 +138,9 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         masks = spaces.final if fusion == "auto" and propagate else spaces.forward
         atoms = spaces.atoms
     shapes = _shapes(ops, inputs)
-    orders = {op.id: order_loops(op, inputs, masks[op.id], atoms) for op in ops}
+    forward = spaces.forward if spaces is not None else masks
+    choices = {op.id: choose_order(op, inputs, masks[op.id], atoms, shapes, forward=forward[op.id]) for op in ops}
+    orders = {i: c.order for i, c in choices.items()}
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
     separations: tuple[str, ...] = ()
@@ -154,7 +163,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
-                separated=separated)
+                separated=separated, order_choices=choices)
 
 
 #: Reductions this short are cheaper fused into one loop nest than materialised.

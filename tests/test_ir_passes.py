@@ -211,3 +211,60 @@ def test_input_sensitive_fusion_for_tiny_reductions():
 def test_spmm_gemm_row_temporary():
     p = plan_program(parse_program(KERNELS["SpMM-GEMM"]), _big_chain("SpMM-GEMM"))
     assert [t.kept for t in p.temporaries.values()] == [("k",)]
+
+
+# -- loop order by the calibrated cost model (Scorch Algorithm 1) -------------
+
+def test_every_op_records_its_order_cost():
+    for name in sorted(KERNELS):
+        p = plan(name)
+        assert set(p.order_choices) == {op.id for op in p.ops}
+        for op in p.ops:
+            c = p.order_choices[op.id]
+            assert c.order == p.orders[op.id] and c.best.total > 0
+            assert c.runner_up is None or c.runner_up.order != c.order
+
+
+def test_spgemm_never_inner_product_even_when_the_model_prefers_it():
+    # B stored compressed but full: Gustavson's workspace is dear and the
+    # inner product would only transpose B -- yet sparse×sparse keeps B's
+    # storage order (Scorch: never the inner product unless forced); the
+    # cheaper inner product shows as a runner-up outside the mode-order graph
+    A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (200, 200), nnz=4000)
+    B = TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (200, 30), nnz=6000)
+    p = plan_program(parse_program(KERNELS["SpGEMM"]), {"A": A, "B": B})
+    assert p.orders[0] == ("i", "j", "k") and p.transpositions == {}
+    c = p.order_choices[0]
+    assert c.best.workspace > 0
+    assert c.runner_up.order == ("i", "k", "j") and not c.runner_up_admissible
+    assert c.runner_up.transposed == (("B", (0, 1), (1, 0)),)
+
+
+def test_orders_without_shapes_at_compile_time():
+    csr = lambda n: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (None, None))
+    dense = lambda n, d: TensorInfo(n, d, ("dense",) * d, tuple(range(d)), (None,) * d)
+    for kernel, ins, order in (("SpGEMM", {"A": csr("A"), "B": csr("B")}, ("i", "j", "k")),
+                               ("SpMM", {"A": csr("A"), "B": dense("B", 2)}, ("i", "j", "k")),
+                               ("SpMV", {"A": csr("A"), "x": dense("x", 1)}, ("i", "j"))):
+        assert plan_program(parse_program(KERNELS[kernel]), ins).orders[0] == order
+
+
+def test_mode_order_cycle_is_broken_by_the_cheaper_transposition():
+    csr = lambda n, nnz: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (60, 60), nnz=nnz)
+    p = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), {"A": csr("A", 50), "B": csr("B", 700)})
+    assert p.orders[0] == ("j", "i")
+    assert p.transpositions == {0: (("A", (0, 1), (1, 0)),)}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_orders_hold_at_large_sizes(name):
+    # the decisions pinned above on small infos must not flip when the
+    # extents grow (no dense operand is transposed to trade I·J for I·K)
+    small = plan(name)
+    big = {}
+    for n, i in infos(name).items():  # sparse modes ×200, dense feature modes ×4, 10× the nnz per row
+        shape = tuple(s * 200 if s >= 100 else s * 4 for s in i.shape)
+        big[n] = TensorInfo(n, i.ndim, i.levels, i.mode_order, shape, nnz=i.nnz * 2000 if i.is_sparse else None)
+    large = plan_program(parse_program(KERNELS[name]), big)
+    assert large.orders == small.orders
+    assert {t: v.kept for t, v in large.temporaries.items()} == {t: v.kept for t, v in small.temporaries.items()}

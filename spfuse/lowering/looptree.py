@@ -101,7 +101,9 @@ class _Lowerer:
         key = (name, want)
         if key not in self.converted:
             self.converted[key] = tensor.asformat(Format(tuple(tensor.format.levels), want))
-            self.transposed.append(f"{name}: mode order {have} → {want}")
+            # the loop order was chosen with this transposition's cost (Plan.transpositions)
+            planned = (name, have, want) in getattr(self.plan, "transpositions", {}).get(op_id, ())
+            self.transposed.append(f"{name}: mode order {have} → {want}" + ("" if planned else " (unplanned)"))
         return self.converted[key]
 
     def access(self, op_id: int, ref: Ref):
