@@ -23,6 +23,7 @@ from spfuse.frontend.einsum import einsum_to_program
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
+from spfuse import validation as V
 from spfuse.tensor import Tensor, as_tensor
 from spfuse.threads import effective_num_threads
 
@@ -158,9 +159,30 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
             break
         obj = operands[name]
         if isinstance(obj, Tensor) and name not in trusted and "compressed" in obj.format.levels:
-            obj = Tensor(obj.shape, obj.format, obj.levels, obj.values, origin=obj.origin, name=name)
+            obj = _rechecked(obj, name)
         tensors[name] = as_tensor(obj, name=name)
     return tensors
+
+
+def _rechecked(t: Tensor, name: str) -> Tensor:
+    """A caller's sparse Tensor scanned again (its index arrays may be views
+    of arrays the caller can still write): the same object when it is still
+    valid and canonical, else rebuilt by the validating constructor, which
+    canonicalises a copy or words the error."""
+    npos = 1
+    for lv in t.levels:
+        if lv.kind == "compressed":
+            pos, crd = lv.pos, lv.crd
+            if (len(pos) != npos + 1 or pos[0] != 0 or pos[-1] != len(crd)
+                    or V.scan_status(pos, crd, lv.size) != 0):
+                break
+            npos = len(crd)
+        else:
+            npos *= lv.size
+    else:
+        if len(t.values) == npos:
+            return t
+    return Tensor(t.shape, t.format, t.levels, t.values, origin=t.origin, name=name)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -332,11 +354,10 @@ def _owned(result, tensors: Mapping[str, Tensor]):
         arr = getattr(result, attr)
         if arr.flags.writeable:
             continue
-        if inputs is None:  # only sparse operands' arrays can be shared with a sparse result
-            inputs = [a for t in tensors.values() if not t.format.is_dense
-                      for a in (t.values, *(x for lv in t.levels if lv.kind == "compressed"
-                                            for x in (lv.pos, lv.crd)))]
-        if any(np.may_share_memory(arr, a) for a in inputs):
+        if inputs is None:  # buffers of the sparse operands (dense ones are never shared)
+            inputs = {id(_root(a)) for t in tensors.values() if not t.format.is_dense
+                      for a in _arrays(t)}
+        if id(_root(arr)) in inputs:
             setattr(result, attr, arr.copy())
             continue
         try:
@@ -344,6 +365,21 @@ def _owned(result, tensors: Mapping[str, Tensor]):
         except ValueError:
             setattr(result, attr, arr.copy())
     return result
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array owning ``a``'s buffer (views chain to it through ``.base``)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _arrays(t: Tensor):
+    yield t.values
+    for lv in t.levels:
+        if lv.kind == "compressed":
+            yield lv.pos
+            yield lv.crd
 
 
 def _check_empty_max(plan: Plan) -> None:

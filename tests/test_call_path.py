@@ -133,3 +133,21 @@ def test_sparse_results_are_writable_and_never_alias_an_input(program):
     C.data *= 2  # the caller owns the result
     for a, b in zip((A.data, A.indices, A.indptr), before):
         np.testing.assert_array_equal(a, b)
+
+
+def test_caller_tensor_mutated_after_a_cached_call_is_refused():
+    A = _csr(seed=5)
+    T = Tensor.from_scipy(A)  # zero-copy: T's index arrays are views of A's
+    x = np.arange(20.0)
+    np.testing.assert_allclose(spfuse.evaluate(SPMV, A=T, x=x), A.toarray() @ x)
+    A.indices[-1] = 10**6  # written through the caller's scipy matrix
+    with pytest.raises(InvalidOperandError, match="out-of-range"):
+        spfuse.evaluate(SPMV, A=T, x=x)
+
+
+def test_valid_csf_tensor_is_reused_without_a_rebuild():
+    X = Tensor.from_coo([[0, 1, 2], [1, 0, 2], [2, 2, 0]], [1.0, 2.0, 3.0], (3, 3, 3))
+    from spfuse.api import _rechecked
+    assert _rechecked(X, "X") is X
+    np.testing.assert_allclose(spfuse.evaluate("Y[i,j] = X[i,j,k] * v[k]", X=X, v=np.ones(3)).todense(),
+                               X.todense().sum(axis=2))
