@@ -86,24 +86,31 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
             sparse_groups.setdefault(key, []).append(loop)
     for key, loops in sparse_groups.items():
         tensors = {atom_tensor(a, atoms) for a in loops[0].mask.atoms}
-        # Dense outer levels of a masking tensor (CSR's rows) are part of its nnz.
-        mine = set()
+        # Dense outer levels of a masking tensor (CSR's rows) are part of its
+        # nnz; its indices bound by another sparse loop (SpGEMM's j, driven
+        # by A, is B's row) leave an average fiber per outer coordinate.
+        mine, outer = set(), []
         for n, loop in enumerate(path):
-            if not loop.mask.is_true:
+            if loop in loops:
                 continue
             for op_id, ix in loop.binds:
                 for ref in ops_by_id[op_id].refs:
                     info = infos.get(ref.name)
                     if ref.name in tensors and info is not None and ix in ref.indices:
-                        if not info.mode_is_compressed(ref.indices.index(ix)):
+                        if loop.mask.is_true and not info.mode_is_compressed(ref.indices.index(ix)):
                             mine.add(n)
+                        elif not loop.mask.is_true and loop not in outer:
+                            outer.append(loop)
         ndims = [infos[t].ndim for t in tensors if t in infos]
-        if ndims and len(loops) + len(mine) < min(ndims):
+        if ndims and len(loops) + len(mine) + len(outer) < min(ndims):
             # A projection (A's columns k, without A's rows around them): at
             # most the loops' extents, not nnz -- count them as dense.
             factors.extend(_symbol(lp) for lp in loops)
             continue
         absorbed |= mine
+        if outer:
+            factors.append(f"nnz({key})/" + "·".join(_symbol(lp) for lp in outer))
+            continue
         full = any(len(loops) >= sum(1 for lv in infos[t].levels if lv == "compressed")
                    for t in tensors if t in infos)
         factors.append(f"nnz({key})" if full else f"fibers({key})")
@@ -136,11 +143,17 @@ def _estimate(terms, extents: Mapping[str, Optional[int]], infos, atoms) -> Opti
         v = 1.0
         for f in t:
             if f.startswith(("nnz(", "fibers(")):
+                f, _, per = f.partition("/")  # nnz(B)/J: B's entries per coordinate of J
                 inner = f[f.index("(") + 1:-1]
                 nn = [infos[a].nnz for a in inner.replace("∧", " ").replace("∨", " ").split() if a in infos]
                 if not nn or any(x is None for x in nn):
                     return None
                 v *= min(nn) if "∨" not in inner else sum(nn)
+                for sym in filter(None, per.split("·")):
+                    e = extents.get(sym)
+                    if e is None:
+                        return None
+                    v /= max(e, 1)
             else:
                 e = extents.get(f)
                 if e is None:
