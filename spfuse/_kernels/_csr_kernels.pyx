@@ -862,17 +862,23 @@ cdef enum:
     SPADD_SCATTER = 2    # dense (accumulator, stamp) workspace, then scan / bucket sort
 SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER}
 
-# Per-row cost model of ``variant="auto"`` (units ~ one merge step; ratios
-# measured on this machine with both variants forced on 200k x 200k
-# operands, see tests/bench notes in the SpAdd commit): a merge step of the
-# chain (branch-free, ~8 cycles of dependent latency), a scattered entry (an
-# L1 bitmap test, a random accumulator access, the ordered read-back), a
-# 64-bit summary word scanned over the row's column span (4096 columns).
+# Per-row cost model of ``variant="auto"``, in merge steps (~4 ns each
+# here).  Fitted on this machine (2 cores, 1 MiB L2) with both variants
+# forced on 30 000-row uniform operands: 2-9 operands, 3-1000 entries per
+# operand row, 2 000 to 2 000 000 columns.  A merge step of the chain
+# (branch-free, latency-bound); a scattered entry (L1 bitmap, accumulator
+# access, ordered read-back) -- dearer once the accumulator row (8 bytes a
+# column) no longer fits in half the L2; a summary word scanned over the
+# row's span (4096 columns); an operand run started by the scatter.
 cdef double SPADD_MERGE_STEP = 1.0
-cdef double SPADD_SCATTER_ENTRY = 2.0
+cdef double SPADD_SCATTER_ENTRY = 1.25
+cdef double SPADD_SCATTER_ENTRY_MISS = 2.25
+cdef Py_ssize_t SPADD_ACC_FITS = 65536
 cdef double SPADD_SCAN_WORD = 0.5
+cdef double SPADD_SCATTER_RUN = 15.0
 SPADD_COSTS = {"merge_step": SPADD_MERGE_STEP, "scatter_entry": SPADD_SCATTER_ENTRY,
-               "scan_word": SPADD_SCAN_WORD}
+               "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
+               "scan_word": SPADD_SCAN_WORD, "scatter_run": SPADD_SCATTER_RUN}
 
 
 cdef struct _Operands:
@@ -1005,25 +1011,18 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
     return cnt
 
 
-cdef struct _Bitmap:
-    # SpAdd's scatter workspace of one thread: a double accumulator per
-    # column, a bit per column (set = touched in the current row) and a
-    # summary bit per 64-column word (set = word non-zero).  The bitmaps are
-    # all-zero between rows (extraction clears what it visits); 1/8 byte per
-    # column, so a 200k-column row's bits stay in L1.
-    double* v
-    uint64_t* bits
-    uint64_t* words
-
-
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    const _Bitmap* ws, index_t* outc, floating* outv) noexcept nogil:
-    """Row ``i`` of the sum by scattering into the thread's workspace:
-    accumulate in operand order (then position order) in ``ws.v``, mark
-    columns in the two-level bitmap, then read the marked columns back in
-    increasing order (summary words over the row's span, set bits by
-    count-trailing-zeros) -- sorted without a sort, O(entries + span / 4096).
-    Any column order and duplicates are fine here."""
+                                    double* acc, uint64_t* bits, uint64_t* words,
+                                    index_t* outc, floating* outv) noexcept nogil:
+    """Row ``i`` of the sum by scattering into the thread's workspace: a
+    double accumulator per column (``acc``), a bit per column (``bits``, set
+    = touched in this row) and a summary bit per 64-column word (``words``);
+    both bitmaps are all-zero between rows (the read-back clears what it
+    visits) and take 1/8 byte a column, so a 200k-column row's bits stay in
+    L1.  Entries accumulate in operand order (then position order), then the
+    marked columns are read back in increasing order (summary words over the
+    row's span, set bits by count-trailing-zeros): sorted without a sort,
+    O(entries + span / 4096).  Any column order and duplicates are fine."""
     cdef Py_ssize_t t, p, cnt = 0, minw = -1, maxw = -1, w1, w0
     cdef const index_t* ip
     cdef const index_t* ind
@@ -1031,9 +1030,6 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
     cdef double c
     cdef index_t k
     cdef uint64_t bit, sw, bw
-    cdef double* acc = ws.v
-    cdef uint64_t* bits = ws.bits
-    cdef uint64_t* words = ws.words
     for t in range(ops.n):
         ip = <const index_t*>ops.indptr[t]
         ind = <const index_t*>ops.indices[t]
@@ -1074,11 +1070,12 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
     return cnt
 
 
-cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, index_t itype) noexcept nogil:
+cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double entry,
+                                 index_t itype) noexcept nogil:
     """Cost model of ``variant="auto"`` for row ``i`` (O(operands)): the merge
-    chain costs the sum of its running lengths, the scatter a constant per
-    entry plus the summary words over the row's column span (from each
-    operand row's first and last column)."""
+    chain costs the sum of its running lengths, the scatter ``entry`` per
+    entry plus its runs and the summary words over the row's column span
+    (from each operand row's first and last column)."""
     cdef Py_ssize_t t, p0, p1, ub = 0, steps = 0, runs = 0
     cdef Py_ssize_t lo = 0, hi = -1
     cdef const index_t* ip
@@ -1100,7 +1097,8 @@ cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, index_t ity
             steps += ub
     if runs <= 1:
         return False
-    return (SPADD_SCATTER_ENTRY * <double>ub + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
+    return (entry * <double>ub + SPADD_SCATTER_RUN * <double>runs
+            + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
             < SPADD_MERGE_STEP * <double>steps)
 
 
@@ -1140,10 +1138,10 @@ cdef inline void _spadd_prefetch(const _Operands* ops, Py_ssize_t i, Py_ssize_t 
                 SPFUSE_PREFETCH_W(&acc[ind[p]])
 
 
-cdef bint _scatter_ws(void** wsp, Py_ssize_t n_cols, _Bitmap* ws) noexcept nogil:
-    """The calling thread's scatter workspace (slots 2-4 of 5: accumulators,
-    column bits, summary bits; the bitmaps zeroed), allocated on first use;
-    False if an allocation fails."""
+cdef bint _scatter_ws(void** wsp, Py_ssize_t n_cols) noexcept nogil:
+    """Make the calling thread's scatter workspace (slots 2-4 of 5:
+    accumulators, column bits, summary bits; the bitmaps zeroed) on first
+    use; False if an allocation fails."""
     cdef Py_ssize_t nw = (n_cols + 63) >> 6
     cdef void** sv = _ws_slot(wsp, 5, 2)
     cdef void** sb = _ws_slot(wsp, 5, 3)
@@ -1154,10 +1152,7 @@ cdef bint _scatter_ws(void** wsp, Py_ssize_t n_cols, _Bitmap* ws) noexcept nogil
         sb[0] = calloc(nw + 1, sizeof(uint64_t))
     if sw[0] == NULL:
         sw[0] = calloc(((nw + 63) >> 6) + 1, sizeof(uint64_t))
-    ws.v = <double*>sv[0]
-    ws.bits = <uint64_t*>sb[0]
-    ws.words = <uint64_t*>sw[0]
-    return ws.v != NULL and ws.bits != NULL and ws.words != NULL
+    return sv[0] != NULL and sb[0] != NULL and sw[0] != NULL
 
 
 cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_cols,
@@ -1173,7 +1168,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     length goes to ``row_cnt[i]`` and its offset to ``row_src[i]``.
     Workspaces (5 slots per thread in ``wsp``): two merge buffers of
     ``max_ub`` (column, double) pairs, and -- only once a row of this thread
-    takes the scatter path -- the ``_Bitmap`` of ``n_cols`` columns.
+    takes the scatter path -- its accumulators and bitmaps (``_row_scatter``).
     """
     cdef Py_ssize_t nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
     cdef Py_ssize_t b, i, r0, r1, t, w, cnt
@@ -1184,8 +1179,11 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef index_t* bc1 = NULL
     cdef double* bv0 = NULL
     cdef double* bv1 = NULL
-    cdef _Bitmap bm
+    cdef double* acc
+    cdef uint64_t* bits
+    cdef uint64_t* words
     cdef bint scat
+    cdef double entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
     cdef int nfail = 0
     with parallel(num_threads=num_threads):
         bv0 = <double*>_ws_get(wsp, 5, 0, (max_ub + 1) * pair)
@@ -1205,15 +1203,19 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                 elif variant == SPADD_MERGE:
                     scat = False
                 else:
-                    scat = _prefer_scatter(ops, i, itype)
+                    scat = _prefer_scatter(ops, i, entry, itype)
                 _spadd_prefetch(ops, i, r1, <const double*>(_ws_slot(wsp, 5, 2)[0] if scat else NULL),
                                 itype, ftype)
                 if scat:
                     # (this thread's bitmap workspace is made on its first scatter row)
-                    if not _scatter_ws(wsp, n_cols, &bm):
+                    if not _scatter_ws(wsp, n_cols):
                         nfail += 1
                         break
-                    cnt = _row_scatter(ops, coef, i, &bm, oind + w, oval + w)
+                    # (thread-private pointers: assigned in the loop body)
+                    acc = <double*>_ws_slot(wsp, 5, 2)[0]
+                    bits = <uint64_t*>_ws_slot(wsp, 5, 3)[0]
+                    words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
+                    cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
                 else:
                     cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
                 row_cnt[i] = cnt
