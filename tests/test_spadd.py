@@ -213,14 +213,14 @@ def test_costs_are_the_kernels():
 
 
 def test_choose_spadd_decisions():
-    # short rows over a wide output: merge (no workspace)
+    # short rows over a wide output (accumulator beyond L2): merge (no workspace)
     assert choose_spadd(spadd_stats([2_000_000] * 7, 200_000, 200_000)).variant == "merge"
     # long rows over a narrow output: scatter
     assert choose_spadd(spadd_stats([600_000] * 7, 20_000, 20_000)).variant == "scatter"
     # two operands: merging is always cheaper than a scatter of the same entries
     assert choose_spadd(spadd_stats([10**6] * 2, 10**4, 10**4)).variant == "merge"
     # skewed rows: decided per row
-    c = choose_spadd(spadd_stats([50_000] * 7, 20_000, 20_000, max_row=9_000))
+    c = choose_spadd(spadd_stats([350_000] * 7, 200_000, 200_000, max_row=9_000))
     assert c.variant == "auto" and c.costs["scatter_max"] < c.costs["merge_max"]
     # one operand with entries: a scaled copy
     assert choose_spadd(spadd_stats([0, 5, 0], 3, 3)).variant == "merge"

@@ -862,23 +862,26 @@ cdef enum:
     SPADD_SCATTER = 2    # dense (accumulator, stamp) workspace, then scan / bucket sort
 SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER}
 
-# Per-row cost model of ``variant="auto"``, in merge steps (~4 ns each
-# here).  Fitted on this machine (2 cores, 1 MiB L2) with both variants
-# forced on 30 000-row uniform operands: 2-9 operands, 3-1000 entries per
-# operand row, 2 000 to 2 000 000 columns.  A merge step of the chain
-# (branch-free, latency-bound); a scattered entry (L1 bitmap, accumulator
-# access, ordered read-back) -- dearer once the accumulator row (8 bytes a
-# column) no longer fits in half the L2; a summary word scanned over the
-# row's span (4096 columns); an operand run started by the scatter.
-cdef double SPADD_MERGE_STEP = 1.0
-cdef double SPADD_SCATTER_ENTRY = 1.25
-cdef double SPADD_SCATTER_ENTRY_MISS = 2.25
+# Per-row cost model of ``variant="auto"``, in merge steps (~3.9 ns each
+# here).  Fitted on this machine (2 cores, 1 MiB L2, 32 MiB L3) with both
+# variants forced on 20 000-row uniform operands: 2, 3 and 7 operands of 2
+# to 30 entries a row, 500 to 2 000 000 columns.  Merge: one step per
+# element of the chain's running lengths (branch-free, latency-bound) plus
+# a row overhead.  Scatter: a row overhead and a cost per entry (L1 bitmap,
+# accumulator access, ordered read-back) that both grow once the
+# accumulator row (8 bytes a column) outgrows half the L2, plus a summary
+# word scanned per 4096 columns of the row's span.
+cdef double SPADD_MERGE_ROW = 14.0
+cdef double SPADD_SCATTER_ROW = 6.5
+cdef double SPADD_SCATTER_ROW_MISS = 100.0
+cdef double SPADD_SCATTER_ENTRY = 1.7
+cdef double SPADD_SCATTER_ENTRY_MISS = 2.3
 cdef Py_ssize_t SPADD_ACC_FITS = 65536
-cdef double SPADD_SCAN_WORD = 0.5
-cdef double SPADD_SCATTER_RUN = 15.0
-SPADD_COSTS = {"merge_step": SPADD_MERGE_STEP, "scatter_entry": SPADD_SCATTER_ENTRY,
+cdef double SPADD_SCAN_WORD = 1.0
+SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "scatter_row": SPADD_SCATTER_ROW,
+               "scatter_row_miss": SPADD_SCATTER_ROW_MISS, "scatter_entry": SPADD_SCATTER_ENTRY,
                "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
-               "scan_word": SPADD_SCAN_WORD, "scatter_run": SPADD_SCATTER_RUN}
+               "scan_word": SPADD_SCAN_WORD}
 
 
 cdef struct _Operands:
@@ -1070,11 +1073,11 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
     return cnt
 
 
-cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double entry,
+cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixed, double entry,
                                  index_t itype) noexcept nogil:
     """Cost model of ``variant="auto"`` for row ``i`` (O(operands)): the merge
-    chain costs the sum of its running lengths, the scatter ``entry`` per
-    entry plus its runs and the summary words over the row's column span
+    chain costs the sum of its running lengths, the scatter ``fixed`` plus
+    ``entry`` per entry plus the summary words over the row's column span
     (from each operand row's first and last column)."""
     cdef Py_ssize_t t, p0, p1, ub = 0, steps = 0, runs = 0
     cdef Py_ssize_t lo = 0, hi = -1
@@ -1097,9 +1100,8 @@ cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double entr
             steps += ub
     if runs <= 1:
         return False
-    return (entry * <double>ub + SPADD_SCATTER_RUN * <double>runs
-            + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
-            < SPADD_MERGE_STEP * <double>steps)
+    return (fixed + entry * <double>ub + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
+            < SPADD_MERGE_ROW + <double>steps)
 
 
 cdef inline void _prefetch_span(const char* a, const char* b) noexcept nogil:
@@ -1184,6 +1186,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef uint64_t* words
     cdef bint scat
     cdef double entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
+    cdef double fixed = SPADD_SCATTER_ROW if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ROW_MISS
     cdef int nfail = 0
     with parallel(num_threads=num_threads):
         bv0 = <double*>_ws_get(wsp, 5, 0, (max_ub + 1) * pair)
@@ -1203,7 +1206,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                 elif variant == SPADD_MERGE:
                     scat = False
                 else:
-                    scat = _prefer_scatter(ops, i, entry, itype)
+                    scat = _prefer_scatter(ops, i, fixed, entry, itype)
                 _spadd_prefetch(ops, i, r1, <const double*>(_ws_slot(wsp, 5, 2)[0] if scat else NULL),
                                 itype, ftype)
                 if scat:

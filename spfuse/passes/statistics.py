@@ -32,8 +32,8 @@ __all__ = ["SpAddStats", "SpAddChoice", "SPADD_COSTS", "spadd_stats", "choose_sp
 
 #: Cost model of the SpAdd row variants, in merge steps (see the kernel).
 SPADD_COSTS: Mapping[str, float] = {
-    "merge_step": 1.0, "scatter_entry": 1.25, "scatter_entry_miss": 2.25, "acc_fits_columns": 65536,
-    "scan_word": 0.5, "scatter_run": 15.0,
+    "merge_row": 14.0, "scatter_row": 6.5, "scatter_row_miss": 100.0, "scatter_entry": 1.7,
+    "scatter_entry_miss": 2.3, "acc_fits_columns": 65536, "scan_word": 1.0,
 }
 
 #: Expected output density above which a dense accumulator *would* be the
@@ -100,10 +100,11 @@ def _row_costs(ub: float, runs: int, n_cols: int, c: Mapping[str, float]) -> tup
         return 0.0, float("inf")
     per = ub / runs
     steps = per * (runs * (runs + 1) / 2 - 1)   # running lengths 2, 3, ... runs
-    entry = c["scatter_entry"] if n_cols <= c["acc_fits_columns"] else c["scatter_entry_miss"]
+    fits = n_cols <= c["acc_fits_columns"]
+    entry = c["scatter_entry"] if fits else c["scatter_entry_miss"]
+    fixed = c["scatter_row"] if fits else c["scatter_row_miss"]
     span_words = n_cols / 4096 + 1
-    return (c["merge_step"] * steps,
-            entry * ub + c["scatter_run"] * runs + c["scan_word"] * span_words)
+    return c["merge_row"] + steps, fixed + entry * ub + c["scan_word"] * span_words
 
 
 def choose_spadd(stats: SpAddStats, costs: Mapping[str, float] = SPADD_COSTS) -> SpAddChoice:
@@ -122,7 +123,7 @@ def choose_spadd(stats: SpAddStats, costs: Mapping[str, float] = SPADD_COSTS) ->
     'merge'
     >>> choose_spadd(spadd_stats([600_000] * 7, 20_000, 20_000)).variant
     'scatter'
-    >>> choose_spadd(spadd_stats([50_000] * 7, 20_000, 20_000, max_row=9_000)).variant
+    >>> choose_spadd(spadd_stats([350_000] * 7, 200_000, 200_000, max_row=9_000)).variant
     'auto'
     """
     k = stats.n_operands
