@@ -35,7 +35,10 @@ Conventions shared by every routine of this module
   after the parallel region.
 * Sparse outputs are built in two phases: a symbolic pass that counts the
   entries of each row, a prefix sum (numpy ``cumsum``, in Python), and a
-  numeric pass in which each row fills its own disjoint slice.  Output rows
+  numeric pass in which each row fills its own disjoint slice -- except
+  SpAdd-n, whose rows have a cheap upper bound (the sum of the operands' row
+  lengths): one pass writes each row at its upper-bound offset, and a
+  parallel gather closes the gaps only when threads left some.  Output rows
   are sorted by column; structural entries are kept even when their value
   cancels to 0 (like scipy's symbolic pattern).
 """
