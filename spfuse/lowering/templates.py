@@ -272,6 +272,39 @@ def _why(kernel, names, infos) -> str:
     return _WHY[kernel]
 
 
+def _spadd_choice(ts, out_shape, max_row=None):
+    from spfuse.passes.statistics import choose_spadd, spadd_stats
+    return choose_spadd(spadd_stats([t.nnz for t in ts], out_shape[0], out_shape[1], max_row))
+
+
+def _spadd_why(names, infos, out_shape) -> str:
+    base = f"{len(names)}-way union in one pass (rows written at their upper-bound offsets)"
+    if any(infos[n].nnz is None for n in names):
+        return base + "; row variant (merge / scatter) chosen at run time from row statistics"
+    choice = _spadd_choice([infos[n] for n in names], out_shape)
+    return f"{base}; {choice.describe()} [longest row refined at run time]"
+
+
+def _run_add(names, coef, out_shape, tensors, nt):
+    """SpAdd-n of CSR tensors: row statistics (O(rows x operands)) pick the
+    row variant, then one kernel call; no dtype conversion when all operands
+    share the index and value dtypes."""
+    from spfuse._kernels import _csr_kernels as csr
+    from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+    ts = [tensors[n] for n in names]
+    itype, dtype = _types(ts)
+    nt = _threads(ts, nt)
+    parts = [_csr(t, itype, dtype) for t in ts]
+    ips = [p[0] for p in parts]
+    ub = csr.spadd_row_bounds(ips, out_shape[0])
+    max_row = int(np.diff(ub).max()) if out_shape[0] else 0
+    choice = _spadd_choice(ts, out_shape, max_row)
+    indptr, indices, data = csr.spadd(ips, [p[1] for p in parts], [p[2] for p in parts], coef,
+                                      out_shape[0], out_shape[1], nt, choice.variant, ub)
+    return Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
+                           CompressedLevel(out_shape[1], indptr, indices)), data, None)
+
+
 def _match_spadd(plan, infos):
     """n-way sum/difference of CSR operands with one shape (one workspace per row)."""
     if len(plan.program.statements) != 1:
@@ -364,20 +397,9 @@ def _match(plan) -> Optional[TemplateMatch]:
     add = _match_spadd(plan, infos)
     if add is not None and None not in out_shape:
         names, coef = add
-
-        def run_add(tensors, nt, names=names, coef=coef):
-            from spfuse._kernels import _csr_kernels as csr
-            from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
-            ts = [tensors[n] for n in names]
-            itype, dtype = _types(ts)
-            nt = _threads(ts, nt)
-            parts = [_csr(t, itype, dtype) for t in ts]
-            indptr, indices, data = csr.spadd([p[0] for p in parts], [p[1] for p in parts],
-                                              [p[2] for p in parts], coef, out_shape[0], out_shape[1], nt)
-            return {result: Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
-                                            CompressedLevel(out_shape[1], indptr, indices)), data, None)}
-        return TemplateMatch("spadd", {n: "csr" for n in names},
-                             f"{len(names)}-way union with one workspace per row", run_add)
+        return TemplateMatch("spadd", {n: "csr" for n in names}, _spadd_why(names, infos, out_shape),
+                             lambda tensors, nt, names=names, coef=coef: {
+                                 result: _run_add(names, coef, out_shape, tensors, nt)})
     div = _match_sddmm_div(plan, infos)
     if div is not None:
         b, c, d, transposed = div
