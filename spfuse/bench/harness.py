@@ -4,6 +4,9 @@ For one (input, kernel) *case*:
 
 1. every peer ``prepare``\\ s its operands (untimed); a kernel it cannot
    express is ``n/a``, a :class:`~spfuse.bench.peers.Skip` is ``skip``;
+   a spfuse strategy other than ``auto`` whose plan would store temporaries
+   over the size's memory budget, or is estimated to run far over its time
+   budget (:mod:`spfuse.bench.budget`), is ``skip`` too, with the figure;
 2. every peer runs once and its result is compared with spfuse's (``auto``)
    result — a disagreement is recorded as ``MISMATCH`` and the peer is not
    timed; a call slower than the size's budget is not timed either;
@@ -30,7 +33,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 import spfuse
-from spfuse.bench import compare, peers as peers_mod
+from spfuse.bench import budget, compare, peers as peers_mod
 from spfuse.bench.suite import BenchKernel, Input, Size
 
 __all__ = ["Record", "run_case", "planning_times", "nbytes_moved"]
@@ -88,11 +91,14 @@ def _threads_for(peer: peers_mod.Peer, n: int):
 
 def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[int], repeat: int,
              peer_names: Optional[list[str]] = None, peer_list: Optional[list] = None,
-             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None) -> list[Record]:
+             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None,
+             check_budget: bool = True) -> list[Record]:
     """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count.
 
     ``known_slow`` (a set of ``(peer, kernel)``, updated here) lets a run skip
     a peer that was over budget for the same kernel on an earlier input.
+    ``check_budget``: skip spfuse strategies whose plan is over the size's
+    memory or time budget (see :func:`spfuse.bench.budget.skip_reason`).
     """
     known_slow = set() if known_slow is None else known_slow
     if peer_list is None:
@@ -112,6 +118,12 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         if (peer.name, kernel.name) in known_slow and peer.name != "spfuse":
             status[peer.name] = ("slow", "over budget on an earlier input")
             continue
+        if check_budget and peer.is_spfuse and peer.fusion not in (None, "auto"):
+            why = budget.skip_reason(kernel.program, operands, peer.fusion, size.max_dense_bytes,
+                                     size.call_budget, first.get("spfuse"))
+            if why:
+                status[peer.name] = ("skip", why)
+                continue
         try:
             state = impl.prepare(operands, ctx)
             with _threads_for(peer, max(thread_counts)):
