@@ -124,7 +124,9 @@ def test_wrong_peer_is_flagged_not_timed(tiny_inputs):
     right = _fake_peer("right", lambda o: o["A"] @ o["x"])
     boom = _fake_peer("boom", lambda o: 1 / 0)
     skip = _fake_peer("skipper", lambda o: None, prepare=lambda o, ctx: (_ for _ in ()).throw(peers.Skip("big")))
-    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SpMV"], TINY, [1], repeat=2,
+    import dataclasses
+    roomy = dataclasses.replace(TINY, case_budget=60.0, call_budget=60.0)  # 2 rounds even on a loaded machine
+    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SpMV"], roomy, [1], repeat=2,
                             peer_list=[spf, wrong, right, boom, skip])
     st = _statuses(recs)
     assert st == {"spfuse": "ok", "wrong": "MISMATCH", "right": "ok", "boom": "error", "skipper": "skip"}

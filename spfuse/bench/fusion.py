@@ -76,6 +76,21 @@ def cost_models(program: str, operands: dict) -> dict:
     return out
 
 
+def _times(g: dict) -> tuple[dict, set]:
+    """Per strategy: the median, or for a ``slow`` one its single checked call (flagged), else None."""
+    t, single = {}, set()
+    for p in STRATEGIES:
+        r = g.get(p)
+        if r is not None and r.status == "ok":
+            t[p] = r.median
+        elif r is not None and r.status == "slow" and r.first_call:
+            t[p] = r.first_call
+            single.add(p)
+        else:
+            t[p] = None
+    return t, single
+
+
 def _ratio(a, b) -> Optional[float]:
     return None if a is None or b is None or b == 0 else a / b
 
@@ -88,15 +103,20 @@ def _fmt_ratio(x: Optional[float]) -> str:
 
 def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads: Optional[list[int]] = None,
                      repeat: Optional[int] = None, out: TextIO = sys.stdout, progress: bool = True,
-                     json_path: Optional[str] = None) -> dict:
+                     json_path: Optional[str] = None, call_budget: Optional[float] = None) -> dict:
     """Run auto/max/none on every kernel and synthetic input of ``size``; print tables and the summary.
 
+    ``call_budget`` overrides the size's (a strategy whose checked call takes
+    longer is not timed further; its single call is reported, marked ``(1)``).
     Returns ``{"records": [...], "models": {...}, "summary": [...]}``.
     """
     from spfuse.bench.runner import Progress, _default_threads
     t0 = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     sz = suite.SIZES[size]
+    if call_budget is not None:
+        import dataclasses
+        sz = dataclasses.replace(sz, call_budget=call_budget)
     ks = suite.select_kernels(kernels)
     threads = threads or _default_threads()
     repeat = repeat or sz.repeat
@@ -122,12 +142,14 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
         by.setdefault((r.input, r.kernel, r.threads), {})[r.peer] = r
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"spfuse {spfuse.__version__} fusion study --size {size}: auto vs max vs none, {len(cases)} cases, "
-      f"threads {threads}, median of {repeat} after 1 warm-up, interleaved")
+      f"threads {threads}, median of {repeat} after 1 warm-up, interleaved; call budget {sz.call_budget:g} s, "
+      f"temporaries budget {sz.max_dense_bytes / 2**30:g} GiB")
     w(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
       f"numpy {np.__version__}" + (f", load average {load:.2f} before the run" if load is not None else ""))
     w("cells: median time; max/auto and none/auto = measured ratio (>1: auto faster); auto/best = auto time over "
       "the better of max and none (pass: <= 1.10); est = the same ratio of the cost model's iteration estimates; "
-      "label = ReACT class vs auto (AS asymptotically slower, CS constant slower, 1 same)")
+      "label = ReACT class vs auto (AS asymptotically slower, CS constant slower, 1 same); "
+      "(1) = over the call budget: the single checked call (at the largest thread count) stands in for the median")
     notes = []
     for n in threads:
         w()
@@ -138,9 +160,9 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
         for inp, k in cases:
             g = by.get((inp.name, k.name, n), {})
             mdl = models.get((inp.name, k.name), {})
-            t = {p: (g[p].median if p in g and g[p].status == "ok" else None) for p in STRATEGIES}
-            cell = {p: (report.fmt_time(t[p]) if t[p] is not None else (g[p].status if p in g else "-"))
-                    for p in STRATEGIES}
+            t, single = _times(g)
+            cell = {p: (report.fmt_time(t[p]) + ("(1)" if p in single else "") if t[p] is not None
+                        else (g[p].status if p in g else "-")) for p in STRATEGIES}
             for p in STRATEGIES:
                 if p in g and g[p].status != "ok" and g[p].note:
                     notes.append(f"{inp.name}/{k.name} {p}: {g[p].status}: {g[p].note}")
@@ -196,7 +218,7 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
                 engines = " | ".join(mdl.get(m, {}).get("engine", "-") for m in ("auto", "max", "none"))
             for n in threads:
                 g = by.get((inp.name, k, n), {})
-                t = {p: (g[p].median if p in g and g[p].status == "ok" else None) for p in STRATEGIES}
+                t, _ = _times(g)
                 ok = within(t["spfuse"], [t["spfuse[max]"], t["spfuse[none]"]])
                 if ok is not None:
                     verdicts.append(ok)
@@ -231,7 +253,7 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """``python -m spfuse.bench.fusion [--size S] [--kernels K] [--threads 1,2] [--repeat R] [--json F]``."""
+    """``python -m spfuse.bench.fusion [--size S] [--kernels K] [--threads 1,2] [--repeat R] [--json F] [--call-budget S]``."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m spfuse.bench.fusion", description=run_fusion_study.__doc__)
     p.add_argument("--size", default="small", choices=list(suite.SIZES))
@@ -239,9 +261,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads")
     p.add_argument("--repeat", type=int)
     p.add_argument("--json")
+    p.add_argument("--call-budget", type=float)
     a = p.parse_args(argv)
     run_fusion_study(a.size, a.kernels, [int(t) for t in a.threads.split(",")] if a.threads else None, a.repeat,
-                     json_path=a.json)
+                     json_path=a.json, call_budget=a.call_budget)
     return 0
 
 

@@ -54,6 +54,7 @@ class Record:
     ratio: Optional[float] = None     #: peer time / spfuse time (>1: spfuse faster)
     gbps: Optional[float] = None      #: achieved bandwidth (SpMV, SpMM only)
     note: str = ""
+    first_call: Optional[float] = None  #: seconds of the checked first call (also for ``slow`` peers)
 
     def as_dict(self) -> dict:
         """A JSON-ready dict."""
@@ -178,7 +179,7 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         spf = statistics.median(timed["spfuse"]) if timed.get("spfuse") else None
         for peer in peer_list:
             st, note = status.get(peer.name, ("ok", ""))
-            rec = Record(**base, peer=peer.name, threads=n, status=st, note=note)
+            rec = Record(**base, peer=peer.name, threads=n, status=st, note=note, first_call=first.get(peer.name))
             if peer.name in timed:
                 rec.times = timed[peer.name]
                 rec.median = statistics.median(rec.times)
