@@ -352,8 +352,8 @@ def _match(plan) -> Optional[TemplateMatch]:
                     tile = max((d.get(out_ix[-1], 0) for d in plan.tiles.values()), default=0)
                     why = _why(kernel, names, infos)
                     if kernel == "spmm":
-                        why = f"row axpy; the dense k loop {'in tiles of %d' % tile if tile else 'untiled'}" \
-                              " (Plan.tiles: k is not sparse, not a parent of a sparse loop)"
+                        why = "row axpy; " + (f"the dense k loop in tiles of {tile} (Plan.tiles)" if tile
+                                              else "whole rows of k (Plan.tiles: k untiled)")
                     return TemplateMatch(
                         "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
