@@ -131,6 +131,10 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
                 raw, dt = _call(impl.run, state)
                 if size.call_budget < dt < 4 * size.call_budget:  # maybe a one-off JIT compile: look again
                     raw, dt = _call(impl.run, state)
+                elif peer.name == "spfuse" and dt < size.call_budget / 10:
+                    # auto's call is the reference of the other strategies' time budgets: not the
+                    # first call, which also plans and warms the caches
+                    dt = min(dt, _call(impl.run, state)[1])
             result = impl.finish(raw)
         except peers_mod.Skip as e:
             status[peer.name] = ("skip", str(e))
