@@ -1,7 +1,8 @@
 """SpMM's dense ``k`` loop tiled vs untiled (Scorch Algorithm 2; ``spfuse bench --tiling``).
 
 Calls the ``spmm`` template kernel directly with ``tile`` = the planner's
-choice (``Plan.tiles``), ``0`` (untiled) and 64, so only the tile differs.
+choice (``Plan.tiles``), ``0`` (untiled), 64 and 256 (the L1 formula's tile), so
+only the tile differs.
 ``SPFUSE_ASV_TILING_ROWS`` (default 20000) sets the rows of the square
 ~10 nnz/row matrix; rows shrink for large ``K`` so ``B`` and ``C`` fit in 1 GiB.
 """
@@ -32,7 +33,7 @@ def _matrix(kind: str, n: int):
 class SpMMTiling:
     """spmm kernel time per (K, matrix, tile, threads); tile ``planned`` is ``Plan.tiles``' choice."""
 
-    params = ([64, 256, 1024, 4096], ["uniform", "powerlaw"], ["planned", "0", "64"], THREADS)
+    params = ([64, 256, 1024, 4096], ["uniform", "powerlaw"], ["planned", "0", "64", "256"], THREADS)
     param_names = ["K", "matrix", "tile", "threads"]
     timeout = 300
 
