@@ -331,7 +331,22 @@ def test_fusion_study_tiny_reports_every_kernel_and_criteria(tmp_path):
     assert summ["SDDMM"]["pair"] == "vs none" and summ["SDDMM"]["pair_label"] == "AS"
     assert summ["SDDMM"]["pair_est"] > 10 and summ["SpMM"]["pair_verdict"] == "n/a"
     assert summ["SpMM"]["within_10pct"] in ("pass", "FAIL")
+    assert summ["SpMM"]["generic_within_10pct"] in ("pass", "FAIL") and "auto gen" in text
+    assert {r["peer"] for r in res["records"]} == {"spfuse", "spfuse[max]", "spfuse[none]", "spfuse[auto,generic]"}
     assert json.loads(path.read_text())["summary"][0]["kernel"] == "SDDMM"
+
+
+def test_generic_auto_peer_agrees_and_bypasses_templates(tiny_inputs):
+    from spfuse.bench.fusion import generic_auto_peer
+    plist = [peers.all_peers()[0], generic_auto_peer()]
+    for name in ("SDDMM", "GNN-1", "MTTKRP"):
+        k = suite.KERNELS_BY_NAME[name]
+        recs = harness.run_case(tiny_inputs[k.kind], k, TINY, [1], repeat=1, peer_list=plist)
+        assert _statuses(recs)["spfuse[auto,generic]"] == "ok", name
+    state = generic_auto_peer().impls["SpMM"].prepare(suite.KERNELS_BY_NAME["SpMM"].operands(
+        tiny_inputs["matrix"], TINY), peers.Context(suite.KERNELS_BY_NAME["SpMM"].program, 1 << 30))
+    from spfuse.api import _template
+    assert _template(state[0]) is None and state[0].fusion == "auto"
 
 
 def test_cli_fusion_study_and_tiling_flags():

@@ -40,8 +40,8 @@ __all__ = ["SEEDED", "run_fusion_study", "within", "cost_models"]
 SEEDED = {("GNN-1", "max"): None, ("SDDMM", "none"): None, ("GNN-2", "none"): None,
           ("SDDMM-SpMM", "max"): 10.0}
 
-STRATEGIES = ("spfuse", "spfuse[max]", "spfuse[none]")
-_FUSION = {"spfuse": "auto", "spfuse[max]": "max", "spfuse[none]": "none"}
+GEN = "spfuse[auto,generic]"
+STRATEGIES = ("spfuse", "spfuse[max]", "spfuse[none]", GEN)
 
 
 def within(auto: Optional[float], others: list[Optional[float]], tol: float = 0.10) -> Optional[bool]:
@@ -74,6 +74,35 @@ def cost_models(program: str, operands: dict) -> dict:
         engine = "template " + ex.split("'")[1] if ex.startswith("template") else "generic executor"
         out[m] = {"estimate": p.report.estimate, "cost": p.report.cost_text, "label": label, "engine": engine}
     return out
+
+
+def generic_auto_peer() -> peers_mod.Peer:
+    """``spfuse[auto,generic]``: auto's plan run by the generic loop-tree executor (no template kernel).
+
+    Isolates the fusion *decision* from the engine: ``max`` and ``none`` plans
+    always run on the generic executor.  Operands are validated and converted
+    once in ``prepare`` (the other strategies do it per call: O(nnz), small
+    next to a generic-executor run).
+    """
+    from spfuse import api
+    from spfuse.planner import plan_program
+
+    def prepare(o, ctx):
+        program, tensors = api._prepare(api._parse(ctx.program), o)
+        infos = {n: api._info(n, t) for n, t in tensors.items()}
+        plan = plan_program(program, infos, "auto")  # a private plan: the cached one keeps its template
+        object.__setattr__(plan, "_template", None)
+        return plan, tensors
+
+    def run(state):
+        plan, tensors = state
+        raw = api._execute(plan, tensors, None)
+        return raw[plan.results[0]]
+
+    impl = peers_mod.Impl(prepare, run, how="auto's plan on the generic executor")
+    return peers_mod.Peer("spfuse[auto,generic]", spfuse.__version__, {k.name: impl for k in suite.KERNELS},
+                          threads=spfuse.threads, threads_note="OpenMP prange, spfuse.threads(n)", is_spfuse=True,
+                          fusion="auto")
 
 
 def _times(g: dict) -> tuple[dict, set]:
@@ -120,7 +149,7 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
     ks = suite.select_kernels(kernels)
     threads = threads or _default_threads()
     repeat = repeat or sz.repeat
-    peer_list = [p for p in peers_mod.all_peers() if p.name in STRATEGIES]
+    peer_list = [p for p in peers_mod.all_peers() if p.name in STRATEGIES] + [generic_auto_peer()]
     inputs = suite.synthetic_inputs(sz)
     cases = [(i, k) for i in inputs for k in ks if k.kind == i.kind]
     bar = Progress(len(cases), progress)
@@ -149,13 +178,15 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
     w("cells: median time; max/auto and none/auto = measured ratio (>1: auto faster); auto/best = auto time over "
       "the better of max and none (pass: <= 1.10); est = the same ratio of the cost model's iteration estimates; "
       "label = ReACT class vs auto (AS asymptotically slower, CS constant slower, 1 same); "
-      "(1) = over the call budget: the single checked call (at the largest thread count) stands in for the median")
+      "(1) = over the call budget: the single checked call (at the largest thread count) stands in for the median; "
+      "auto gen = auto's plan on the generic executor (max and none always run there): gen/best isolates the "
+      "fusion decision from the template kernels")
     notes = []
     for n in threads:
         w()
         w(f"== {n} thread{'s' if n > 1 else ''} ==")
         head = ["input", "kernel", "auto", "max", "none", "max/auto", "none/auto", "auto/best", "<=10%",
-                "est max/auto", "est none/auto", "label max", "label none"]
+                "auto gen", "gen/best", "<=10% gen", "est max/auto", "est none/auto", "label max", "label none"]
         rows = []
         for inp, k in cases:
             g = by.get((inp.name, k.name, n), {})
@@ -173,7 +204,9 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
                          _fmt_ratio(_ratio(t["spfuse[max]"], t["spfuse"])),
                          _fmt_ratio(_ratio(t["spfuse[none]"], t["spfuse"])),
                          _fmt_ratio(_ratio(t["spfuse"], min([b for b in best if b is not None], default=None))),
-                         {True: "pass", False: "FAIL", None: "-"}[ok],
+                         {True: "pass", False: "FAIL", None: "-"}[ok], cell[GEN],
+                         _fmt_ratio(_ratio(t[GEN], min([b for b in best if b is not None], default=None))),
+                         {True: "pass", False: "FAIL", None: "-"}[within(t[GEN], best)],
                          _fmt_ratio(_ratio(est["max"], est["auto"])), _fmt_ratio(_ratio(est["none"], est["auto"])),
                          (mdl.get("max") or {}).get("label", "-"), (mdl.get("none") or {}).get("label", "-")])
         w(report._grid(head, rows))
@@ -186,9 +219,11 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
     summary = _summary(cases, by, models, threads, size)
     w()
     w("summary per kernel (all inputs and thread counts of this run):")
-    head = ["kernel", "worst auto/best", "<=10% slower than the better", "seeded pair", "min measured ratio",
-            "est ratio", "label", ">=10x / asymptotic", "engines auto | max | none"]
-    w(report._grid(head, [[s["kernel"], _fmt_ratio(s["worst"]), s["within_10pct"], s["pair"] or "-",
+    head = ["kernel", "worst auto/best", "<=10% slower than the better", "same engine: worst", "<=10%",
+            "seeded pair", "min measured ratio", "est ratio", "label", ">=10x / asymptotic",
+            "engines auto | max | none"]
+    w(report._grid(head, [[s["kernel"], _fmt_ratio(s["worst"]), s["within_10pct"],
+                           _fmt_ratio(s["generic_worst"]), s["generic_within_10pct"], s["pair"] or "-",
                            _fmt_ratio(s["pair_measured"]), _fmt_ratio(s["pair_est"]), s["pair_label"] or "-",
                            s["pair_verdict"], s["engines"]] for s in summary]))
     elapsed = time.perf_counter() - t0
@@ -209,6 +244,7 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
     out = []
     for k in dict.fromkeys(k.name for _, k in cases):
         worst, verdicts, measured, ests, labels, engines = None, [], [], [], [], ""
+        gworst, gverdicts = None, []
         pair = next(((kk, m) for (kk, m) in SEEDED if kk == k), None)
         for inp, kk in cases:
             if kk.name != k:
@@ -219,6 +255,11 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
             for n in threads:
                 g = by.get((inp.name, k, n), {})
                 t, _ = _times(g)
+                okg = within(t[GEN], [t["spfuse[max]"], t["spfuse[none]"]])
+                if okg is not None:
+                    gverdicts.append(okg)
+                    bestg = min(b for b in (t["spfuse[max]"], t["spfuse[none]"]) if b is not None)
+                    gworst = max(gworst or 0.0, t[GEN] / bestg)
                 ok = within(t["spfuse"], [t["spfuse[max]"], t["spfuse[none]"]])
                 if ok is not None:
                     verdicts.append(ok)
@@ -246,6 +287,8 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
                 verdict = ("pass" if pm > 1.0 and asym else "FAIL") + " (faster, cost model AS)"
         out.append({"kernel": k, "worst": worst,
                     "within_10pct": "-" if not verdicts else ("pass" if all(verdicts) else "FAIL"),
+                    "generic_worst": gworst,
+                    "generic_within_10pct": "-" if not gverdicts else ("pass" if all(gverdicts) else "FAIL"),
                     "pair": f"vs {pair[1]}" if pair else None, "pair_measured": pm, "pair_est": pe,
                     "pair_label": "/".join(dict.fromkeys(lb for lb in labels if lb)) or None,
                     "pair_verdict": verdict, "engines": engines})
