@@ -10,10 +10,11 @@ instead of running it.
 * **memory**: every temporary after dimension reduction, kept dense dims at
   their extent; the compressed kept dims of one temporary share a sparse
   operand's pattern, so together they hold at most that operand's nnz.
-* **time**: the plan's cost estimate (``Plan.report.estimate``, the
-  iteration count ``explain()`` prints) times :data:`SECONDS_PER_ITERATION`,
-  only for plans run by the generic loop-tree executor (templates are not
-  the problem).
+* **time**: only for plans run by the generic loop-tree executor (templates
+  are not the problem): auto's measured call scaled by the ratio of the cost
+  model's estimates (``Plan.report.estimate``, the iteration count
+  ``explain()`` prints) over :data:`ENGINE_MARGIN` -- a lower bound -- or,
+  with no measured auto call, the estimate times :data:`SECONDS_PER_ITERATION`.
 
 >>> import numpy as np, scipy.sparse as sp, spfuse
 >>> a = sp.random_array((3000, 3000), density=0.001, format="csr", rng=0)
