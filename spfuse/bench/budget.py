@@ -10,6 +10,8 @@ instead of running it.
 * **memory**: every temporary after dimension reduction, kept dense dims at
   their extent; the compressed kept dims of one temporary share a sparse
   operand's pattern, so together they hold at most that operand's nnz.
+* **result coordinates**: the generic executor emits one coordinate per
+  iteration into a sparse result (:func:`result_coordinate_bytes`);
 * **time**: only for plans run by the generic loop-tree executor (templates
   are not the problem): auto's measured call scaled by the ratio of the cost
   model's estimates (``Plan.report.estimate``, the iteration count
@@ -32,7 +34,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-__all__ = ["temporary_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION", "ENGINE_MARGIN"]
+__all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION", "ENGINE_MARGIN"]
 
 #: The generic executor ran up to this many times faster per estimated
 #: iteration than auto's template on the same case (GNN-2's ``none`` plan does
@@ -84,6 +86,30 @@ def temporary_bytes(plan, itemsize: int = 8) -> tuple[int, str]:
     return total, what
 
 
+def result_coordinate_bytes(plan) -> tuple[int, str]:
+    """Bytes of the coordinates the generic executor emits for ``plan``'s sparse results.
+
+    It emits one ``(coords..., value)`` per iteration of the computation that
+    writes a result stored with a compressed level, merging duplicates only
+    at the end, so the cost model's estimate bounds the entries.  (Measured at
+    the medium size: SpTTM-SpTTM's ``max`` plan passed 4 GB this way; the
+    estimate overcounts where the cost model does -- SpGEMM's
+    ``nnz(A)·nnz(B)``.)
+    """
+    est = plan.report.estimate
+    if est is None or not math.isfinite(est):
+        return 0, ""
+    total, what = 0, ""
+    for r in plan.results:
+        fmt = plan.formats.get(r)
+        if fmt is None or fmt.format_name == "dense":
+            continue
+        nbytes = int(est) * (len(plan.shapes.get(r, ())) + 1) * 8
+        total += nbytes
+        what = f"{r}: {fmt.format_name}, ≈{est:.3g} coordinates emitted"
+    return total, what
+
+
 def estimated_seconds(plan, auto_plan=None, auto_seconds: Optional[float] = None) -> Optional[float]:
     """Estimated seconds of one call of ``plan`` (None when unknown).
 
@@ -106,12 +132,13 @@ def estimated_seconds(plan, auto_plan=None, auto_seconds: Optional[float] = None
 
 
 def skip_reason(program: str, operands: Mapping[str, Any], fusion: str, max_bytes: int,
-                max_seconds: float, auto_seconds: Optional[float] = None) -> Optional[str]:
+                max_seconds: float, auto_seconds: Optional[float] = None, generic: bool = False) -> Optional[str]:
     """Why ``spfuse.compile(program, fusion=fusion)`` should not run on ``operands`` (None: run it).
 
     ``auto_seconds``: a measured call of ``fusion="auto"`` on the same operands
-    (see :func:`estimated_seconds`).  Planning errors return None (running the
-    case reports them as usual).
+    (see :func:`estimated_seconds`); ``generic``: the plan will run on the
+    generic executor even if a template matches it.  Planning errors return
+    None (running the case reports them as usual).
     """
     import spfuse
     from spfuse.api import describe_execution
@@ -127,8 +154,11 @@ def skip_reason(program: str, operands: Mapping[str, Any], fusion: str, max_byte
     if nbytes > max_bytes:
         kind = "dense temporary" if what.endswith("dense") else "temporaries"
         return f"skipped: {kind} of {_size(nbytes)} ({what}) exceeds budget ({_size(max_bytes)})"
-    if describe_execution(plan).startswith("template"):
+    if not generic and describe_execution(plan).startswith("template"):
         return None
+    nbytes, what = result_coordinate_bytes(plan)
+    if nbytes > max_bytes:
+        return f"skipped: result coordinates of {_size(nbytes)} ({what}) exceed budget ({_size(max_bytes)})"
     secs = estimated_seconds(plan, auto, auto_seconds)
     if secs is not None and secs > max_seconds:
         if auto is not None and auto_seconds is not None:

@@ -119,9 +119,10 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         if (peer.name, kernel.name) in known_slow and peer.name != "spfuse":
             status[peer.name] = ("slow", "over budget on an earlier input")
             continue
-        if check_budget and peer.is_spfuse and peer.fusion not in (None, "auto"):
-            why = budget.skip_reason(kernel.program, operands, peer.fusion, size.max_dense_bytes,
-                                     size.call_budget, first.get("spfuse"))
+        if check_budget and peer.is_spfuse and peer.name != "spfuse":
+            # every spfuse strategy but plain auto runs on the generic executor
+            why = budget.skip_reason(kernel.program, operands, peer.fusion or "auto", size.max_dense_bytes,
+                                     size.call_budget, first.get("spfuse"), generic=True)
             if why:
                 status[peer.name] = ("skip", why)
                 continue
