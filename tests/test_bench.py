@@ -454,3 +454,22 @@ def test_tiling_study_tiny():
     assert ("powerlaw", 600, 1, "tile=7") in by and ("uniform", 16, 1, "tile=64") not in by  # tile >= K dropped
     assert all(r["median"] > 0 for r in rows)
     assert "untiled/planned" in buf.getvalue() and "best tiled/untiled" in buf.getvalue()
+
+
+def test_result_coordinates_of_generic_sparse_results_count():
+    from spfuse.bench import budget
+    x = suite.random_tensor((30, 25, 20), 1500, 2)
+    rng = np.random.default_rng(0)
+    prog = suite.KERNELS_BY_NAME["SpTTM-SpTTM"].program
+    ops = {"B": x, "C": rng.random((20, 8)), "D": rng.random((8, 8))}
+    plan = spfuse.compile(prog).plans(**ops)["max"]
+    nbytes, what = budget.result_coordinate_bytes(plan)
+    assert nbytes == int(plan.report.estimate) * 4 * 8 and "coordinates emitted" in what
+    why = budget.skip_reason(prog, ops, "max", max_bytes=nbytes - 1, max_seconds=1e9)
+    assert why.startswith("skipped: result coordinates of")
+    # auto runs a template (no coordinates) unless forced onto the generic executor
+    assert budget.skip_reason(prog, ops, "auto", max_bytes=nbytes // 100, max_seconds=1e9) is None
+    assert budget.skip_reason(prog, ops, "auto", max_bytes=nbytes // 100, max_seconds=1e9, generic=True)
+    dense_out = spfuse.compile(SDDMM_PROG.replace("A[i,j] = B[i,j] *", "A[i,j] =")).plans(
+        C=np.ones((5, 3)), D=np.ones((3, 5)))["max"]
+    assert budget.result_coordinate_bytes(dense_out) == (0, "")
