@@ -4,8 +4,9 @@ For one (input, kernel) *case*:
 
 1. every peer ``prepare``\\ s its operands (untimed); a kernel it cannot
    express is ``n/a``, a :class:`~spfuse.bench.peers.Skip` is ``skip``;
-   a spfuse strategy other than ``auto`` whose plan would store temporaries
-   over the size's memory budget, or is estimated to run far over its time
+   a spfuse peer other than plain ``spfuse`` (those run on the generic
+   executor) whose plan would store temporaries or emit result coordinates
+   over the size's memory budget, or is estimated to run over its time
    budget (:mod:`spfuse.bench.budget`), is ``skip`` too, with the figure;
 2. every peer runs once and its result is compared with spfuse's (``auto``)
    result — a disagreement is recorded as ``MISMATCH`` and the peer is not
