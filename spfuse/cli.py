@@ -3,6 +3,8 @@
 ``spfuse bench`` runs the benchmark suite (see :mod:`spfuse.bench`)::
 
     spfuse bench --size small --kernels SpMV,SDDMM --threads 1,2 --json out.json --plot out.png
+    spfuse bench --fusion-study --size medium     # auto vs max vs none (spfuse.bench.fusion)
+    spfuse bench --tiling                         # SpMM tiled vs untiled (spfuse.bench.tiling)
 
 ``spfuse explain`` prints what :func:`spfuse.compile` plans for a program,
 on example operands built from ``--shape`` (random, seeded) so the report
@@ -129,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of speedups (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
+    b.add_argument("--fusion-study", action="store_true",
+                   help="instead of the peer suite: auto vs max vs none on every kernel (issue 6 criteria)")
+    b.add_argument("--tiling", action="store_true",
+                   help="instead of the peer suite: SpMM with the planner's k tile vs untiled "
+                        "(200k rows, K in 64..4096; --size/--kernels/--peers ignored)")
 
     e = sub.add_parser("explain", help="print the plan spfuse chooses for a program",
                        description="Print spfuse.compile(PROGRAM).explain() on example operands.")
@@ -156,6 +163,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(args, out) -> int:
     from spfuse.bench.runner import run_benchmark
+    if args.tiling:
+        from spfuse.bench.tiling import run_tiling_study
+        run_tiling_study(threads=args.threads, repeat=args.repeat or 3, out=out)
+        return 0
+    if args.fusion_study:
+        from spfuse.bench.fusion import run_fusion_study
+        run_fusion_study(args.size, args.kernels, args.threads, args.repeat, out=out,
+                         progress=not args.no_progress, json_path=args.json)
+        return 0
     peers = [s.strip() for s in args.peers.split(",")] if args.peers else None
     run_benchmark(size=args.size, kernels=args.kernels, threads=args.threads, repeat=args.repeat,
                   data=args.data, json_path=args.json, plot_path=args.plot, peers=peers, out=out,

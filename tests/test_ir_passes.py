@@ -190,7 +190,7 @@ def test_output_formats_inferred():
 
 def test_spmm_tiles_dense_k_never_sparse_parent_i():
     A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (4096, 4096), nnz=40960)
-    p = plan_program(parse_program(KERNELS["SpMM"]), {"A": A, "B": TensorInfo.dense("B", (4096, 2048))})
+    p = plan_program(parse_program(KERNELS["SpMM"]), {"A": A, "B": TensorInfo.dense("B", (4096, 1 << 18))})
     assert p.tiles == {0: {"k": 256}}
     short = plan_program(parse_program(KERNELS["SpMM"]), {"A": A, "B": TensorInfo.dense("B", (4096, 64))})
     assert short.tiles == {}

@@ -505,18 +505,23 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-         const floating[:, ::1] B, floating[:, ::1] out, int num_threads):
-    """spmm(indptr, indices, data, B, out, num_threads)
+         const floating[:, ::1] B, floating[:, ::1] out, int num_threads, Py_ssize_t tile=K_TILE):
+    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE)
 
     ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
 
     Row-axpy: for each row ``i`` and each ``p`` in it,
     ``acc += data[p] * B[indices[p], :]`` into a thread-private double
-    accumulator of ``SPMM_K_TILE`` (256) columns; ``K`` larger than that is
-    processed tile by tile (the row's nnz are re-read per tile, from L1).
+    accumulator of ``tile`` columns; ``K`` larger than that is processed tile
+    by tile (the row's nnz are re-read per tile, from L1).  ``tile`` is the
+    tile the planner's tiling pass chose (``Plan.tiles``); ``0`` (or any
+    ``tile >= K``) means untiled: the accumulator spans the whole row.
+    Tiling never changes results: each output entry is the same sequential
+    sum in double whatever the tile.
     Preconditions: ``out`` is C-contiguous ``(m, K)``, does not alias ``B``;
-    indices in ``[0, n)`` (any order).  ``out`` is fully overwritten (empty
-    rows become 0).  Complexity O(nnz * K + m * K); workspace 2 KiB/thread.
+    indices in ``[0, n)`` (any order); ``tile >= 0``.  ``out`` is fully
+    overwritten (empty rows become 0).  Complexity O(nnz * K + m * K);
+    workspace ``8 * min(tile or K, K)`` bytes/thread.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = out.shape[1]
@@ -530,8 +535,12 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef double* acc
     cdef int failed = 0
     cdef Py_ssize_t annz = ip[m]
+    if tile < 0:
+        raise ValueError(f"spmm: tile must be >= 0 (0 = untiled), got {tile}")
     if m == 0 or K == 0:
         return
+    if tile == 0 or tile > K:
+        tile = K
     cdef _Workspaces ws = _Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # work: K multiply-adds + a row fetch per entry
@@ -543,7 +552,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            acc = <double*>_ws_get(wsp, 1, 0, K_TILE * sizeof(double))
+            acc = <double*>_ws_get(wsp, 1, 0, tile * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL:
                     failed += 1
@@ -555,8 +564,8 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                     k0 = 0
                     while k0 < K:
                         kw = K - k0
-                        if kw > K_TILE:
-                            kw = K_TILE
+                        if kw > tile:
+                            kw = tile
                         memset(acc, 0, kw * sizeof(double))
                         for p in range(ip[i], ip[i + 1]):
                             if p + 2 < annz:

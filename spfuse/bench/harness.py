@@ -4,6 +4,10 @@ For one (input, kernel) *case*:
 
 1. every peer ``prepare``\\ s its operands (untimed); a kernel it cannot
    express is ``n/a``, a :class:`~spfuse.bench.peers.Skip` is ``skip``;
+   a spfuse peer other than plain ``spfuse`` (those run on the generic
+   executor) whose plan would store temporaries or emit result coordinates
+   over the size's memory budget, or is estimated to run over its time
+   budget (:mod:`spfuse.bench.budget`), is ``skip`` too, with the figure;
 2. every peer runs once and its result is compared with spfuse's (``auto``)
    result — a disagreement is recorded as ``MISMATCH`` and the peer is not
    timed; a call slower than the size's budget is not timed either;
@@ -30,7 +34,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 import spfuse
-from spfuse.bench import compare, peers as peers_mod
+from spfuse.bench import budget, compare, peers as peers_mod
 from spfuse.bench.suite import BenchKernel, Input, Size
 
 __all__ = ["Record", "run_case", "planning_times", "nbytes_moved"]
@@ -51,6 +55,7 @@ class Record:
     ratio: Optional[float] = None     #: peer time / spfuse time (>1: spfuse faster)
     gbps: Optional[float] = None      #: achieved bandwidth (SpMV, SpMM only)
     note: str = ""
+    first_call: Optional[float] = None  #: seconds of the checked first call (also for ``slow`` peers)
 
     def as_dict(self) -> dict:
         """A JSON-ready dict."""
@@ -88,11 +93,14 @@ def _threads_for(peer: peers_mod.Peer, n: int):
 
 def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[int], repeat: int,
              peer_names: Optional[list[str]] = None, peer_list: Optional[list] = None,
-             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None) -> list[Record]:
+             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None,
+             check_budget: bool = True) -> list[Record]:
     """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count.
 
     ``known_slow`` (a set of ``(peer, kernel)``, updated here) lets a run skip
     a peer that was over budget for the same kernel on an earlier input.
+    ``check_budget``: skip spfuse strategies whose plan is over the size's
+    memory or time budget (see :func:`spfuse.bench.budget.skip_reason`).
     """
     known_slow = set() if known_slow is None else known_slow
     if peer_list is None:
@@ -112,12 +120,23 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         if (peer.name, kernel.name) in known_slow and peer.name != "spfuse":
             status[peer.name] = ("slow", "over budget on an earlier input")
             continue
+        if check_budget and peer.is_spfuse and peer.name != "spfuse":
+            # every spfuse strategy but plain auto runs on the generic executor
+            why = budget.skip_reason(kernel.program, operands, peer.fusion or "auto", size.max_dense_bytes,
+                                     size.call_budget, first.get("spfuse"), generic=True)
+            if why:
+                status[peer.name] = ("skip", why)
+                continue
         try:
             state = impl.prepare(operands, ctx)
             with _threads_for(peer, max(thread_counts)):
                 raw, dt = _call(impl.run, state)
                 if size.call_budget < dt < 4 * size.call_budget:  # maybe a one-off JIT compile: look again
                     raw, dt = _call(impl.run, state)
+                elif peer.name == "spfuse" and dt < size.call_budget / 10:
+                    # auto's call is the reference of the other strategies' time budgets: not the
+                    # first call, which also plans and warms the caches
+                    dt = min(dt, _call(impl.run, state)[1])
             result = impl.finish(raw)
         except peers_mod.Skip as e:
             status[peer.name] = ("skip", str(e))
@@ -166,7 +185,7 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         spf = statistics.median(timed["spfuse"]) if timed.get("spfuse") else None
         for peer in peer_list:
             st, note = status.get(peer.name, ("ok", ""))
-            rec = Record(**base, peer=peer.name, threads=n, status=st, note=note)
+            rec = Record(**base, peer=peer.name, threads=n, status=st, note=note, first_call=first.get(peer.name))
             if peer.name in timed:
                 rec.times = timed[peer.name]
                 rec.median = statistics.median(rec.times)

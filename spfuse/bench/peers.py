@@ -65,6 +65,7 @@ class Peer:
     threads: Callable[[int], ContextManager] = lambda n: contextlib.nullcontext()
     threads_note: str = ""
     is_spfuse: bool = False
+    fusion: Optional[str] = None      #: the fusion strategy of a spfuse peer
 
 
 def _try_import(name: str):
@@ -124,7 +125,8 @@ def _spfuse_peer(fusion: str) -> Peer:
     from spfuse.bench.suite import KERNELS
     name = "spfuse" if fusion == "auto" else f"spfuse[{fusion}]"
     return Peer(name, spfuse.__version__, {k.name: impl for k in KERNELS},
-                threads=spfuse.threads, threads_note="OpenMP prange, spfuse.threads(n)", is_spfuse=True)
+                threads=spfuse.threads, threads_note="OpenMP prange, spfuse.threads(n)", is_spfuse=True,
+                fusion=fusion)
 
 
 # ----------------------------------------------------------------------------- scipy, one call per op

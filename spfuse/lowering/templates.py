@@ -167,7 +167,7 @@ def _threads(ts, nt: int) -> int:
     return nt if sum(t.values.size for t in ts) >= PARALLEL_MIN_WORK else 1
 
 
-def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int):
+def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int, tile: int = 0):
     ts = [tensors[n] for n in names]
     nt = _threads(ts, nt)
     itype, dtype = _types(ts)
@@ -180,7 +180,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             csr.spmv(ip, ix, vals, d[0], out, nt)
         elif kernel == "spmm":
             out = np.empty(out_shape, dtype)
-            csr.spmm(ip, ix, vals, d[0], out, nt)
+            csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
         elif kernel in ("sddmm", "sddmm_t"):
             Dt = np.ascontiguousarray(d[1].T) if kernel == "sddmm" else d[1]
             outv = np.empty_like(vals)
@@ -251,7 +251,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
 
 _WHY = {
     "spmv": "gather-dot per row",
-    "spmm": "row axpy; the dense k loop is tiled (not sparse, not a parent of a sparse loop)",
+    "spmm": "row axpy of B rows into the output row (k tiled only when Plan.tiles says so)",
     "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
     "sddmm": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
@@ -389,11 +389,16 @@ def _match(plan) -> Optional[TemplateMatch]:
                 names = _unify(sig, out_ix, summed, factors, infos)
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1])))
+                    # the tiling pass's tile of the dense output index (SpMM's k); 0 = untiled
+                    tile = max((d.get(out_ix[-1], 0) for d in plan.tiles.values()), default=0)
+                    why = _why(kernel, names, infos)
+                    if kernel == "spmm":
+                        why = "row axpy; " + (f"the dense k loop in tiles of {tile} (Plan.tiles)" if tile
+                                              else "whole rows of k (Plan.tiles: k untiled)")
                     return TemplateMatch(
-                        "sddmm" if kernel == "sddmm_t" else kernel, roles,
-                        _why(kernel, names, infos),
-                        lambda tensors, nt, k=kernel, names=names: {
-                            out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt)})
+                        "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
+                        lambda tensors, nt, k=kernel, names=names, tile=tile: {
+                            out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)})
     add = _match_spadd(plan, infos)
     if add is not None and None not in out_shape:
         names, coef = add

@@ -14,7 +14,12 @@ from spfuse.ir.tree import paths_to_computes
 __all__ = ["choose_tiles", "L1_BYTES", "MIN_TILED_EXTENT"]
 
 L1_BYTES = 32 * 1024       # typical L1d; wheels must not assume the build machine's
-MIN_TILED_EXTENT = 512     # shorter loops fit whole: tiling would only add overhead
+# Shorter loops run whole.  Measured (``spfuse bench --tiling``, BENCHMARKS.md
+# "Tiling"): on the 2-core EPYC VM the untiled SpMM row-axpy (one double
+# accumulator over the whole row) was as fast as or faster than every tile
+# for K = 64 .. 131072 -- the 256 tile this formula gives was 1.15-1.4x
+# slower from K = 1024 up -- so tiling starts beyond the measured range.
+MIN_TILED_EXTENT = 1 << 18
 
 
 def choose_tiles(tree, ops, itemsize: int = 8) -> dict[int, dict[str, int]]:
@@ -23,15 +28,17 @@ def choose_tiles(tree, ops, itemsize: int = 8) -> dict[int, dict[str, int]]:
     A tile of ``t`` elements of each of the ``n`` dense accesses indexed by
     the loop, with several rows of the streamed operand in flight (prefetch),
     must fit in L1: ``t = L1 / (8 · n · itemsize)``, rounded down to a power
-    of two -- 256 doubles for SpMM, the tile its template kernel is built with.
+    of two -- 256 doubles for SpMM; its template kernel takes the tile as an argument.
 
     >>> from spfuse.frontend.parser import parse_program
     >>> from spfuse.ir.ops import TensorInfo
     >>> from spfuse.planner import plan_program
     >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (10**5, 10**5))
-    >>> p = plan_program(parse_program("C[i,k] = A[i,j] * B[j,k]"), {"A": A, "B": TensorInfo.dense("B", (10**5, 1024))})
-    >>> p.tiles
+    >>> prog = parse_program("C[i,k] = A[i,j] * B[j,k]")
+    >>> plan_program(prog, {"A": A, "B": TensorInfo.dense("B", (10**5, 1 << 18))}).tiles
     {0: {'k': 256}}
+    >>> plan_program(prog, {"A": A, "B": TensorInfo.dense("B", (10**5, 4096))}).tiles  # measured: untiled is faster
+    {}
     """
     paths = paths_to_computes(tree)
     tiles: dict[int, dict[str, int]] = {}
