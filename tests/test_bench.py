@@ -481,3 +481,16 @@ def test_result_coordinates_of_generic_sparse_results_count():
     dense_out = spfuse.compile(SDDMM_PROG.replace("A[i,j] = B[i,j] *", "A[i,j] =")).plans(
         C=np.ones((5, 3)), D=np.ones((3, 5)))["max"]
     assert budget.result_coordinate_bytes(dense_out) == (0, "")
+
+
+def test_large_kernels_peers_agree_with_spfuse():
+    from spfuse.bench.large_kernels import _peers
+    A = suite.uniform_matrix(300, 300, 5, 0)
+    x, B = np.random.default_rng(0).random(300), np.random.default_rng(1).random((300, 8))
+    ours = {"SpMV": spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x),
+            "SpMM": spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=B),
+            "SpGEMM": spfuse.evaluate("C[i,k] = A[i,j] * D[j,k]", A=A, D=A).toarray()}
+    for kernel, peers in _peers(A, x, B).items():
+        assert "scipy" in peers
+        for name, f in peers.items():
+            assert compare.agree(f(), ours[kernel])[0], (kernel, name)

@@ -1,0 +1,101 @@
+"""SpMV, SpMM (K=64) and SpGEMM on 200k-row matrices (~10 nnz/row) against
+scipy, torch and python-graphblas in one process, at 1 and 2 threads.
+
+``python -m spfuse.bench.large_kernels`` (about 3 minutes on 2 cores; torch
+and graphblas are used when importable).  Prints spfuse/peer time ratios
+(< 1: spfuse faster): issue 5's table, quicker than ``spfuse bench --size
+large``, which runs every peer on every kernel.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from typing import Callable
+
+import numpy as np
+
+import spfuse
+from spfuse.bench.suite import powerlaw_matrix, uniform_matrix
+
+ROWS = 200_000
+ROW_NNZ = 10
+RANK = 64
+
+
+def median_seconds(f: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``repeat`` calls after one warm-up call.
+
+    >>> median_seconds(lambda: sum(range(10)), 3) >= 0.0
+    True
+    """
+    f()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _peers(A, x, B) -> dict:
+    """Per kernel, the peers' callables (only the libraries that import)."""
+    peers = {"SpMV": {"scipy": lambda: A @ x}, "SpMM": {"scipy": lambda: A @ B},
+             "SpGEMM": {"scipy": lambda: A @ A}}
+    warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
+    try:
+        import torch
+        tA = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int64)),
+                                     torch.from_numpy(A.indices.astype(np.int64)), torch.from_numpy(A.data),
+                                     size=A.shape)
+        tx, tB = torch.from_numpy(x), torch.from_numpy(B)
+        peers["SpMV"]["torch"] = lambda: tA @ tx
+        peers["SpMM"]["torch"] = lambda: tA @ tB
+    except ImportError:
+        pass
+    try:
+        import graphblas as gb
+        gA, gx = gb.io.from_scipy_sparse(A), gb.Vector.from_dense(x)
+        peers["SpMV"]["graphblas"] = lambda: (gA @ gx).new()
+        peers["SpGEMM"]["graphblas"] = lambda: (gA @ gA).new()
+    except ImportError:
+        pass
+    return peers
+
+
+def _set_peer_threads(n: int) -> None:
+    try:
+        import torch
+        torch.set_num_threads(n)
+    except ImportError:
+        pass
+    try:
+        import graphblas as gb
+        gb.ss.config["nthreads"] = n
+    except ImportError:
+        pass
+
+
+def main() -> None:
+    programs = {"SpMV": "y[i] = A[i,j] * x[j]", "SpMM": "C[i,k] = A[i,j] * B[j,k]",
+                "SpGEMM": "C[i,k] = A[i,j] * D[j,k]"}
+    for make in (uniform_matrix, powerlaw_matrix):
+        A = make(ROWS, ROWS, ROW_NNZ, 0)
+        x, B = np.random.rand(ROWS), np.random.rand(ROWS, RANK)
+        operands = {"SpMV": dict(A=A, x=x), "SpMM": dict(A=A, B=B), "SpGEMM": dict(A=A, D=A)}
+        peers = _peers(A, x, B)
+        for threads in (1, 2):
+            _set_peer_threads(threads)
+            for name, program in programs.items():
+                repeat = 5 if name == "SpMV" else 3
+                kernel = spfuse.compile(program)
+                with spfuse.threads(threads):
+                    ours = median_seconds(lambda: kernel(**operands[name]), repeat)
+                    theirs = {p: median_seconds(f, repeat) for p, f in peers[name].items()}
+                cells = "  ".join(f"{p} {t * 1e3:8.2f} ms ({ours / t:.2f})" for p, t in theirs.items())
+                print(f"{make.__name__[:-7]:8s} nnz={A.nnz} threads={threads} {name:6s} "
+                      f"spfuse {ours * 1e3:8.2f} ms | {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
