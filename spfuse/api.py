@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.errors import OperandTypeError, ProgramError, UnsupportedError
+from spfuse.errors import ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
@@ -253,20 +253,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
-    raw = lt.run(lowered.plan, num_threads=threads)
-    out = {}
-    for spec in lowered.outputs:
-        v = raw[spec.name]
-        if spec.kind == "dense":
-            out[spec.name] = np.asarray(v)
-        elif spec.kind == "pattern":
-            out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
-        else:
-            coords, values = v[0], v[1]
-            fmt = "csr" if len(spec.shape) == 2 else "csf"
-            out[spec.name] = Tensor.from_coo(np.asarray(coords).reshape(len(spec.shape), -1),
-                                             np.asarray(values), spec.shape, format=fmt)
-    return out
+    return lowered.results(lt.run(lowered.plan, num_threads=threads))
 
 
 def _template(plan: Plan):

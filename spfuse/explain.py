@@ -104,7 +104,6 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[
         for d in p.formats.values():
             ws = f"; {d.workspace}" if d.workspace else ""
             lines.append(f"  {d.name}: {d.format_name} ({d.reason}{ws})")
-    ops = {op.id: op for op in p.ops}
     tiles = [f"S{o}: {ix} in tiles of {t}" for o, d in p.tiles.items() for ix, t in d.items()]
     lines.append("tiling: " + ("; ".join(tiles) if tiles else
                                "none (no long dense loop outside every sparse loop)"))

@@ -31,7 +31,6 @@ import statistics
 import time
 from typing import Any, Callable, Optional
 
-import numpy as np
 
 import spfuse
 from spfuse.bench import budget, compare, peers as peers_mod

@@ -6,10 +6,10 @@ after fusion: ``binds`` holds ``(op_id, index_name)`` pairs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Union
 
-from spfuse.ir.masks import Mask, TRUE
+from spfuse.ir.masks import TRUE, Mask  # noqa: F401  (TRUE: used by the doctests)
 from spfuse.ir.ops import UnitOp
 
 __all__ = ["Compute", "Reset", "Loop", "Root", "Node", "render", "iter_nodes",

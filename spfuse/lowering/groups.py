@@ -254,23 +254,10 @@ def _run_generic(plan, tensors, nt: int) -> dict:
     from spfuse.lowering.looptree import lower_to_looptree
     from spfuse.lowering.templates import PARALLEL_MIN_WORK
     from spfuse.runtime import looptree as lt
-    from spfuse.tensor import Tensor
     work = sum(t.values.size for t in tensors.values()) + sum(
         prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
     lowered = lower_to_looptree(plan, tensors)
-    raw = lt.run(lowered.plan, num_threads=nt if work >= PARALLEL_MIN_WORK else 1)
-    out = {}
-    for spec in lowered.outputs:
-        v = raw[spec.name]
-        if spec.kind == "dense":
-            out[spec.name] = np.asarray(v)
-        elif spec.kind == "pattern":
-            out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
-        else:
-            fmt = "csr" if len(spec.shape) == 2 else "csf"
-            out[spec.name] = Tensor.from_coo(np.asarray(v[0]).reshape(len(spec.shape), -1),
-                                             np.asarray(v[1]), spec.shape, format=fmt)
-    return out
+    return lowered.results(lt.run(lowered.plan, num_threads=nt if work >= PARALLEL_MIN_WORK else 1))
 
 
 def _run_unpropagated(plan, tensors, nt: int) -> dict:

@@ -19,7 +19,7 @@ import numpy as np
 
 from spfuse.formats import Format
 from spfuse.ir.ops import Const, Ref
-from spfuse.ir.tree import Compute, Loop, Reset, Root
+from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.passes.iteration_space import atom_tensor
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
@@ -50,6 +50,22 @@ class LoweredProgram:
     plan: Any  # LoopTreePlan
     outputs: tuple[OutputSpec, ...]
     transposed: tuple[str, ...]  # operands converted to a concordant mode order
+
+    def results(self, raw: Mapping[str, Any]) -> dict:
+        """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
+        from spfuse.tensor import Tensor
+        out = {}
+        for spec in self.outputs:
+            v = raw[spec.name]
+            if spec.kind == "dense":
+                out[spec.name] = np.asarray(v)
+            elif spec.kind == "pattern":
+                out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
+            else:  # coordinates and values, in the executor's emission order
+                fmt = "csr" if len(spec.shape) == 2 else "csf"
+                out[spec.name] = Tensor.from_coo(np.asarray(v[0]).reshape(len(spec.shape), -1),
+                                                 np.asarray(v[1]), spec.shape, format=fmt)
+        return out
 
 
 class _Lowerer:

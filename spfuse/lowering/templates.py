@@ -19,7 +19,6 @@ import numpy as np
 
 from spfuse._kernels import _csf_kernels as csf
 from spfuse._kernels import _csr_kernels as csr
-from spfuse._kernels import _dense_kernels as dense
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import TensorInfo

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from spfuse.ir.masks import Mask, TRUE
-from spfuse.ir.ops import UnitOp
 from spfuse.ir.tree import Compute, Loop, Root
 
 __all__ = ["build_trees", "op_extents"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from typing import Iterable
 
-from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program,
+from spfuse.frontend.ast import (Access, Binary, Expr, Literal, Program,
                                  Reduce, Unary, Where)
 from spfuse.ir.ops import Const, Leaf, Ref, UnitOp
 from spfuse.passes.rename import distinct_binders

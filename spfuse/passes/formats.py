@@ -12,7 +12,7 @@ chose (dense, or compressed sharing a mask).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 from spfuse.ir.tree import paths_to_computes
 

@@ -13,9 +13,8 @@ recurses into the host -- only common prefixes are fused, as in a trie.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable
 
-from spfuse.ir.tree import Compute, Loop, Reset, Root
+from spfuse.ir.tree import Compute, Loop, Root
 
 __all__ = ["trie_fuse", "find_fusion_groups", "ops_under"]
 

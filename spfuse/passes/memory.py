@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional
 
 from spfuse.ir.masks import Mask, TRUE
-from spfuse.ir.tree import Compute, Loop, Reset, Root, paths_to_computes
+from spfuse.ir.tree import Loop, Reset, Root, paths_to_computes
 
 __all__ = ["Temporary", "reduce_dimensions", "full_temporaries", "RESET_VALUE"]
 

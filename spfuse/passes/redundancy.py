@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from spfuse.frontend.ast import Access, Binary, Literal, Unary, Where
-from spfuse.ir.masks import Mask
-from spfuse.ir.ops import TensorInfo, UnitOp
+from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, paths_to_computes
 from spfuse.passes.iteration_space import atom_tensor
 

@@ -7,7 +7,6 @@ row, in the L1 data cache.
 """
 from __future__ import annotations
 
-from typing import Mapping
 
 from spfuse.ir.tree import paths_to_computes
 
