@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Union
 import numpy as np
 import scipy.sparse as sp
 
+from spfuse import validation as V
 from spfuse.errors import ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
@@ -23,7 +24,6 @@ from spfuse.frontend.einsum import einsum_to_program
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
-from spfuse import validation as V
 from spfuse.tensor import Tensor, as_tensor
 from spfuse.threads import effective_num_threads
 
