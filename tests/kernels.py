@@ -72,3 +72,16 @@ def infos(name, n=100, r=16, nnz_per_row=5):
         t = v if isinstance(v, Tensor) else Tensor.from_scipy(v) if sp.issparse(v) else Tensor.from_numpy(v)
         out[k] = TensorInfo(k, t.ndim, tuple(t.format.levels), tuple(t.format.mode_order), t.shape, nnz=t.nnz)
     return out
+
+
+def assert_weighted_union(indptr, indices, data, mats, coef, m, n, dt, tolerance):
+    """The CSR arrays equal sum(coef[t] * mats[t]) (numpy oracle) and store the
+    union of the operands' patterns: cancellation zeros stay stored."""
+    want = np.zeros((m, n))
+    pattern = np.zeros((m, n), bool)
+    for c, M in zip(coef, mats):
+        want += c * M.toarray().astype(dt).astype(np.float64)
+        pattern |= M.toarray() != 0
+    C = sp.csr_matrix((data, indices, indptr), shape=(m, n))
+    np.testing.assert_allclose(C.toarray(), want, **tolerance)
+    assert C.nnz == pattern.sum()

@@ -12,6 +12,7 @@ import pytest
 import scipy.sparse as sp
 
 import spfuse
+from kernels import assert_weighted_union
 from spfuse.passes.statistics import SPADD_COSTS, choose_spadd, spadd_stats
 
 K = pytest.importorskip("spfuse._kernels._csr_kernels")
@@ -72,14 +73,7 @@ def check_all_ways(mats, coef, it, dt, m, n):
     assert len(indptr) == m + 1 and indptr[0] == 0 and indptr[-1] == len(indices) == len(data)
     for i in range(m):
         assert np.all(np.diff(indices[indptr[i]:indptr[i + 1]].astype(np.int64)) > 0), f"row {i}"
-    want = np.zeros((m, n))
-    pattern = np.zeros((m, n), bool)
-    for c, M in zip(coef, mats):
-        want += c * M.toarray().astype(dt).astype(np.float64)
-        pattern |= M.toarray() != 0
-    C = sp.csr_matrix((data, indices, indptr), shape=(m, n))
-    np.testing.assert_allclose(C.toarray(), want, **tol(dt))
-    assert C.nnz == pattern.sum()  # the union pattern; cancellation zeros stay stored
+    assert_weighted_union(indptr, indices, data, mats, coef, m, n, dt, tol(dt))
     return first
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+from kernels import assert_weighted_union
+
 K = pytest.importorskip("spfuse._kernels._csr_kernels")
 F = pytest.importorskip("spfuse._kernels._csf_kernels")
 D = pytest.importorskip("spfuse._kernels._dense_kernels")
@@ -230,14 +232,7 @@ def test_spadd(kind, n_ops, it, dt, rng):
     got = both_threads(lambda nt: K.spadd(ips, inds, vals, coef, m, n, nt))
     indptr, indices, data = got
     _rows_sorted_unique(indptr, indices)
-    want = np.zeros((m, n))
-    pattern = np.zeros((m, n), bool)
-    for c, M in zip(coef, mats):
-        want += c * M.toarray().astype(dt).astype(np.float64)
-        pattern |= M.toarray() != 0
-    C = sp.csr_matrix((data, indices, indptr), shape=(m, n))
-    np.testing.assert_allclose(C.toarray(), want, **tol(dt))
-    assert C.nnz == pattern.sum()  # union pattern, structural zeros kept
+    assert_weighted_union(indptr, indices, data, mats, coef, m, n, dt, tol(dt))
     if n_ops:
         assert indptr.dtype == it and data.dtype == dt
 
