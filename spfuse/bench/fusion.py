@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import sys
 import time
 from typing import Optional, TextIO
 
-import numpy as np
 
 import spfuse
 from spfuse.bench import harness, peers as peers_mod, report, suite
@@ -172,8 +170,7 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
     w(f"spfuse {spfuse.__version__} fusion study --size {size}: auto vs max vs none, {len(cases)} cases, "
       f"threads {threads}, median of {repeat} after 1 warm-up, interleaved; call budget {sz.call_budget:g} s, "
       f"temporaries budget {sz.max_dense_bytes / 2**30:g} GiB")
-    w(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-      f"numpy {np.__version__}" + (f", load average {load:.2f} before the run" if load is not None else ""))
+    w(report.machine_line(load))
     w("cells: median time; max/auto and none/auto = measured ratio (>1: auto faster); auto/best = auto time over "
       "the better of max and none (pass: <= 1.10); est = the same ratio of the cost model's iteration estimates; "
       "label = ReACT class vs auto (AS asymptotically slower, CS constant slower, 1 same); "

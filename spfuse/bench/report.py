@@ -23,6 +23,20 @@ SECTION_TITLES = {"synthetic": "synthetic inputs", "builtin": "shipped real inpu
                   "data": "inputs from --data"}
 
 
+def machine_line(load: Optional[float] = None) -> str:
+    """The ``machine:`` header line of every study (load average when known).
+
+    >>> machine_line().startswith("machine: ")
+    True
+    """
+    import os
+    import platform
+
+    import numpy as np
+    return (f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
+            f"numpy {np.__version__}" + (f", load average {load:.2f} before the run" if load is not None else ""))
+
+
 def fmt_time(t: Optional[float]) -> str:
     """Seconds as a short string with a unit."""
     if t is None:

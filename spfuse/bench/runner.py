@@ -10,12 +10,10 @@ True
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from typing import Optional, TextIO
 
-import numpy as np
 
 import spfuse
 from spfuse.bench import harness, peers as peers_mod, report, stream, suite
@@ -112,8 +110,7 @@ def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: O
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"spfuse {spfuse.__version__} bench --size {size}: {len(cases)} cases, threads {threads}, "
       f"median of {repeat} after 1 warm-up, interleaved")
-    w(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-      f"numpy {np.__version__}")
+    w(report.machine_line())
     w("peers: " + "; ".join(f"{p.name} {p.version}" + (f" ({p.threads_note})" if p.threads_note else "")
                             for p in peer_list if not p.is_spfuse or p.name == "spfuse"))
     if load_before is not None and load_before > 0.5:

@@ -23,7 +23,6 @@ True
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Optional, Sequence, TextIO
 import numpy as np
 
 import spfuse
-from spfuse.bench import suite
+from spfuse.bench import report, suite
 
 __all__ = ["planned_tile", "rows_for", "run_tiling_study"]
 
@@ -130,8 +129,7 @@ def _report(records, out, threads, repeat, rows, row_nnz, mem_bytes, load, elaps
     w(f"spfuse {spfuse.__version__} tiling study: SpMM C = A·B, A square CSR (up to {rows} rows, "
       f"~{row_nnz} nnz/row), B and C dense float64 within {mem_bytes / 2**30:.1f} GiB; "
       f"median of {repeat} interleaved rounds after 1 warm-up")
-    w(f"machine: {platform.machine()} {os.cpu_count()} cpus, python {platform.python_version()}, "
-      f"numpy {np.__version__}" + (f", load average {load:.2f} before the run" if load is not None else ""))
+    w(report.machine_line(load))
     w("cells: median ms of the spmm template kernel; untiled/planned > 1: the planner's tile is faster; "
       "best tiled/untiled < 1: some tile beats the untiled kernel")
     w()
