@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from spfuse import validation as V
-from spfuse.errors import ProgramError, UnsupportedError
+from spfuse.errors import IndexCheckFailed, ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
@@ -138,13 +138,19 @@ def _diagonals(program: Program, tensors: dict) -> Program:
     return Program(stmts, program.text)
 
 
-def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset()):
+def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset(),
+             defer: bool = False):
     """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
     A ``Tensor`` the caller passes in may share index arrays with objects the
     caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
     checked again -- the one-pass scan -- unless this call made it
-    (``trusted``)."""
+    (``trusted``).
+
+    With ``defer``, a scipy CSR/CSC operand is wrapped with its ``indptr``
+    checked but its ``indices`` not yet scanned; such names are returned
+    too, and ``_run`` either hands them to a kernel that checks indices as
+    it reads them or scans them before anything else reads them."""
     if not isinstance(program, Program):
         raise TypeError(f"expected a program text, got {type(program).__name__}")
     inputs = program.inputs
@@ -153,15 +159,24 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
         raise ProgramError(f"operand(s) {', '.join(map(repr, extra))} not used by the program "
                            f"(it reads {', '.join(inputs) or 'nothing'})")
     tensors: dict[str, Tensor] = {}
+    unscanned = []
     for name in inputs:
         if name not in operands:
             # check_program names the position of the unknown operand
             break
         obj = operands[name]
-        if isinstance(obj, Tensor) and name not in trusted and "compressed" in obj.format.levels:
-            obj = _rechecked(obj, name)
+        if isinstance(obj, Tensor):
+            if name not in trusted and "compressed" in obj.format.levels:
+                obj = _rechecked(obj, name)
+        elif defer and sp.issparse(obj) and obj.format in ("csr", "csc"):
+            t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
+                                        scan=False)
+            if t is not None:
+                tensors[name] = t
+                unscanned.append(name)
+                continue
         tensors[name] = as_tensor(obj, name=name)
-    return tensors
+    return tensors, unscanned
 
 
 def _rechecked(t: Tensor, name: str) -> Tensor:
@@ -265,11 +280,11 @@ def _template(plan: Plan):
 
 
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
-         trusted: frozenset = frozenset()):
+         trusted: frozenset = frozenset(), defer: bool = True):
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    tensors = _prepare(program, operands, trusted)
+    tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
     # Everything decided from the operands' formats, shapes, dtypes and origins
     # is remembered: a repeat call validates its operands, then only runs.
     key = (program, fusion, out_format,
@@ -283,7 +298,27 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
                 if len(_dispatch_cache) >= _MAX_CACHED:
                     _dispatch_cache.pop(next(iter(_dispatch_cache)))
                 _dispatch_cache[key] = dispatch
-    return dispatch(tensors, num_threads)
+    if not unscanned:
+        return dispatch(tensors, num_threads)
+    # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
+    # they read them (saving a pass over the largest array); every other
+    # operand is scanned now.  Anything amiss -- unsorted, duplicated or
+    # out-of-range indices -- sends the call down the validating path, which
+    # canonicalises a copy or words the error.
+    kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
+    for name in unscanned:
+        if name not in kernel_checks and not _scan_ok(tensors[name]):
+            return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+    try:
+        return dispatch(tensors, num_threads)
+    except IndexCheckFailed:
+        return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+
+
+def _scan_ok(t: Tensor) -> bool:
+    """Whether a deferred tensor's compressed level is valid and canonical."""
+    lv = t.levels[1]
+    return V.scan_status(lv.pos, lv.crd, lv.size) == 0
 
 
 class _Dispatch:

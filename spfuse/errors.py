@@ -24,6 +24,17 @@ class InvalidOperandError(SpfuseError, ValueError):
     """An operand's arrays are malformed (bad indptr, out-of-range index, ...)."""
 
 
+class IndexCheckFailed(InvalidOperandError):
+    """A self-checking kernel met a column index outside its operand's range.
+
+    The call path catches it and validates the operands the slow way, which
+    words the error; it only escapes if an operand changed in between."""
+
+    def __init__(self, name: str, position: int):
+        super().__init__(f"operand {name!r}: column index at position {position} is out of range")
+        self.name, self.position = name, position
+
+
 class OperandTypeError(SpfuseError, TypeError):
     """An operand has a type or dtype spfuse cannot use."""
 

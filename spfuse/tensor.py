@@ -367,10 +367,14 @@ class Tensor:
         return obj
 
     @classmethod
-    def _fast_compressed(cls, m: Any, origin: str) -> Optional["Tensor"]:
+    def _fast_compressed(cls, m: Any, origin: str, scan: bool = True) -> Optional["Tensor"]:
         """A canonical scipy CSR/CSC matrix wrapped zero-copy after the one-pass
         scan, or None when anything is unusual (dtypes, slack, unsorted rows,
-        an error to word): the general path then handles it."""
+        an error to word): the general path then handles it.
+
+        ``scan=False`` checks ``indptr`` only and leaves ``indices`` unread:
+        for the call path alone, which hands such a tensor only to a kernel
+        that checks the indices as it reads them (or scans it first)."""
         indptr, indices, data = m.indptr, m.indices, m.data
         if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
             return None
@@ -390,7 +394,8 @@ class Tensor:
             return None
         if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
             return None  # needs int64 indices: the general path widens them
-        if V.scan_status(indptr, indices, ninner) != 0:
+        valid = V.scan_status(indptr, indices, ninner) == 0 if scan else V.pos_monotone(indptr)
+        if not valid:
             return None
         obj = cls.__new__(cls)
         obj._shape = shape

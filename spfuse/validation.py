@@ -40,7 +40,7 @@ import numpy as np
 from spfuse.errors import InvalidOperandError, OperandTypeError
 
 __all__ = [
-    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES", "scan_status",
+    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES", "scan_status", "pos_monotone",
     "operand_label", "invalid", "wrong_type",
     "check_shape", "value_dtype", "as_values", "check_index_array",
     "index_dtype_for", "check_compressed", "check_coords",
@@ -299,9 +299,10 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
 
 
 try:
+    from spfuse._kernels._validate import pos_drops as _pos_drops
     from spfuse._kernels._validate import scan_compressed as _scan_compressed
 except ImportError:  # a source checkout without built kernels: the numpy checks run instead
-    _scan_compressed = None
+    _scan_compressed = _pos_drops = None
 
 
 def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
@@ -317,6 +318,16 @@ def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
     if _scan_compressed is None:
         return -1
     return _scan_compressed(pos, crd, size)[0]
+
+
+def pos_monotone(pos: np.ndarray) -> bool:
+    """Whether an int32/int64 ``pos`` array never decreases (False when the
+    kernels are not built: the caller then takes the general path).
+
+    >>> pos_monotone(np.array([0, 2, 2, 5])), pos_monotone(np.array([0, 3, 1]))
+    (True, False)
+    """
+    return _pos_drops is not None and _pos_drops(pos) == 0
 
 
 def _scan(pos: np.ndarray, crd: np.ndarray, size: int):

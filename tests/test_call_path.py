@@ -151,3 +151,84 @@ def test_valid_csf_tensor_is_reused_without_a_rebuild():
     assert _rechecked(X, "X") is X
     np.testing.assert_allclose(spfuse.evaluate("Y[i,j] = X[i,j,k] * v[k]", X=X, v=np.ones(3)).todense(),
                                X.todense().sum(axis=2))
+
+
+# -- indices checked inside SpMV / SpMM ---------------------------------------
+
+SPMM = "C[i,k] = A[i,j] * B[j,k]"
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """Counts the one-pass index scans a call makes."""
+    from spfuse import validation
+    calls = []
+    real = validation._scan_compressed
+
+    def counting(pos, crd, size):
+        calls.append(len(crd))
+        return real(pos, crd, size)
+
+    monkeypatch.setattr(validation, "_scan_compressed", counting)
+    return calls
+
+
+@pytest.mark.parametrize("program, dense", [(SPMV, lambda n: np.arange(n, dtype=float)),
+                                            (SPMM, lambda n: np.ones((n, 3)))])
+def test_spmv_and_spmm_check_indices_in_the_kernel_instead_of_a_scan(scans, program, dense):
+    A = _csr(seed=2)
+    other = dense(A.shape[1])
+    out = spfuse.evaluate(program, A=A, **({"x": other} if "x[" in program else {"B": other}))
+    np.testing.assert_allclose(out, A.toarray() @ other)
+    assert scans == []  # A's indices were read once, by the kernel
+
+
+def test_spgemm_still_scans_its_operands(scans):
+    A = _csr(seed=3, shape=(20, 20))
+    np.testing.assert_allclose(spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=A).toarray(),
+                               A.toarray() @ A.toarray())
+    assert len(scans) == 2
+
+
+@pytest.mark.parametrize("program", [SPMV, SPMM])
+@pytest.mark.parametrize("bad", [20, 2**31 - 1, -1])
+@pytest.mark.parametrize("itype", [np.int32, np.int64])
+def test_out_of_range_index_found_by_the_kernel_is_worded(program, bad, itype):
+    A = _csr(seed=5)
+    A.indices = A.indices.astype(itype)
+    A.indptr = A.indptr.astype(itype)
+    A.indices[len(A.indices) // 2] = bad
+    before = A.indices.copy()
+    dense = np.ones(20) if program == SPMV else np.ones((20, 4))
+    with pytest.raises(InvalidOperandError, match="out-of-range"):
+        spfuse.evaluate(program, A=A, **({"x": dense} if program == SPMV else {"B": dense}))
+    np.testing.assert_array_equal(A.indices, before)
+
+
+def test_out_of_range_index_with_an_empty_dense_dimension_is_refused():
+    A = _csr(seed=6)
+    A.indices[0] = 99
+    with pytest.raises(InvalidOperandError, match="out-of-range"):
+        spfuse.evaluate(SPMM, A=A, B=np.ones((20, 0)))
+
+
+@pytest.mark.parametrize("program", [SPMV, SPMM])
+def test_unsorted_and_duplicate_indices_are_summed_by_the_kernel(program):
+    # scipy keeps duplicates and row order as given when built from raw arrays
+    indptr = np.array([0, 3, 3, 6], dtype=np.int32)
+    indices = np.array([4, 0, 4, 2, 1, 0], dtype=np.int32)
+    data = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    A = sp.csr_array((data, indices, indptr), shape=(3, 5))
+    dense_A = np.zeros((3, 5))
+    np.add.at(dense_A, (np.repeat(np.arange(3), np.diff(indptr)), indices), data)
+    other = np.arange(5.0) if program == SPMV else np.arange(10.0).reshape(5, 2)
+    out = spfuse.evaluate(program, A=A, **({"x": other} if program == SPMV else {"B": other}))
+    np.testing.assert_allclose(out, dense_A @ other)
+    np.testing.assert_array_equal(A.indices, [4, 0, 4, 2, 1, 0])  # never sorted in place
+
+
+def test_indptr_checked_before_a_self_checking_kernel_runs():
+    A = _csr(seed=7)
+    A.indptr[5] = A.indptr[6] + 3  # rises then drops: rows 5 and 6 overlap
+    with pytest.raises(InvalidOperandError, match="indptr"):
+        spfuse.evaluate(SPMV, A=A, x=np.ones(20))

@@ -108,7 +108,7 @@ def test_spmv(kind, shape, it, dt, rng):
 
     def run(nt):
         out = np.full(shape[0], np.nan, dtype=dt)
-        K.spmv(ip, ind, val, x, out, nt)
+        assert K.spmv(ip, ind, val, x, out, nt) == -1  # every index in range
         return out
     got = both_threads(run)
     np.testing.assert_allclose(got, A.toarray() @ x.astype(np.float64), **tol(dt))
@@ -125,10 +125,30 @@ def test_spmm(kind, shape, it, dt, Kdim, rng):
 
     def run(nt):
         out = np.full((shape[0], Kdim), np.nan, dtype=dt)
-        K.spmm(ip, ind, val, B, out, nt)
+        assert K.spmm(ip, ind, val, B, out, nt) == -1  # every index in range
         return out
     got = both_threads(run)
     np.testing.assert_allclose(got, A.toarray() @ B.astype(np.float64), **tol(dt))
+
+
+@itypes
+@pytest.mark.parametrize("kernel", ["spmv", "spmm"])
+@pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad, nt, it):
+    """The two kernels that check indices as they read them: -1 when all are
+    in [0, n), else the position of a bad one (never a read out of bounds)."""
+    ip = np.array([0, 2, 2, 5], dtype=it)
+    ind = np.array([0, 8, 1, 4, 3], dtype=it)
+    val = np.ones(5)
+    dense = np.ones(9) if kernel == "spmv" else np.ones((9, 3))
+    out = np.empty(3) if kernel == "spmv" else np.empty((3, 3))
+    run = getattr(K, kernel)
+    assert run(ip, ind, val, dense, out, nt) == -1
+    ind[3] = bad
+    assert run(ip, ind, val, dense, out, nt) == 3
+    if kernel == "spmm":  # K = 0: nothing gathered, the index is still checked
+        assert run(ip, ind, val, np.ones((9, 0)), np.empty((3, 0)), nt) == 3
 
 
 @dtypes

@@ -18,6 +18,10 @@ Conventions shared by every routine of this module
   are contiguous.
 * NOTHING is validated here (the Python layer did it): out-of-range indices,
   non-monotone indptr, wrong shapes or wrong lengths are undefined behaviour.
+  The one exception: ``spmv`` and ``spmm`` read each column index once
+  anyway, so they check it before using it (one predictable compare) and
+  return the position of an out-of-range one.  The Python layer then skips
+  its own O(nnz) scan of ``indices`` for them and checks only ``indptr``.
 * ``num_threads`` (>= 1) is explicit.  Rows are split into blocks balanced by
   work (binary search on a prefix array, e.g. ``indptr[r] + r``) and the
   blocks are handed out by ``prange(schedule="dynamic", chunksize=1)``.  The
@@ -170,16 +174,25 @@ cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
 
 
 cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
-                               Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+                               Py_ssize_t start, Py_ssize_t end, size_t n,
+                               Py_ssize_t* bad) noexcept nogil:
     """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order.
 
+    Each ``ind[p]`` is checked against ``[0, n)`` before ``x`` is read (one
+    unsigned compare, never taken on valid input): an out-of-range one is
+    stored in ``bad[0]`` and the row stops (its sum is then meaningless).
     One chain (rows are short: splitting into chains measured slower at
     ~10 nnz/row); the order is the sequential one, as scipy's csr_matvec.
     """
     cdef double s0 = 0.0
     cdef Py_ssize_t p
+    cdef index_t c
     for p in range(start, end):
-        s0 += <double>val[p] * <double>x[ind[p]]
+        c = ind[p]
+        if <size_t>c >= n:
+            bad[0] = p
+            break
+        s0 += <double>val[p] * <double>x[c]
     return s0
 
 
@@ -471,15 +484,18 @@ def _set_chunk_work(double units):
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[::1] x, floating[::1] out, int num_threads):
-    """spmv(indptr, indices, data, x, out, num_threads)
+    """spmv(indptr, indices, data, x, out, num_threads) -> bad
 
     ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
 
-    Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``), indices in
-    ``[0, n)`` (need not be sorted; duplicates are summed), ``len(x) == n``,
-    ``len(out) == m``; ``out`` must not alias ``x``.  ``out`` is fully
-    overwritten.  Sum of a row: sequential in double (as scipy).
-    Complexity O(nnz + m) work, O(1) extra memory; memory bound.
+    Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``, ``indptr``
+    non-decreasing, ``indptr[m] <= len(indices)``), ``len(x) == n``,
+    ``len(out) == m``; ``out`` must not alias ``x``.  Indices need not be
+    sorted (duplicates are summed) and are checked here: the return value is
+    -1, or the position of an index outside ``[0, n)`` (``out`` is then
+    garbage).  ``out`` is fully overwritten.  Sum of a row: sequential in
+    double (as scipy).  Complexity O(nnz + m) work, O(1) extra memory;
+    memory bound.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1
@@ -488,6 +504,9 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = _fptr(x)
     cdef floating* op = &out[0] if m > 0 else NULL
+    cdef size_t n = <size_t>x.shape[0]
+    cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
     # work: a random gather per entry (~2 units)
     cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
     for ch in range(nch):
@@ -501,12 +520,15 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                 r0 = _sub(ip, c0, c1, b, nb)
                 r1 = _sub(ip, c0, c1, b + 1, nb)
                 for i in range(r0, r1):
-                    op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+                    op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+        if bad >= 0:
+            break
+    return bad
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[:, ::1] B, floating[:, ::1] out, int num_threads, Py_ssize_t tile=K_TILE):
-    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE)
+    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE) -> bad
 
     ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
 
@@ -519,7 +541,10 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     Tiling never changes results: each output entry is the same sequential
     sum in double whatever the tile.
     Preconditions: ``out`` is C-contiguous ``(m, K)``, does not alias ``B``;
-    indices in ``[0, n)`` (any order); ``tile >= 0``.  ``out`` is fully
+    ``indptr`` non-decreasing with ``indptr[m] <= len(indices)``; ``tile >= 0``.
+    Indices may come in any order and are checked here: the return value is
+    -1, or the position of an index outside ``[0, n)`` (``out`` is then
+    garbage).  ``out`` is fully
     overwritten (empty rows become 0).  Complexity O(nnz * K + m * K);
     workspace ``8 * min(tile or K, K)`` bytes/thread.
     """
@@ -535,10 +560,19 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef double* acc
     cdef int failed = 0
     cdef Py_ssize_t annz = ip[m]
+    cdef size_t n = <size_t>B.shape[0]
+    cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one
+    cdef index_t c
     if tile < 0:
         raise ValueError(f"spmm: tile must be >= 0 (0 = untiled), got {tile}")
-    if m == 0 or K == 0:
-        return
+    if m == 0:
+        return -1
+    if K == 0:  # nothing is gathered, but an index is still wrong when it is
+        for p in range(ip[0], annz):
+            if <size_t>ind[p] >= n:
+                return p
+        return -1
     if tile == 0 or tile > K:
         tile = K
     cdef _Workspaces ws = _Workspaces(num_threads, 1)
@@ -568,14 +602,21 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                             kw = tile
                         memset(acc, 0, kw * sizeof(double))
                         for p in range(ip[i], ip[i + 1]):
-                            if p + 2 < annz:
+                            c = ind[p]
+                            if <size_t>c >= n:
+                                badp[0] = p
+                                break
+                            if p + 2 < annz:  # a prefetch of a wild address is harmless
                                 _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
-                            _axpy(acc, <double>val[p], bp + <Py_ssize_t>ind[p] * K + k0, kw)
+                            _axpy(acc, <double>val[p], bp + <Py_ssize_t>c * K + k0, kw)
                         for k in range(kw):
                             orow[k0 + k] = <floating>acc[k]
                         k0 = k0 + kw
         if failed:
             raise MemoryError("spmm: cannot allocate the thread workspace")
+        if bad >= 0:
+            break
+    return bad
 
 
 def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,

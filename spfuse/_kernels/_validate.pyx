@@ -31,6 +31,27 @@ cdef extern from *:
             d += a[p] <= a[p - 1];                                            \
         }                                                                     \
         *out = (Py_ssize_t)o; *desc = (Py_ssize_t)d;                          \
+    }                                                                         \
+    /* Number of p in pos[0..n] with pos[p+1] < pos[p]. */                    \
+    SPFUSE_CLONES static Py_ssize_t spfuse_drops_##T(const T *pos, Py_ssize_t n) { \
+        Py_ssize_t d = 0;                                                     \
+        for (Py_ssize_t s = 0; s < n; s++) d += pos[s + 1] < pos[s];          \
+        return d;                                                             \
+    }                                                                         \
+    /* Descents crd[p] <= crd[p-1] at the starts p = pos[s] of non-empty     \
+       segments 1..n-1 (allowed in a canonical level).  Branch-free: rows    \
+       of a power-law matrix are often empty, and a branch per row would be  \
+       mispredicted.  Needs a monotone pos with pos[n] == last >= 2. */     \
+    SPFUSE_CLONES static Py_ssize_t spfuse_starts_##T(                        \
+            const T *pos, Py_ssize_t n, const T *crd, T last) {               \
+        Py_ssize_t d = 0;                                                     \
+        for (Py_ssize_t s = 1; s < n; s++) {                                  \
+            T p = pos[s];                                                     \
+            int ok = (p > 0) & (p < last) & (p != pos[s - 1]);                \
+            T q = ok ? p : 1;                                                 \
+            d += ok & (crd[q] <= crd[q - 1]);                                 \
+        }                                                                     \
+        return d;                                                             \
     }
     typedef long long spfuse_ll;
     typedef unsigned long long spfuse_ull;
@@ -41,6 +62,11 @@ cdef extern from *:
                              Py_ssize_t *desc) nogil
     void spfuse_outliers_spfuse_ll(const long long *a, Py_ssize_t n, long long size, Py_ssize_t *out,
                                    Py_ssize_t *desc) nogil
+    Py_ssize_t spfuse_drops_int(const int *pos, Py_ssize_t n) nogil
+    Py_ssize_t spfuse_drops_spfuse_ll(const long long *pos, Py_ssize_t n) nogil
+    Py_ssize_t spfuse_starts_int(const int *pos, Py_ssize_t n, const int *crd, int last) nogil
+    Py_ssize_t spfuse_starts_spfuse_ll(const long long *pos, Py_ssize_t n, const long long *crd,
+                                       long long last) nogil
 
 
 @cython.boundscheck(False)
@@ -70,17 +96,19 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
         # compiler vectorises them and no per-segment overhead is paid:
         # pos never decreases; every coordinate lies in [0, size); the only
         # descents crd[p] <= crd[p-1] are at segment starts.
-        for s in range(n):
-            drops += pos[s + 1] < pos[s]
+        if index_t is int:
+            drops = spfuse_drops_int(&pos[0], n)
+        else:
+            drops = spfuse_drops_spfuse_ll(&pos[0], n)
         if drops == 0 and last > 0:
             if index_t is int:
                 spfuse_outliers_int(&crd[0], last, <int>min(size, 2147483647), &outliers, &descents)
+                if last >= 2:  # pos is monotone here: 0 <= pos[s] <= last
+                    allowed = spfuse_starts_int(&pos[0], n, &crd[0], <int>last)
             else:
                 spfuse_outliers_spfuse_ll(&crd[0], last, size, &outliers, &descents)
-            for s in range(1, n):  # pos is monotone here: 0 <= pos[s] <= last
-                p = pos[s]
-                if 0 < p < last and p != pos[s - 1]:
-                    allowed += crd[p] <= crd[p - 1]
+                if last >= 2:
+                    allowed = spfuse_starts_spfuse_ll(&pos[0], n, &crd[0], last)
             if outliers or descents != allowed:
                 drops = -1  # not canonical or invalid: find which, and where
         if drops != 0:
@@ -102,3 +130,22 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
                 if status >= 2:
                     break
     return status, where
+
+
+def pos_drops(const index_t[::1] pos):
+    """Number of places where ``pos`` decreases (0: non-decreasing).
+
+    The check a compressed level needs before any kernel may index with it,
+    when its coordinates are checked by the kernel itself (SpMV, SpMM): one
+    vectorised pass over ``len(pos)`` entries instead of ``len(crd)``.
+    """
+    cdef Py_ssize_t n = pos.shape[0] - 1
+    cdef Py_ssize_t drops = 0
+    if n <= 0:
+        return 0
+    with nogil:
+        if index_t is int:
+            drops = spfuse_drops_int(&pos[0], n)
+        else:
+            drops = spfuse_drops_spfuse_ll(&pos[0], n)
+    return drops

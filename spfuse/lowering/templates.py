@@ -19,6 +19,7 @@ import numpy as np
 
 from spfuse._kernels import _csf_kernels as csf
 from spfuse._kernels import _csr_kernels as csr
+from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import TensorInfo
@@ -31,12 +32,17 @@ __all__ = ["TemplateMatch", "match_template"]
 class TemplateMatch:
     """A template chosen for a program: ``kernel`` name, operand roles, and
     why (shown by ``explain``).  ``run(tensors, num_threads)`` returns
-    ``{result_name: ndarray | Tensor}``."""
+    ``{result_name: ndarray | Tensor}``; it raises :class:`IndexCheckFailed`
+    when a kernel finds an out-of-range index of a ``checks_indices``
+    operand."""
 
     kernel: str
     roles: Mapping[str, str]
     why: str
     run: Callable[[Mapping[str, Any], int], dict]
+    #: Operands whose column indices the kernel bounds-checks as it reads
+    #: them (SpMV, SpMM): the call path need not scan them first.
+    checks_indices: frozenset = frozenset()
 
 
 # -- classification of operands -------------------------------------------
@@ -174,12 +180,12 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     if kernel in ("spmv", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
         ip, ix, vals = _csr(S, itype, dtype)
         d = [_dense(t, dtype) for t in ts[1:]]
-        if kernel == "spmv":
+        if kernel in ("spmv", "spmm"):  # these two check A's indices as they read them
             out = np.empty(out_shape, dtype)
-            csr.spmv(ip, ix, vals, d[0], out, nt)
-        elif kernel == "spmm":
-            out = np.empty(out_shape, dtype)
-            csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
+            bad = csr.spmv(ip, ix, vals, d[0], out, nt) if kernel == "spmv" else \
+                csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
+            if bad >= 0:
+                raise IndexCheckFailed(names[0], bad)
         elif kernel in ("sddmm", "sddmm_t"):
             Dt = np.ascontiguousarray(d[1].T) if kernel == "sddmm" else d[1]
             outv = np.empty_like(vals)
@@ -397,7 +403,8 @@ def _match(plan) -> Optional[TemplateMatch]:
                     return TemplateMatch(
                         "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
-                            out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)})
+                            out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
+                        frozenset(names[:1]) if kernel in ("spmv", "spmm") else frozenset())
     add = _match_spadd(plan, infos)
     if add is not None and None not in out_shape:
         names, coef = add
