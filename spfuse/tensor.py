@@ -750,6 +750,16 @@ class Tensor:
                             f"len(values) == {vals.shape[0]}")
         return Tensor._trusted(self._shape, self._format, self._levels, vals, self.origin)
 
+    def _with_kernel_values(self, values: np.ndarray) -> "Tensor":
+        """``with_values`` for a kernel's fresh output: ``values`` is already a
+        C-contiguous array of ``nnz`` entries of a value dtype, so nothing is
+        checked or cast (the levels are this tensor's, already valid)."""
+        obj = Tensor.__new__(Tensor)
+        obj._shape, obj._format, obj._levels = self._shape, self._format, self._levels
+        obj._values = _readonly(values)
+        obj._index_dtype, obj._coords, obj.origin = self._index_dtype, None, None
+        return obj
+
     def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
         """Permute the modes without moving data (only the format's mode order changes).
 
@@ -832,9 +842,15 @@ class Tensor:
         return out if dtype is None else out.astype(dtype, copy=False)
 
     def _scipy_compressed(self, cls: Any) -> Any:
-        m = cls((self._values, self._levels[1].crd, self._levels[1].pos), shape=self._shape, copy=False)
-        m.has_sorted_indices = True
-        m.has_canonical_format = True
+        data, indices, indptr = self._values, self._levels[1].crd, self._levels[1].pos
+        attrs = _scipy_direct_attrs(cls)
+        if attrs is None:
+            m = cls((data, indices, indptr), shape=self._shape, copy=False)
+            m.has_sorted_indices = True
+            m.has_canonical_format = True
+            return m
+        m = cls.__new__(cls)
+        m.__dict__.update(attrs, _shape=self._shape, data=data, indices=indices, indptr=indptr)
         return m
 
     def to_scipy(self, flavour: Optional[str] = None) -> Any:
@@ -871,6 +887,37 @@ class Tensor:
         else:
             cls = sp.csr_matrix if name == "csr" else sp.csc_matrix
         return t._scipy_compressed(cls)
+
+
+@functools.lru_cache(maxsize=None)
+def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
+    """The instance attributes a canonical ``cls`` (scipy CSR/CSC) object
+    holds besides its shape and arrays, or None when this scipy stores
+    anything else.
+
+    scipy's constructor re-derives the index dtype (an O(nnz) min/max of
+    int64 arrays) and re-checks the arrays: tens of microseconds that a
+    kernel's result, valid and canonical by construction, need not pay.  The
+    shortcut fills ``__dict__`` exactly as the constructor does, which is
+    verified once per class on a small example; any difference (another
+    scipy version) falls back to the constructor.
+    """
+    arrays = (np.ones(2), np.array([0, 1], np.int32), np.array([0, 1, 2], np.int32))
+    ref = cls(arrays, shape=(2, 2), copy=False)
+    ref.has_sorted_indices = True
+    ref.has_canonical_format = True
+    attrs = {k: v for k, v in vars(ref).items() if k not in ("_shape", "data", "indices", "indptr")}
+    if set(vars(ref)) != {"_shape", "data", "indices", "indptr", *attrs} or not all(
+            isinstance(v, (bool, int)) for v in attrs.values()):
+        return None
+    m = cls.__new__(cls)
+    m.__dict__.update(attrs, _shape=(2, 2), data=arrays[0], indices=arrays[1], indptr=arrays[2])
+    try:
+        same = (vars(m).keys() == vars(ref).keys() and m.format == ref.format and m.nnz == 2
+                and (m != ref).nnz == 0 and m.has_canonical_format)
+    except Exception:  # noqa: BLE001 - any surprise means: use the constructor
+        return None
+    return attrs if same else None
 
 
 def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = None) -> Tensor:

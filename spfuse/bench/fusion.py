@@ -87,7 +87,7 @@ def generic_auto_peer() -> peers_mod.Peer:
 
     def prepare(o, ctx):
         program = api._parse(ctx.program)
-        tensors = api._prepare(program, o)
+        tensors, _ = api._prepare(program, o)  # every operand scanned (no deferral)
         infos = {n: api._info(n, t) for n, t in tensors.items()}
         return plan_program(program, infos, "auto"), tensors
 

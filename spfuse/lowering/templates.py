@@ -190,7 +190,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             Dt = np.ascontiguousarray(d[1].T) if kernel == "sddmm" else d[1]
             outv = np.empty_like(vals)
             csr.sddmm(ip, ix, vals, d[0], Dt, outv, 0, nt)
-            return S.with_values(outv)
+            return S._with_kernel_values(outv)
         elif kernel == "spmm_gemm":
             # (A·C)·D fused with a row temporary.  The association and the
             # fused-vs-separate choice are the planner's (reassociate,
@@ -425,7 +425,7 @@ def _match(plan) -> Optional[TemplateMatch]:
             Dt = D if transposed else np.ascontiguousarray(D.T)
             outv = np.empty_like(vals)
             csr.sddmm(ip, ix, vals, C, Dt, outv, 1, nt)
-            return {result: ts[0].with_values(outv)}
+            return {result: ts[0]._with_kernel_values(outv)}
         return TemplateMatch("sddmm(div)", {b: "csr", c: "dense", d: "dense"},
                              "B / (C·D) on B's pattern with a scalar temporary", run_div)
     return None
