@@ -606,3 +606,32 @@ def test_property_scipy_roundtrip(m, n, density, cls, index, shuffle, seed):
     assert type(back) is cls
     np.testing.assert_array_equal(back.toarray(), a)
     assert checksum(s.data, s.indices, s.indptr) == before
+
+
+@pytest.mark.parametrize("cls_name", ["csr_array", "csc_array", "csr_matrix", "csc_matrix"])
+def test_scipy_results_built_directly_equal_the_constructors(cls_name):
+    import scipy.sparse as sp
+    from spfuse.tensor import _scipy_direct_attrs
+    cls = getattr(sp, cls_name)
+    dense = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    t = Tensor.from_numpy(dense, cls_name[:3])
+    got = t.to_scipy("sparray" if cls_name.endswith("array") else "spmatrix")
+    ref = cls(dense)
+    assert _scipy_direct_attrs(cls) is not None  # this scipy takes the shortcut
+    assert type(got) is cls and vars(got).keys() >= vars(ref).keys() - {"_has_canonical_format"}
+    got.check_format(full_check=True)
+    assert got.has_canonical_format and got.has_sorted_indices
+    np.testing.assert_array_equal(got.toarray(), dense)
+    np.testing.assert_array_equal((got + ref).toarray(), 2 * dense)
+
+
+def test_scipy_class_with_extra_state_falls_back_to_its_constructor():
+    import scipy.sparse as sp
+    from spfuse.tensor import _scipy_direct_attrs
+
+    class Tagged(sp.csr_array):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.tag = "mine"
+
+    assert _scipy_direct_attrs(Tagged) is None
