@@ -228,7 +228,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         from spfuse.tensor import DenseLevel, Tensor
         L = d[0].shape[1]
         outv = np.empty((len(arrs[3]), L), dtype)
-        csr.spmm(arrs[4], arrs[5], arrs[6], d[0], outv, nt)
+        bad = csr.spmm(arrs[4], arrs[5], arrs[6], d[0], outv, nt)
+        if bad >= 0:  # X was validated: only a caller writing to it meanwhile gets here
+            raise IndexCheckFailed(names[0], bad)
         return Tensor._trusted(out_shape, Format(("compressed", "compressed", "dense")),
                                tuple(S.levels[:2]) + (DenseLevel(L),), outv.reshape(-1), None)
     if kernel in ("ttv", "spttm_spttm"):
