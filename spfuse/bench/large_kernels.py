@@ -1,8 +1,9 @@
 """SpMV, SpMM (K=64) and SpGEMM on 200k-row matrices (~10 nnz/row) against
 scipy, torch and python-graphblas in one process, at 1 and 2 threads.
 
-``python -m spfuse.bench.large_kernels`` (about 3 minutes on 2 cores; torch
-and graphblas are used when importable).  Prints spfuse/peer time ratios
+``python -m spfuse.bench.large_kernels`` (about 4 minutes on 2 cores; torch
+and graphblas are used when importable).  Calls are interleaved: one of each
+contender per round, medians over the rounds.  Prints spfuse/peer time ratios
 (< 1: spfuse faster): issue 5's table, quicker than ``spfuse bench --size
 large``, which runs every peer on every kernel.
 """
@@ -29,13 +30,26 @@ def median_seconds(f: Callable[[], object], repeat: int) -> float:
     >>> median_seconds(lambda: sum(range(10)), 3) >= 0.0
     True
     """
-    f()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
+    return interleaved_medians({"f": f}, repeat)["f"]
+
+
+def interleaved_medians(calls: dict, repeat: int) -> dict:
+    """Median wall time of each callable over ``repeat`` rounds, one call of
+    each per round (after one warm-up call each): a drift of the machine's
+    load hits every contender alike, as design.md asks.
+
+    >>> sorted(interleaved_medians({"a": lambda: 1, "b": lambda: 2}, 3))
+    ['a', 'b']
+    """
+    for f in calls.values():
         f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    times: dict = {name: [] for name in calls}
+    for _ in range(repeat):
+        for name, f in calls.items():
+            t = time.perf_counter()
+            f()
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _peers(A, x, B) -> dict:
@@ -87,11 +101,12 @@ def main() -> None:
         for threads in (1, 2):
             _set_peer_threads(threads)
             for name, program in programs.items():
-                repeat = 5 if name == "SpMV" else 3
+                repeat = 15 if name == "SpMV" else 5
                 kernel = spfuse.compile(program)
                 with spfuse.threads(threads):
-                    ours = median_seconds(lambda: kernel(**operands[name]), repeat)
-                    theirs = {p: median_seconds(f, repeat) for p, f in peers[name].items()}
+                    theirs = interleaved_medians({"spfuse": lambda: kernel(**operands[name]), **peers[name]},
+                                                 repeat)
+                ours = theirs.pop("spfuse")
                 cells = "  ".join(f"{p} {t * 1e3:8.2f} ms ({ours / t:.2f})" for p, t in theirs.items())
                 print(f"{make.__name__[:-7]:8s} nnz={A.nnz} threads={threads} {name:6s} "
                       f"spfuse {ours * 1e3:8.2f} ms | {cells}", flush=True)
