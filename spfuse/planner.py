@@ -7,8 +7,8 @@ strings them together for one fusion strategy:
   common prefixes, reduce and sparsify temporaries;
 * ``"max"``   -- TACO-style: every statement one perfectly nested loop
   (``UnsupportedError`` when not distributive);
-* ``"none"``  -- the library approach: one loop nest per unit operation,
-  every temporary materialised whole.
+* ``"none"``  -- the library approach: one loop nest per unit operation
+  (a sum split into binary adds), every temporary materialised whole.
 """
 from __future__ import annotations
 
@@ -126,7 +126,9 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         spaces = None
         masks, atoms = statement_masks(ops, inputs)
     else:
-        ops = decompose(program)
+        # The library approach adds two operands per call, as scipy does;
+        # auto keeps an n-term sum as one n-way union.
+        ops = decompose(program, nary=fusion != "none")
         if fusion == "auto":
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.

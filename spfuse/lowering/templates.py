@@ -21,7 +21,7 @@ from spfuse._kernels import _csf_kernels as csf
 from spfuse._kernels import _csr_kernels as csr
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
-from spfuse.ir.ops import TensorInfo
+from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
 
 __all__ = ["TemplateMatch", "match_template"]
@@ -305,25 +305,19 @@ def _run_add(names, coef, out_shape, tensors, nt):
 
 
 def _match_spadd(plan, infos):
-    """n-way sum/difference of CSR operands with one shape (one workspace per row)."""
-    if len(plan.program.statements) != 1:
+    """The plan is one n-way union op of CSR inputs, each indexed like the
+    result (one workspace per row): the template runs exactly that op, with
+    its coefficients (``A - 2*B``: 1, -2)."""
+    if len(plan.ops) != 1:
         return None
-    stmt = plan.program.statements[0]
-    terms = []
-
-    def walk(e, sign):
-        if isinstance(e, Access):
-            terms.append((e.name, e.indices, sign))
-            return True
-        if isinstance(e, Binary) and e.op in ("+", "-"):
-            return walk(e.left, sign) and walk(e.right, -sign if e.op == "-" else sign)
-        return False
-
-    if not walk(stmt.value, 1.0) or len(terms) < 2:
+    op = plan.ops[0]
+    if getattr(op, "operator", None) != "+" or op.reduction is not None or len(op.args) < 2:
         return None
-    if any(ix != stmt.target.indices or _kind(infos[n]) != "csr" for n, ix, _ in terms):
+    refs = op.args
+    if not all(isinstance(r, Ref) and r.name in infos and r.indices == op.out_indices
+               and _kind(infos[r.name]) == "csr" for r in refs):
         return None
-    return [n for n, _, _ in terms], np.array([s for _, _, s in terms])
+    return [r.name for r in refs], np.array(op.coefficients, dtype=np.float64)
 
 
 def _match_sddmm_div(plan, infos):
