@@ -24,7 +24,7 @@ from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
 
-__all__ = ["TemplateMatch", "match_template"]
+__all__ = ["TemplateMatch", "match_template", "follows_template"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,33 @@ def _unify(sig, out_indices, summed, factors, infos):
         if ok and len(set(bind.values())) == len(bind):
             return [factors[f][0] for f in perm]
     return None
+
+
+def follows_template(kernel: str, names, ops) -> bool:
+    """Do the planned unit ``ops`` build the tree template ``kernel`` runs?
+
+    ``mttkrp`` hoists ``t[r] = sum(k, X[i,j,k]·D[k,r])`` per (i,j) fiber, so
+    the op reading X must sum X's innermost index k alone, with D.  A plan
+    that sums j first (ReACT's ``T0[k,r]`` per i) is another tree: it runs on
+    the generic executor rather than under the template's name.
+
+    >>> from spfuse.ir.ops import Ref, UnitOp
+    >>> X, C, D = Ref("X", ("i", "j", "k")), Ref("C", ("j", "r")), Ref("D", ("k", "r"))
+    >>> kfirst = [UnitOp(0, "T0", ("i", "j", "r"), "*", (X, D), "sum", ("k",))]
+    >>> jfirst = [UnitOp(0, "T0", ("i", "k", "r"), "*", (X, C), "sum", ("j",))]
+    >>> follows_template("mttkrp", ["X", "C", "D"], kfirst), follows_template("mttkrp", ["X", "C", "D"], jfirst)
+    (True, False)
+    """
+    if kernel != "mttkrp":
+        return True
+    x, _, d = names
+    readers = [op for op in ops if any(getattr(a, "name", None) == x for a in op.args)]
+    if len(readers) != 1:
+        return False
+    op = readers[0]
+    xref = next(a for a in op.args if getattr(a, "name", None) == x)
+    return (op.operator == "*" and op.reduction == "sum" and tuple(op.reduced) == (xref.indices[-1],)
+            and sorted(getattr(a, "name", "") for a in op.args) == sorted((x, d)))
 
 
 # -- array helpers ----------------------------------------------------------
@@ -380,6 +407,8 @@ def _match(plan) -> Optional[TemplateMatch]:
         if all(n in infos for n, _ in factors):
             for kernel, sig in SIGNATURES.items():
                 names = _unify(sig, out_ix, summed, factors, infos)
+                if names is not None and not follows_template(kernel, names, plan.ops):
+                    return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1])))
                     # the tiling pass's tile of the dense output index (SpMM's k); 0 = untiled

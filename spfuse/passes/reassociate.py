@@ -30,10 +30,16 @@ from typing import Mapping, Optional
 
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 
-__all__ = ["Association", "reassociate", "REASSOCIATE_MARGIN", "chain_cost"]
+__all__ = ["Association", "reassociate", "REASSOCIATE_MARGIN", "CONCORDANT_MARGIN", "chain_cost", "projected"]
 
 #: Reassociate only when the written order costs this many times the best.
 REASSOCIATE_MARGIN = 1.25
+#: A tree without projected temporaries is preferred over a cheaper one that
+#: has them while it costs at most this many times as many multiply-adds:
+#: MTTKRP's two trees ran within 5% of each other on the generic executor
+#: where this estimate put them 1.96-1.99x apart (and the projected tree was
+#: never faster on the 12 tensors measured; see tests/test_nway_and_mttkrp.py).
+CONCORDANT_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def _text(tree, names) -> str:
     return f"({l}·{r})"
 
 
-def chain_cost(tree, factors, out_indices, extents, density) -> Optional[float]:
+def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> Optional[float]:
     """Multiply-adds of evaluating a binary contraction ``tree`` over ``factors``
     (``None`` when it forms a pair that sums no index).
 
@@ -124,7 +130,7 @@ def chain_cost(tree, factors, out_indices, extents, density) -> Optional[float]:
         if isinstance(t, int):
             return frozenset({t}), density[t]
         (sl, dl), (sr, dr) = walk(t[0]), walk(t[1])
-        step = _step(sl, sr, dl, dr, keep, factors, extents, density)
+        step = _step(sl, sr, dl, dr, keep, factors, extents, density, storage)
         if step is None:
             raise _Invalid
         c, d = step
@@ -150,20 +156,51 @@ def _keeper(factors, out_indices):
     return keep
 
 
-def _step(sl, sr, dl, dr, keep, factors, extents, density):
+def _step(sl, sr, dl, dr, keep, factors, extents, density, storage=None):
     """(cost, density of the result) of contracting parts ``sl`` and ``sr``."""
     carried = keep(sl) | keep(sr)
-    summed = carried - keep(sl | sr)
+    kept = keep(sl | sr)
+    summed = carried - kept
     if not summed:
         return None
     cost = prod(extents[ix] for ix in carried) * dl * dr
+    if storage is not None and projected(sl | sr, kept, storage):
+        return float(cost), 1.0
     # Uniform, independent non-zeros: an output entry is non-zero when any of
     # its ``prod(summed)`` terms is (A·X's rows: min(1, nnz/I)).
     return float(cost), min(1.0, dl * dr * prod(extents[ix] for ix in summed))
 
 
-def _best_tree(factors, out_indices, extents, density):
-    """Cheapest binary tree over all factors (DP over subsets), or None."""
+def projected(members, kept, storage) -> bool:
+    """Is the pattern of a part's result a *projection* of a sparse factor --
+    a kept index stored below an index summed away (X[i,j,k] summed over j
+    keeps k under j)?  No level stores such a pattern: iteration spaces make
+    it dense (:func:`spfuse.passes.iteration_space._projected`), so the
+    temporary is a dense workspace, iterated whole by its consumer.
+
+    ``storage[f]`` lists factor ``f``'s ``(index, compressed)`` per storage
+    level, or is None for a dense factor.
+
+    >>> st = [[("i", True), ("j", True), ("k", True)], None]
+    >>> projected({0, 1}, {"i", "k"}, st), projected({0, 1}, {"i", "j"}, st)
+    (True, False)
+    """
+    for f in members:
+        levels = storage[f]
+        if levels is None:
+            continue
+        gone = False
+        for ix, compressed in levels:
+            if ix not in kept:
+                gone = True
+            elif gone and compressed:
+                return True
+    return False
+
+
+def _best_tree(factors, out_indices, extents, density, storage=None, concordant=False):
+    """Cheapest binary tree over all factors (DP over subsets), or None.
+    ``concordant``: only trees whose temporaries are not projections."""
     n = len(factors)
     keep = _keeper(factors, out_indices)
     best: dict[frozenset, tuple] = {frozenset({f}): (0.0, f, density[f]) for f in range(n)}
@@ -179,8 +216,10 @@ def _best_tree(factors, out_indices, extents, density):
             if left not in best or right not in best:
                 continue
             (cl, tl, dl), (cr, tr, dr) = best[left], best[right]
-            step = _step(left, right, dl, dr, keep, factors, extents, density)
+            step = _step(left, right, dl, dr, keep, factors, extents, density, storage)
             if step is None:
+                continue
+            if concordant and len(s) < n and projected(s, keep(s), storage):
                 continue
             total = cl + cr + step[0]
             if s not in best or total < best[s][0]:
@@ -311,19 +350,60 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
         return _association(root, labels, written, written, None, None, "a factor repeats an index",
                             chain.written)
     density = [_density(f, inputs, dense_temps) for f in factors]
-    w_cost = chain_cost(chain.written, factors, root.out_indices, extents, density)
-    best = _best_tree(factors, root.out_indices, extents, density)
+    storage = [_storage(f, inputs) for f in factors]
+    w_cost = chain_cost(chain.written, factors, root.out_indices, extents, density, storage)
+    best = _best_tree(factors, root.out_indices, extents, density, storage)
     if w_cost is None or best is None:
         return _association(root, labels, written, written, None, None, "no cheaper valid tree",
                             chain.written)
     b_cost, b_tree, _ = best
+    keep = _keeper(factors, root.out_indices)
+    # A tree that sums a sparse factor's outer level before an inner one
+    # (MTTKRP's j before k) holds a *projected* temporary: a dense workspace
+    # per outer coordinate, iterated whole.  Contracting inner levels first
+    # keeps a row per stored fiber instead (the tree the fused templates
+    # implement); such a tree is preferred while within CONCORDANT_MARGIN.
+    conc = _best_tree(factors, root.out_indices, extents, density, storage, concordant=True)
+    note = ""
+    if conc is not None and conc[0] <= b_cost * CONCORDANT_MARGIN:
+        if conc[0] > b_cost:
+            note = (f"; {_text(b_tree, labels)} = {b_cost:.4g} is within the {CONCORDANT_MARGIN}× margin "
+                    "but keeps a dense workspace over a summed sparse level")
+        b_cost, b_tree = conc[0], conc[1]
+        if _has_projection(chain.written, keep, storage) and _text(b_tree, labels) != written:
+            return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
+                                "the written order sums an outer sparse level first (a dense "
+                                "workspace per outer coordinate)" + note, b_tree)
     if b_cost * REASSOCIATE_MARGIN < w_cost:
         return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
-                            f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper", b_tree)
-    why = ("cheapest" if _text(b_tree, labels) == written else
+                            (f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper") + note, b_tree)
+    why = (("cheapest" if not note else "cheapest without a projected temporary")
+           if _text(b_tree, labels) == written else
            f"best alternative {_text(b_tree, labels)} = {b_cost:.4g} is within the "
            f"{REASSOCIATE_MARGIN}× margin")
-    return _association(root, labels, written, written, w_cost, w_cost, why, chain.written)
+    return _association(root, labels, written, written, w_cost, w_cost, why + note, chain.written)
+
+
+def _storage(ref: Ref, inputs) -> Optional[list]:
+    """``(index, compressed)`` per storage level of a sparse input factor, else None."""
+    info = inputs.get(ref.name)
+    if info is None or not info.is_sparse:
+        return None
+    return [(ref.indices[m], lv == "compressed") for lv, m in zip(info.levels, info.mode_order)]
+
+
+def _has_projection(tree, keep, storage) -> bool:
+    """Does any temporary of ``tree`` (not its root) hold a projected pattern?"""
+    if isinstance(tree, int):
+        return False
+
+    def walk(t) -> bool:
+        if isinstance(t, int):
+            return False
+        members = _leaves(t)
+        return projected(members, keep(members), storage) or walk(t[0]) or walk(t[1])
+
+    return walk(tree[0]) or walk(tree[1])
 
 
 def _association(root, labels, written, chosen, w, c, why, tree) -> Association:

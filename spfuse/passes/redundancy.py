@@ -102,6 +102,12 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
                             outer.append(loop)
         ndims = [infos[t].ndim for t in tensors if t in infos]
         if ndims and len(loops) + len(mine) + len(outer) < min(ndims):
+            if not outer and _storage_prefix(loops, tensors, infos, atoms):
+                # X's top levels (i, j of a CSF): one iteration per stored
+                # fiber, as MTTKRP's consumer of the hoisted row visits them.
+                absorbed |= mine
+                factors.append(f"fibers({key})")
+                continue
             # A projection (A's columns k, without A's rows around them): at
             # most the loops' extents, not nnz -- count them as dense.
             factors.extend(_symbol(lp) for lp in loops)
@@ -117,6 +123,20 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
         if loop.mask.is_true and n not in absorbed:
             factors.append(_symbol(loop))
     return tuple(sorted(factors))
+
+
+def _storage_prefix(loops, tensors, infos, atoms) -> bool:
+    """Do ``loops`` iterate the top storage levels of every masking tensor
+    (levels above the deepest one they iterate are iterated or dense)?"""
+    for t in tensors:
+        info = infos.get(t)
+        if info is None:
+            return False
+        levels = {info.level_of_mode(atoms[a][3]) for lp in loops for a in lp.mask.atoms
+                  if a in atoms and atoms[a][1] == t}
+        if not levels or any(lv not in levels and info.levels[lv] != "dense" for lv in range(max(levels))):
+            return False
+    return True
 
 
 def dominated(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
