@@ -174,7 +174,7 @@ def test_mttkrp_tree_is_the_template_loop_structure(text, rng):
     t0 = auto.ops[0]
     assert t0.reduced == ("k",) and {a.name for a in t0.args} == {"X", "D"}
     assert auto.temporaries["T0"].kept == ("r",)
-    assert "fibers(X)" in auto.report.cost_text and "I·K·R" not in auto.report.cost_text
+    assert "fibers(X; I·J)" in auto.report.cost_text and "I·K·R" not in auto.report.cost_text
     assert describe_execution(auto).startswith("template kernel 'mttkrp'")
     want = np.einsum("ijk,jr,kr->ir", ops["X"].todense(), ops["C"], ops["D"])
     np.testing.assert_allclose(densify(spfuse.evaluate(text, **ops)), want, rtol=1e-10)

@@ -363,7 +363,8 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
     # per outer coordinate, iterated whole.  Contracting inner levels first
     # keeps a row per stored fiber instead (the tree the fused templates
     # implement); such a tree is preferred while within CONCORDANT_MARGIN.
-    conc = _best_tree(factors, root.out_indices, extents, density, storage, concordant=True)
+    conc = best if not _has_projection(b_tree, keep, storage) else \
+        _best_tree(factors, root.out_indices, extents, density, storage, concordant=True)
     note = ""
     if conc is not None and conc[0] <= b_cost * CONCORDANT_MARGIN:
         if conc[0] > b_cost:
