@@ -30,7 +30,7 @@ from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
-from spfuse.passes.reassociate import Association, reassociate
+from spfuse.passes.reassociate import TEMPLATE_MARGIN, Association, reassociate
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.tiling import choose_tiles
@@ -132,7 +132,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         if fusion == "auto":
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.
-            ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs))
+            margin = TEMPLATE_MARGIN if _fused_template(program, inputs) else None
+            ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs), margin)
         spaces = propagate_iteration_spaces(ops, inputs, results)
         # Without propagation every mask comes from the op's own operands and
         # is exact; lowering falls back to it when a propagated mask cannot be
@@ -166,6 +167,21 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
                 separated=separated, order_choices=choices)
+
+
+def _fused_template(program: Program, inputs: Mapping[str, TensorInfo]) -> bool:
+    """Is the program one einsum that a fused template kernel implements?
+
+    Those kernels (mttkrp, spttm_spttm, spmm_gemm, ...) run the concordant
+    tree -- inner sparse levels contracted first -- an order of magnitude
+    faster than the generic executor runs any tree, so reassociation keeps
+    that tree over a cheaper-looking projected one (:data:`TEMPLATE_MARGIN`).
+    """
+    from spfuse.lowering.templates import SIGNATURES, _einsum, _unify
+    ein = _einsum(program)
+    if ein is None or not all(n in inputs for n, _ in ein[3]):
+        return False
+    return any(_unify(sig, ein[1], ein[2], ein[3], inputs) is not None for sig in SIGNATURES.values())
 
 
 #: Reductions this short are cheaper fused into one loop nest than materialised.

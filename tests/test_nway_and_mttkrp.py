@@ -188,11 +188,12 @@ def test_mttkrp_planning_without_data_and_real_tensor_shapes():
 
 
 def test_a_plan_with_another_tree_does_not_run_the_template(rng, monkeypatch):
-    # Without the preference for concordant trees, the text's (X·C)·D -- ReACT's
+    # Without the preference for the template's (concordant) tree, the text's (X·C)·D -- ReACT's
     # T0[k,r] per i -- is kept: the mttkrp template does not implement it, so the
     # generic executor runs the tree explain() shows.
     import spfuse.passes.reassociate as ra
-    monkeypatch.setattr(ra, "CONCORDANT_MARGIN", 0.0)
+    import spfuse.planner as planner
+    monkeypatch.setattr(planner, "TEMPLATE_MARGIN", 0.0)
     monkeypatch.setattr(ra, "REASSOCIATE_MARGIN", 1e9)
     spfuse.clear_cache()
     ops = operands("MTTKRP", rng)
@@ -204,3 +205,18 @@ def test_a_plan_with_another_tree_does_not_run_the_template(rng, monkeypatch):
     want = np.einsum("ijk,jr,kr->ir", ops["X"].todense(), ops["C"], ops["D"])
     np.testing.assert_allclose(densify(_execute_generic(auto, tensors, 1)["A"]), want, rtol=1e-10)
     spfuse.clear_cache()
+
+
+def test_concordant_preference_is_a_tie_break_without_a_template():
+    # X stored with its modes in order (i, k, j): no template implements this
+    # statement, so only near-ties prefer contracting the stored inner level
+    # (j) first; the estimate's cheaper tree wins otherwise.
+    from spfuse.ir.ops import TensorInfo
+    from spfuse.passes.reassociate import CONCORDANT_MARGIN, REASSOCIATE_MARGIN
+    assert CONCORDANT_MARGIN == REASSOCIATE_MARGIN
+    ins = {"X": TensorInfo("X", 3, ("compressed",) * 3, (0, 2, 1), (120, 100, 80), nnz=20000),
+           "C": TensorInfo.dense("C", (100, 16)), "D": TensorInfo.dense("D", (80, 16))}
+    p = plan_program(parse_program(KERNELS["MTTKRP"]), ins)
+    (a,) = p.associations
+    assert a.chosen == "((X·C)·D)" and p.ops[0].reduced == ("j",)   # j is X's stored inner level
+    assert match_template(p) is None or match_template(p).kernel != "mttkrp"

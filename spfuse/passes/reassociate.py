@@ -30,16 +30,25 @@ from typing import Mapping, Optional
 
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 
-__all__ = ["Association", "reassociate", "REASSOCIATE_MARGIN", "CONCORDANT_MARGIN", "chain_cost", "projected"]
+__all__ = ["Association", "reassociate", "REASSOCIATE_MARGIN", "CONCORDANT_MARGIN", "TEMPLATE_MARGIN",
+           "chain_cost", "projected"]
 
 #: Reassociate only when the written order costs this many times the best.
 REASSOCIATE_MARGIN = 1.25
-#: A tree without projected temporaries is preferred over a cheaper one that
-#: has them while it costs at most this many times as many multiply-adds:
-#: MTTKRP's two trees ran within 5% of each other on the generic executor
-#: where this estimate put them 1.96-1.99x apart (and the projected tree was
-#: never faster on the 12 tensors measured; see tests/test_nway_and_mttkrp.py).
-CONCORDANT_MARGIN = 2.0
+#: A tree without projected temporaries (see :func:`projected`) is preferred
+#: over a cheaper tree that has them while it costs at most this many times
+#: as many multiply-adds.  On the generic executor MTTKRP's concordant tree
+#: (k first) ran as fast or faster where the estimate put the trees within
+#: 1.25x (rand 120x100x80: 11.5 vs 11.7 ms; 600x500x400: 335 vs 488 ms) but
+#: slower beyond (nations, estimate 1.26x: 0.79 vs 0.53 ms), so alone it only
+#: breaks near-ties.  The planner passes :data:`TEMPLATE_MARGIN` instead when
+#: a fused template kernel implements the statement (its tree is concordant).
+CONCORDANT_MARGIN = REASSOCIATE_MARGIN
+#: The concordant margin when a template kernel runs the concordant tree: the
+#: mttkrp template ran 9.5-40x faster than the generic executor's projected
+#: tree on all 11 tensors measured, including the three where the estimate
+#: favoured the projected tree by 1.26-1.99x.
+TEMPLATE_MARGIN = 8.0
 
 
 @dataclass(frozen=True)
@@ -267,9 +276,12 @@ def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, 
     return Ref(*out)
 
 
-def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[str, tuple]):
+def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[str, tuple],
+                concordant_margin: Optional[float] = None):
     """Re-form every contraction chain of ≥3 factors into its cheapest tree.
 
+    A tree without projected temporaries is kept over a cheaper one with
+    them while within ``concordant_margin`` (default :data:`CONCORDANT_MARGIN`).
     Returns ``(ops, associations)``: the new unit operations (renumbered, in
     a valid execution order) and one :class:`Association` per chain.
 
@@ -312,7 +324,8 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
             continue
         factors = chain.factors
         labels = [f.name for f in factors]
-        decision = _decide(chain, factors, labels, inputs, dense_temps, shapes)
+        decision = _decide(chain, factors, labels, inputs, dense_temps, shapes,
+                           CONCORDANT_MARGIN if concordant_margin is None else concordant_margin)
         decisions.append(decision)
         if decision.changed:
             keep = _keeper(factors, op.out_indices)
@@ -331,7 +344,7 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
     return tuple(replace(op, id=n) for n, op in enumerate(out)), tuple(decisions)
 
 
-def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
+def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Association:
     root = chain.root
     written = _text(chain.written, labels)
     unknown = [f.name for f in factors if _density(f, inputs, dense_temps) is None]
@@ -362,13 +375,13 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes) -> Association:
     # (MTTKRP's j before k) holds a *projected* temporary: a dense workspace
     # per outer coordinate, iterated whole.  Contracting inner levels first
     # keeps a row per stored fiber instead (the tree the fused templates
-    # implement); such a tree is preferred while within CONCORDANT_MARGIN.
+    # implement); such a tree is preferred while within ``margin``.
     conc = best if not _has_projection(b_tree, keep, storage) else \
         _best_tree(factors, root.out_indices, extents, density, storage, concordant=True)
     note = ""
-    if conc is not None and conc[0] <= b_cost * CONCORDANT_MARGIN:
+    if conc is not None and conc[0] <= b_cost * margin:
         if conc[0] > b_cost:
-            note = (f"; {_text(b_tree, labels)} = {b_cost:.4g} is within the {CONCORDANT_MARGIN}× margin "
+            note = (f"; {_text(b_tree, labels)} = {b_cost:.4g} is within the {margin:g}× margin "
                     "but keeps a dense workspace over a summed sparse level")
         b_cost, b_tree = conc[0], conc[1]
         if _has_projection(chain.written, keep, storage) and _text(b_tree, labels) != written:
