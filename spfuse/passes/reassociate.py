@@ -38,14 +38,15 @@ REASSOCIATE_MARGIN = 1.25
 #: A tree without projected temporaries (see :func:`projected`) is preferred
 #: over a cheaper tree that has them while it costs at most this many times
 #: as many multiply-adds.  On the generic executor MTTKRP's concordant tree
-#: (k first) ran as fast or faster where the estimate put the trees within
-#: 1.25x (rand 120x100x80: 11.5 vs 11.7 ms; 600x500x400: 335 vs 488 ms) but
-#: slower beyond (nations, estimate 1.26x: 0.79 vs 0.53 ms), so alone it only
-#: breaks near-ties.  The planner passes :data:`TEMPLATE_MARGIN` instead when
-#: a fused template kernel implements the statement (its tree is concordant).
+#: (k first) ran as fast or faster on the 8 tensors where the estimate put the
+#: trees within 1.25x or favoured k-first (1.0-27x faster), but slower beyond
+#: (nations, estimate 1.26x: 0.78 vs 0.49 ms; 100x1000x10, 1.96x: 64 vs 7 ms),
+#: so alone it only breaks near-ties.  The planner passes
+#: :data:`TEMPLATE_MARGIN` instead when a fused template kernel implements the
+#: statement (those kernels run the concordant tree).
 CONCORDANT_MARGIN = REASSOCIATE_MARGIN
 #: The concordant margin when a template kernel runs the concordant tree: the
-#: mttkrp template ran 9.5-40x faster than the generic executor's projected
+#: mttkrp template ran 9.4x to 2400x faster than the generic executor's best
 #: tree on all 11 tensors measured, including the three where the estimate
 #: favoured the projected tree by 1.26-1.99x.
 TEMPLATE_MARGIN = 8.0
