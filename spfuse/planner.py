@@ -30,7 +30,7 @@ from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
-from spfuse.passes.reassociate import TEMPLATE_MARGIN, Association, reassociate
+from spfuse.passes.reassociate import CONCORDANT_MARGIN, TEMPLATE_MARGIN, Association, reassociate
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.tiling import choose_tiles
@@ -132,7 +132,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         if fusion == "auto":
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.
-            margin = TEMPLATE_MARGIN if _fused_template(program, inputs) else None
+            def margin() -> float:
+                return TEMPLATE_MARGIN if _fused_template(program, inputs) else CONCORDANT_MARGIN
             ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs), margin)
         spaces = propagate_iteration_spaces(ops, inputs, results)
         # Without propagation every mask comes from the op's own operands and

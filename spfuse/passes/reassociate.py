@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional, Union
 
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 
@@ -278,11 +278,12 @@ def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, 
 
 
 def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[str, tuple],
-                concordant_margin: Optional[float] = None):
+                concordant_margin: Union[None, float, Callable[[], float]] = None):
     """Re-form every contraction chain of ≥3 factors into its cheapest tree.
 
     A tree without projected temporaries is kept over a cheaper one with
-    them while within ``concordant_margin`` (default :data:`CONCORDANT_MARGIN`).
+    them while within ``concordant_margin`` (default :data:`CONCORDANT_MARGIN`;
+    a callable is asked only when some chain has such a choice to make).
     Returns ``(ops, associations)``: the new unit operations (renumbered, in
     a valid execution order) and one :class:`Association` per chain.
 
@@ -379,16 +380,20 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
     # implement); such a tree is preferred while within ``margin``.
     conc = best if not _has_projection(b_tree, keep, storage) else \
         _best_tree(factors, root.out_indices, extents, density, storage, concordant=True)
+    written_projected = _has_projection(chain.written, keep, storage)
     note = ""
-    if conc is not None and conc[0] <= b_cost * margin:
-        if conc[0] > b_cost:
-            note = (f"; {_text(b_tree, labels)} = {b_cost:.4g} is within the {margin:g}× margin "
-                    "but keeps a dense workspace over a summed sparse level")
-        b_cost, b_tree = conc[0], conc[1]
-        if _has_projection(chain.written, keep, storage) and _text(b_tree, labels) != written:
-            return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
-                                "the written order sums an outer sparse level first (a dense "
-                                "workspace per outer coordinate)" + note, b_tree)
+    if conc is not None and (written_projected or conc is not best):
+        margin = margin() if callable(margin) else margin  # asked only when there is a choice
+        if conc[0] <= b_cost * margin:
+            if conc[0] > b_cost:
+                note = (f"; {_text(b_tree, labels)} = {b_cost:.4g} is within the {margin:g}× margin"
+                        + (" for a statement a fused template kernel runs" if margin == TEMPLATE_MARGIN else "")
+                        + " but keeps a dense workspace over a summed sparse level")
+            b_cost, b_tree = conc[0], conc[1]
+            if written_projected and _text(b_tree, labels) != written:
+                return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
+                                    "the written order sums an outer sparse level first (a dense "
+                                    "workspace per outer coordinate)" + note, b_tree)
     if b_cost * REASSOCIATE_MARGIN < w_cost:
         return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
                             (f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper") + note, b_tree)
