@@ -6,8 +6,11 @@ factor is the CSR / CSF / dense operand, which indices are summed).  The
 template kernels in ``spfuse._kernels`` implement exactly the fused trees
 the planner builds for these programs -- SDDMM's scalar temporary, SpMM-GEMM's
 row temporary, MTTKRP's hoisted row -- with dispatch paid per row, not per
-element.  Programs that are not einsums use unit-op templates (SDDMM-div,
-n-way SpAdd); everything else runs on the generic loop-tree executor.
+element; :func:`follows_template` checks the planned unit operations build
+the template's tree (explain() shows the tree that runs).  Programs that are
+not einsums use unit-op templates matched on the planned ops (SDDMM-div, the
+n-way union op of SpAdd with its coefficients); everything else runs on the
+generic loop-tree executor.
 """
 from __future__ import annotations
 
