@@ -7,8 +7,8 @@ strings them together for one fusion strategy:
   common prefixes, reduce and sparsify temporaries;
 * ``"max"``   -- TACO-style: every statement one perfectly nested loop
   (``UnsupportedError`` when not distributive);
-* ``"none"``  -- the library approach: one loop nest per unit operation,
-  every temporary materialised whole.
+* ``"none"``  -- the library approach: one loop nest per unit operation
+  (a sum split into binary adds), every temporary materialised whole.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
-from spfuse.passes.reassociate import Association, reassociate
+from spfuse.passes.reassociate import CONCORDANT_MARGIN, TEMPLATE_MARGIN, Association, reassociate
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.tiling import choose_tiles
@@ -126,11 +126,15 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         spaces = None
         masks, atoms = statement_masks(ops, inputs)
     else:
-        ops = decompose(program)
+        # The library approach adds two operands per call, as scipy does;
+        # auto keeps an n-term sum as one n-way union.
+        ops = decompose(program, nary=fusion != "none")
         if fusion == "auto":
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.
-            ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs))
+            def margin() -> float:
+                return TEMPLATE_MARGIN if _fused_template(program, inputs) else CONCORDANT_MARGIN
+            ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs), margin)
         spaces = propagate_iteration_spaces(ops, inputs, results)
         # Without propagation every mask comes from the op's own operands and
         # is exact; lowering falls back to it when a propagated mask cannot be
@@ -164,6 +168,21 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
                 separated=separated, order_choices=choices)
+
+
+def _fused_template(program: Program, inputs: Mapping[str, TensorInfo]) -> bool:
+    """Is the program one einsum that a fused template kernel implements?
+
+    Those kernels (mttkrp, spttm_spttm, spmm_gemm, ...) run the concordant
+    tree -- inner sparse levels contracted first -- an order of magnitude
+    faster than the generic executor runs any tree, so reassociation keeps
+    that tree over a cheaper-looking projected one (:data:`TEMPLATE_MARGIN`).
+    """
+    from spfuse.lowering.templates import SIGNATURES, _einsum, _unify
+    ein = _einsum(program)
+    if ein is None or not all(n in inputs for n, _ in ein[3]):
+        return False
+    return any(_unify(sig, ein[1], ein[2], ein[3], inputs) is not None for sig in SIGNATURES.values())
 
 
 #: Reductions this short are cheaper fused into one loop nest than materialised.

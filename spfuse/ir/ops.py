@@ -5,6 +5,12 @@ A :class:`UnitOp` computes ``out[out_indices] = reduce_{reduced} expr`` where
 ``where``) to leaf operands (accesses of inputs / temporaries, or scalar
 constants).  A pure copy or reduction of one access has ``operator=None``.
 
+A sum is ONE operation however many terms it has: ``operator="+"`` with n
+arguments and a scalar coefficient per argument (``coefs``; ``A - 2*B`` is
+``A`` with 1 and ``B`` with -2).  Co-iterating all terms at once is TACO's
+n-way merge lattice; a chain of binary adds would store n-2 temporaries and
+visit the union of the first terms once per link.
+
 :class:`TensorInfo` is what planning knows about a tensor: its name, rank,
 storage format and (when known) shape -- planning works from this alone, so
 ``spfuse.compile`` can plan before seeing any data.
@@ -65,6 +71,18 @@ class UnitOp:
     reduced: tuple[str, ...] = ()
     statement: int = 0
     span: Span = field(default=Span(0, 0), compare=False)
+    #: Per-argument scalar coefficients of an n-ary ``+`` (empty: all 1).
+    coefs: tuple[float, ...] = ()
+
+    @property
+    def coefficients(self) -> tuple[float, ...]:
+        """The coefficient of every argument (1.0 unless ``coefs`` says otherwise).
+
+        >>> op = UnitOp(0, "C", ("i",), "+", (Ref("A", ("i",)), Ref("B", ("i",))), coefs=(1.0, -2.0))
+        >>> op.coefficients, str(op)
+        ((1.0, -2.0), 'C[i] = A[i] - 2*B[i]')
+        """
+        return self.coefs or (1.0,) * len(self.args)
 
     @property
     def indices(self) -> tuple[str, ...]:
@@ -84,7 +102,9 @@ class UnitOp:
         args = [str(a) for a in self.args]
         if self.operator is None:
             body = args[0]
-        elif self.operator in ("+", "-", "*", "/"):
+        elif self.operator == "+":
+            body = _linear_text(args, self.coefficients)
+        elif self.operator in ("-", "*", "/"):
             body = f" {self.operator} ".join(args)
         else:
             body = f"{self.operator}({', '.join(args)})"
@@ -94,6 +114,23 @@ class UnitOp:
 
     def __str__(self) -> str:
         return f"{Ref(self.out, self.out_indices)} = {self.expr_text()}"
+
+
+def _coef_text(c: float) -> str:
+    return str(int(c)) if c == int(c) else repr(c)
+
+
+def _linear_text(args: list[str], coefs: tuple[float, ...]) -> str:
+    """``A + B - 2*C``: each term with its coefficient's sign."""
+    out = ""
+    for n, (a, c) in enumerate(zip(args, coefs)):
+        mag = abs(c)
+        term = a if mag == 1 else f"{_coef_text(mag)}*{a}"
+        if n == 0:
+            out = term if c >= 0 else f"-{term}"
+        else:
+            out += f" - {term}" if c < 0 else f" + {term}"
+    return out
 
 
 class Role:

@@ -155,7 +155,7 @@ def split_groups(plan) -> tuple[Group, ...]:
     >>> [g.kernel for g in split_groups(p)]
     ['gemm', 'spmm']
     """
-    from spfuse.lowering.templates import SIGNATURES, _unify
+    from spfuse.lowering.templates import SIGNATURES, _unify, follows_template
     infos = dict(plan.inputs)
     produced_in = {}
     children = plan.tree.children
@@ -186,7 +186,7 @@ def split_groups(plan) -> tuple[Group, ...]:
             elif len(set(ein[2])) == len(ein[2]):
                 for name, sig in SIGNATURES.items():
                     found = _unify(sig, ein[1], ein[2], ein[3], local)
-                    if found is not None:
+                    if found is not None and follows_template(name, found, ops):
                         kernel, names = name, tuple(found)
                         break
         groups.append(Group(node, ops, outs, kernel, names, ein if kernel != "generic" else None))

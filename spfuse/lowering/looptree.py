@@ -264,7 +264,7 @@ class _Lowerer:
         if o is None:
             return args[0]
         if o == "+":
-            return args[0] + args[1]
+            return _linear(args, op.coefficients)
         if o == "-":
             return args[0] - args[1]
         if o == "*":
@@ -335,6 +335,23 @@ class _Lowerer:
             if d not in drivers:
                 drivers.append(d)
         return {"union": drivers}
+
+
+def _linear(args, coefs):
+    """``c0*a0 + c1*a1 + ...`` evaluated left to right in one statement (the
+    executor's union loop co-iterates every term at once); a -1 coefficient
+    subtracts and a 1 adds, rounding exactly like the text's ``-``/``+``."""
+    out = None
+    for a, c in zip(args, coefs):
+        if out is None:
+            out = a if c == 1.0 else -a if c == -1.0 else lt.const(c) * a
+        elif c == 1.0:
+            out = out + a
+        elif c == -1.0:
+            out = out - a
+        else:
+            out = out + lt.const(c) * a
+    return out
 
 
 def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:

@@ -6,8 +6,11 @@ factor is the CSR / CSF / dense operand, which indices are summed).  The
 template kernels in ``spfuse._kernels`` implement exactly the fused trees
 the planner builds for these programs -- SDDMM's scalar temporary, SpMM-GEMM's
 row temporary, MTTKRP's hoisted row -- with dispatch paid per row, not per
-element.  Programs that are not einsums use unit-op templates (SDDMM-div,
-n-way SpAdd); everything else runs on the generic loop-tree executor.
+element; :func:`follows_template` checks the planned unit operations build
+the template's tree (explain() shows the tree that runs).  Programs that are
+not einsums use unit-op templates matched on the planned ops (SDDMM-div, the
+n-way union op of SpAdd with its coefficients); everything else runs on the
+generic loop-tree executor.
 """
 from __future__ import annotations
 
@@ -22,10 +25,10 @@ from spfuse._kernels import _csr_kernels as csr
 from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
-from spfuse.ir.ops import TensorInfo
+from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
 
-__all__ = ["TemplateMatch", "match_template"]
+__all__ = ["TemplateMatch", "match_template", "follows_template"]
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,33 @@ def _unify(sig, out_indices, summed, factors, infos):
         if ok and len(set(bind.values())) == len(bind):
             return [factors[f][0] for f in perm]
     return None
+
+
+def follows_template(kernel: str, names, ops) -> bool:
+    """Do the planned unit ``ops`` build the tree template ``kernel`` runs?
+
+    ``mttkrp`` hoists ``t[r] = sum(k, X[i,j,k]·D[k,r])`` per (i,j) fiber, so
+    the op reading X must sum X's innermost index k alone, with D.  A plan
+    that sums j first (ReACT's ``T0[k,r]`` per i) is another tree: it runs on
+    the generic executor rather than under the template's name.
+
+    >>> from spfuse.ir.ops import Ref, UnitOp
+    >>> X, C, D = Ref("X", ("i", "j", "k")), Ref("C", ("j", "r")), Ref("D", ("k", "r"))
+    >>> kfirst = [UnitOp(0, "T0", ("i", "j", "r"), "*", (X, D), "sum", ("k",))]
+    >>> jfirst = [UnitOp(0, "T0", ("i", "k", "r"), "*", (X, C), "sum", ("j",))]
+    >>> follows_template("mttkrp", ["X", "C", "D"], kfirst), follows_template("mttkrp", ["X", "C", "D"], jfirst)
+    (True, False)
+    """
+    if kernel != "mttkrp":
+        return True
+    x, _, d = names
+    readers = [op for op in ops if any(getattr(a, "name", None) == x for a in op.args)]
+    if len(readers) != 1:
+        return False
+    op = readers[0]
+    xref = next(a for a in op.args if getattr(a, "name", None) == x)
+    return (op.operator == "*" and op.reduction == "sum" and tuple(op.reduced) == (xref.indices[-1],)
+            and sorted(getattr(a, "name", "") for a in op.args) == sorted((x, d)))
 
 
 # -- array helpers ----------------------------------------------------------
@@ -313,25 +343,19 @@ def _run_add(names, coef, out_shape, tensors, nt):
 
 
 def _match_spadd(plan, infos):
-    """n-way sum/difference of CSR operands with one shape (one workspace per row)."""
-    if len(plan.program.statements) != 1:
+    """The plan is one n-way union op of CSR inputs, each indexed like the
+    result (one workspace per row): the template runs exactly that op, with
+    its coefficients (``A - 2*B``: 1, -2)."""
+    if len(plan.ops) != 1:
         return None
-    stmt = plan.program.statements[0]
-    terms = []
-
-    def walk(e, sign):
-        if isinstance(e, Access):
-            terms.append((e.name, e.indices, sign))
-            return True
-        if isinstance(e, Binary) and e.op in ("+", "-"):
-            return walk(e.left, sign) and walk(e.right, -sign if e.op == "-" else sign)
-        return False
-
-    if not walk(stmt.value, 1.0) or len(terms) < 2:
+    op = plan.ops[0]
+    if getattr(op, "operator", None) != "+" or op.reduction is not None or len(op.args) < 2:
         return None
-    if any(ix != stmt.target.indices or _kind(infos[n]) != "csr" for n, ix, _ in terms):
+    refs = op.args
+    if not all(isinstance(r, Ref) and r.name in infos and r.indices == op.out_indices
+               and _kind(infos[r.name]) == "csr" for r in refs):
         return None
-    return [n for n, _, _ in terms], np.array([s for _, _, s in terms])
+    return [r.name for r in refs], np.array(op.coefficients, dtype=np.float64)
 
 
 def _match_sddmm_div(plan, infos):
@@ -394,6 +418,8 @@ def _match(plan) -> Optional[TemplateMatch]:
         if all(n in infos for n, _ in factors):
             for kernel, sig in SIGNATURES.items():
                 names = _unify(sig, out_ix, summed, factors, infos)
+                if names is not None and not follows_template(kernel, names, plan.ops):
+                    return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1])))
                     # the tiling pass's tile of the dense output index (SpMM's k); 0 = untiled

@@ -6,6 +6,13 @@ sub-expression containing all uses of its index).  Output: a tuple of
 :class:`~spfuse.ir.ops.UnitOp` in execution order, introducing temporaries
 ``T0, T1, ...`` whose indices are inferred from the operators.
 
+A sum of any number of terms (``+``/``-``, scaled terms ``2*A[i,j]``,
+negated terms) stays ONE operation -- an n-way union (TACO's merge
+lattice for ``+``), each term a leaf with a scalar coefficient; compound
+terms (products, reductions, functions) become temporaries as usual.  With
+``nary=False`` (the library approach, ``fusion="none"``) a sum is split into
+binary adds in text order, as ``scipy`` evaluates ``A + B + C``.
+
 Before splitting, sums are *factored*: in ``sum(k, a * b)`` every factor that
 does not use ``k`` is pulled out of the reduction (distributivity), so the
 three-address form never multiplies inside a loop it does not depend on --
@@ -14,7 +21,7 @@ the algebraic half of removing ReACT's reduction redundancy.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable
+from typing import Iterable, Optional
 
 from spfuse.frontend.ast import (Access, Binary, Expr, Literal, Program,
                                  Reduce, Unary, Where)
@@ -104,16 +111,56 @@ def factor_reductions(expr: Expr) -> Expr:
     return Reduce(expr.op, expr.index, body, expr.span, expr.implicit)
 
 
+def sum_terms(expr: Expr) -> list[tuple[float, Expr]]:
+    """The terms of a sum as ``(coefficient, term)`` pairs, left to right.
+
+    ``+``/``-`` chains and ``neg`` are flattened; a term that is a literal
+    times something (``2*A``, ``A*2``) carries the literal as its coefficient.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> e = parse_program("Z[i] = A[i] - 2*B[i] + (C[i]*3 - D[i])").statements[0].value
+    >>> [(c, t.name) for c, t in sum_terms(e)]
+    [(1.0, 'A'), (-2.0, 'B'), (3.0, 'C'), (-1.0, 'D')]
+    """
+    out: list[tuple[float, Expr]] = []
+
+    def walk(e: Expr, c: float) -> None:
+        if isinstance(e, Binary) and e.op in ("+", "-"):
+            walk(e.left, c)
+            walk(e.right, -c if e.op == "-" else c)
+        elif isinstance(e, Unary) and e.fn == "neg":
+            walk(e.arg, -c)
+        elif isinstance(e, Binary) and e.op == "*" and _scaled_access(e) is not None:
+            # Only a literal times an access is folded (c is ±1 here, so the
+            # coefficient times the access rounds exactly like the text).
+            lit, acc = _scaled_access(e)
+            out.append((c * lit, acc))
+        else:
+            out.append((c, e))
+
+    walk(expr, 1.0)
+    return out
+
+
+def _scaled_access(e: Binary) -> Optional[tuple[float, Access]]:
+    if isinstance(e.left, Literal) and isinstance(e.right, Access):
+        return float(e.left.value), e.right
+    if isinstance(e.right, Literal) and isinstance(e.left, Access):
+        return float(e.right.value), e.left
+    return None
+
+
 class _Decomposer:
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, nary: bool = True):
+        self.nary = nary
         taken = set(program.assigned) | set(program.inputs)
         self._names = (f"T{n}" for n in itertools.count() if f"T{n}" not in taken)
         self.ops: list[UnitOp] = []
         self.statement = 0
 
-    def _emit(self, out, out_indices, operator, args, reduction=None, reduced=(), span=None):
+    def _emit(self, out, out_indices, operator, args, reduction=None, reduced=(), span=None, coefs=()):
         op = UnitOp(len(self.ops), out, tuple(out_indices), operator, tuple(args), reduction,
-                    tuple(reduced), self.statement, span or _nospan())
+                    tuple(reduced), self.statement, span or _nospan(), tuple(coefs))
         self.ops.append(op)
         return Ref(out, tuple(out_indices))
 
@@ -141,7 +188,14 @@ class _Decomposer:
             while isinstance(body, Reduce) and body.op == reduction:
                 reduced.append(body.index)
                 body = body.body
-        if isinstance(body, Binary):
+        coefs: tuple[float, ...] = ()
+        if isinstance(body, Binary) and body.op in ("+", "-") and self.nary:
+            terms = sum_terms(body)
+            args, operator = tuple(self.leaf(t) for _, t in terms), "+"
+            coefs = tuple(c for c, _ in terms)
+            if all(c == 1.0 for c in coefs):
+                coefs = ()
+        elif isinstance(body, Binary):
             args, operator = (self.leaf(body.left), self.leaf(body.right)), body.op
         elif isinstance(body, Unary):
             args, operator = (self.leaf(body.arg),), body.fn
@@ -149,7 +203,7 @@ class _Decomposer:
             args, operator = tuple(self.leaf(c) for c in (body.cond, body.then, body.other)), "where"
         else:  # Access, Literal, or a reduction of another kind
             args, operator = (self.leaf(body),), None
-        return self._emit(out, out_indices, operator, args, reduction, reduced, expr.span)
+        return self._emit(out, out_indices, operator, args, reduction, reduced, expr.span, coefs)
 
 
 def _nospan():
@@ -157,8 +211,9 @@ def _nospan():
     return Span(0, 0)
 
 
-def decompose(program: Program) -> tuple[UnitOp, ...]:
-    """Three-address form of ``program`` (reductions must already be explicit).
+def decompose(program: Program, nary: bool = True) -> tuple[UnitOp, ...]:
+    """Three-address form of ``program`` (reductions must already be explicit);
+    ``nary=False`` splits sums into binary adds (the library approach).
 
     >>> from spfuse.frontend.ast import Access, Assignment, Binary, Program, Reduce
     >>> B, C, D = Access("B", ("i", "j")), Access("C", ("i", "k")), Access("D", ("k", "j"))
@@ -167,8 +222,17 @@ def decompose(program: Program) -> tuple[UnitOp, ...]:
     >>> for op in decompose(sddmm): print(op)
     T0[i,j] = sum(k, C[i,k] * D[k,j])
     A[i,j] = B[i,j] * T0[i,j]
+    >>> from spfuse.frontend.parser import parse_program
+    >>> spadd = parse_program("C[i,j] = A0[i,j] + A1[i,j] - 2*A2[i,j] + A3[j,i]")
+    >>> for op in decompose(spadd): print(op)
+    C[i,j] = A0[i,j] + A1[i,j] - 2*A2[i,j] + A3[j,i]
+    >>> for op in decompose(spadd, nary=False): print(op)
+    T1[i,j] = A0[i,j] + A1[i,j]
+    T2[i,j] = 2 * A2[i,j]
+    T0[i,j] = T1[i,j] - T2[i,j]
+    C[i,j] = T0[i,j] + A3[j,i]
     """
-    d = _Decomposer(program)
+    d = _Decomposer(program, nary)
     for n, stmt in enumerate(program.statements):
         d.statement = n
         value = factor_reductions(distinct_binders(stmt))

@@ -134,7 +134,12 @@ def _operator_mask(op: UnitOp, index: str, value) -> Mask:
     if o == "/":
         return masks[0]
     if o in ("+", "-"):
-        return masks[0] | masks[1]
+        # n-way union: a coordinate is visited when any term stores it (a
+        # zero coefficient still visits: the result keeps the union pattern)
+        out = masks[0]
+        for m in masks[1:]:
+            out = out | m
+        return out
     if o == "where":
         cond, then, other = masks
         if isinstance(op.args[2], Const) and op.args[2].value == 0:

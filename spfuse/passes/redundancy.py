@@ -102,6 +102,14 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
                             outer.append(loop)
         ndims = [infos[t].ndim for t in tensors if t in infos]
         if ndims and len(loops) + len(mine) + len(outer) < min(ndims):
+            if len(loops) > 1 and not outer and _storage_prefix(loops, tensors, infos, atoms):
+                # X's top levels (i, j of a CSF): one iteration per stored
+                # fiber, as MTTKRP's consumer of the hoisted row visits them
+                # (at most nnz and the product of the loops' extents; one
+                # level alone stays its extent).
+                absorbed |= mine
+                factors.append(f"fibers({key}; {'·'.join(_symbol(lp) for lp in loops)})")
+                continue
             # A projection (A's columns k, without A's rows around them): at
             # most the loops' extents, not nnz -- count them as dense.
             factors.extend(_symbol(lp) for lp in loops)
@@ -117,6 +125,20 @@ def path_cost(path: tuple[Loop, ...], ops_by_id, infos: Mapping[str, TensorInfo]
         if loop.mask.is_true and n not in absorbed:
             factors.append(_symbol(loop))
     return tuple(sorted(factors))
+
+
+def _storage_prefix(loops, tensors, infos, atoms) -> bool:
+    """Do ``loops`` iterate the top storage levels of every masking tensor
+    (levels above the deepest one they iterate are iterated or dense)?"""
+    for t in tensors:
+        info = infos.get(t)
+        if info is None:
+            return False
+        levels = {info.level_of_mode(atoms[a][3]) for lp in loops for a in lp.mask.atoms
+                  if a in atoms and atoms[a][1] == t}
+        if not levels or any(lv not in levels and info.levels[lv] != "dense" for lv in range(max(levels))):
+            return False
+    return True
 
 
 def dominated(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
@@ -143,11 +165,17 @@ def _estimate(terms, extents: Mapping[str, Optional[int]], infos, atoms) -> Opti
         for f in t:
             if f.startswith(("nnz(", "fibers(")):
                 f, _, per = f.partition("/")  # nnz(B)/J: B's entries per coordinate of J
-                inner = f[f.index("(") + 1:-1]
+                inner, _, over = f[f.index("(") + 1:-1].partition(";")  # fibers(X; I·J)
+                bound = 1.0
+                for sym in filter(None, over.strip().split("·")):
+                    e = extents.get(sym)
+                    if e is None:
+                        return None
+                    bound *= e
                 nn = [infos[a].nnz for a in inner.replace("∧", " ").replace("∨", " ").split() if a in infos]
                 if not nn or any(x is None for x in nn):
                     return None
-                v *= min(nn) if "∨" not in inner else sum(nn)
+                v *= (min(nn) if "∨" not in inner else sum(nn)) if not over else min(min(nn), bound)
                 for sym in filter(None, per.split("·")):
                     e = extents.get(sym)
                     if e is None:
