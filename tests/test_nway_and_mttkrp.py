@@ -35,7 +35,7 @@ def densify(x):
 
 def plans_for(text, ops):
     prog = _parse(text)
-    tensors = _prepare(prog, ops)
+    tensors, _ = _prepare(prog, ops)  # every operand scanned (no deferral)
     ins = {n: _info(n, t) for n, t in tensors.items()}
     return {f: plan_program(prog, ins, f) for f in ("auto", "none")}, tensors
 
