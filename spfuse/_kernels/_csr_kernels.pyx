@@ -1026,6 +1026,98 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
     return cnt
 
 
+# A tournament over at most this many non-empty operand rows (stack state);
+# rows with more runs, or columns too wide to share a 64-bit key with the
+# run number, take the merge chain.
+cdef enum:
+    SPADD_MAX_RUNS = 64
+cdef uint64_t SPADD_SENTINEL = 0xFFFFFFFFFFFFFFFF
+
+
+cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i, int sh,
+                                    index_t* outc, floating* outv) noexcept nogil:
+    """Row ``i`` of the sum by a k-way tournament (loser tree) over its
+    ``k`` non-empty operand rows; returns the row's length, or -1 when the
+    row has more than ``SPADD_MAX_RUNS`` runs (the caller then chains).
+
+    Each run's head is one 64-bit key ``column << sh | run`` (``sh`` bits
+    hold any run number; runs are numbered in operand order), so one
+    unsigned comparison orders by column and breaks ties by operand: equal
+    columns leave the tree in operand order and are summed in that order in
+    double, exactly as the merge chain and the scatter do.  Each output entry
+    costs one replay of its run's leaf-to-root path: ceil(log2 k) branch-free
+    min/max steps (no data-dependent branch; an exhausted run's key is the
+    all-ones sentinel), instead of the chain's re-merging of the running
+    sum.  Duplicate columns overwrite the same output slot with the running
+    double sum (branch-free), so the value is rounded once, from the full
+    sum.  Needs sorted duplicate-free operand rows."""
+    cdef Py_ssize_t t, p0, p1, runs = 0, lv, levels = 0, kk, node, o = -1
+    cdef Py_ssize_t pos[SPADD_MAX_RUNS]
+    cdef Py_ssize_t lens[SPADD_MAX_RUNS]
+    cdef const index_t* inds[SPADD_MAX_RUNS]
+    cdef const floating* vals[SPADD_MAX_RUNS]
+    cdef double cf[SPADD_MAX_RUNS]
+    cdef uint64_t win[2 * SPADD_MAX_RUNS]
+    cdef uint64_t lose[SPADD_MAX_RUNS]
+    cdef uint64_t key, x, mask = ((<uint64_t>1) << sh) - 1, col, last = SPADD_SENTINEL
+    cdef const index_t* ip
+    cdef double acc = 0.0, v
+    cdef bint same, live
+    cdef Py_ssize_t r, p, q
+    for t in range(ops.n):
+        ip = <const index_t*>ops.indptr[t]
+        p0 = ip[i]
+        p1 = ip[i + 1]
+        if p1 == p0:
+            continue
+        if runs == SPADD_MAX_RUNS:
+            return -1
+        inds[runs] = <const index_t*>ops.indices[t] + p0
+        vals[runs] = <const floating*>ops.data[t] + p0
+        lens[runs] = p1 - p0
+        pos[runs] = 0
+        cf[runs] = coef[t]
+        runs += 1
+    if runs == 0:
+        return 0
+    while ((<Py_ssize_t>1) << levels) < runs:
+        levels += 1
+    kk = (<Py_ssize_t>1) << levels
+    # leaves kk..2kk-1 (padding runs: sentinels), then each match's winner
+    # moves up and its loser stays in the node
+    for r in range(kk):
+        win[kk + r] = ((<uint64_t>inds[r][0]) << sh) | <uint64_t>r if r < runs else SPADD_SENTINEL
+    for node in range(kk - 1, 0, -1):
+        x = win[2 * node]
+        key = win[2 * node + 1]
+        win[node] = x if x < key else key
+        lose[node] = key if x < key else x
+    key = win[1]
+    while key != SPADD_SENTINEL:
+        r = <Py_ssize_t>(key & mask)
+        col = key >> sh
+        p = pos[r]
+        v = cf[r] * <double>vals[r][p]
+        same = col == last
+        acc = spfuse_select(same, acc, -0.0) + v
+        o += 1 - same
+        outc[o] = <index_t>col
+        outv[o] = <floating>acc
+        last = col
+        p += 1
+        pos[r] = p
+        live = p < lens[r]
+        q = p if live else p - 1
+        key = ((<uint64_t>inds[r][q]) << sh) | <uint64_t>r
+        key = key if live else SPADD_SENTINEL
+        node = (kk + r) >> 1
+        for lv in range(levels):
+            x = lose[node]
+            lose[node] = key if x < key else x
+            key = x if x < key else key
+            node >>= 1
+    return o + 1
+
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
                                     double* acc, uint64_t* bits, uint64_t* words,
                                     index_t* outc, floating* outv) noexcept nogil:
@@ -1200,6 +1292,11 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef double entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
     cdef double fixed = SPADD_SCATTER_ROW if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ROW_MISS
     cdef int nfail = 0
+    # the tournament's key: column << sh | run (sh bits number any run);
+    # -1 = columns too wide to share 64 bits with the run number: chain
+    cdef int sh = <int>_bit_length(ops.n - 1)
+    if n_cols > 0 and _bit_length(n_cols - 1) + sh > 63:
+        sh = -1
     with parallel(num_threads=num_threads):
         bv0 = <double*>_ws_get(wsp, 5, 0, (max_ub + 1) * pair)
         bv1 = <double*>_ws_get(wsp, 5, 1, (max_ub + 1) * pair)
@@ -1232,7 +1329,9 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
                     cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
                 else:
-                    cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
+                    cnt = _row_tourney(ops, coef, i, sh, oind + w, oval + w) if sh >= 0 else -1
+                    if cnt < 0:
+                        cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
                 row_cnt[i] = cnt
                 row_src[i] = w
                 w = w + cnt
