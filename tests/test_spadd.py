@@ -17,7 +17,7 @@ from spfuse.passes.statistics import SPADD_COSTS, choose_spadd, spadd_stats
 
 K = pytest.importorskip("spfuse._kernels._csr_kernels")
 
-VARIANTS = ["merge", "scatter", "auto"]
+VARIANTS = ["merge", "chain", "scatter", "auto"]
 dtypes = pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["f32", "f64"])
 itypes = pytest.mark.parametrize("it", [np.int32, np.int64], ids=["i32", "i64"])
 

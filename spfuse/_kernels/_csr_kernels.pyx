@@ -870,9 +870,11 @@ def spgemm(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data,
 # Row strategies of :func:`spadd` (``variant``).
 cdef enum:
     SPADD_AUTO = 0       # per row, by the cost model below
-    SPADD_MERGE = 1      # chain of two-way merges of the sorted operand rows
+    SPADD_MERGE = 1      # k-way tournament over the sorted operand rows (chain beyond its limits)
     SPADD_SCATTER = 2    # dense (accumulator, stamp) workspace, then scan / bucket sort
-SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER}
+    SPADD_CHAIN = 3      # merge by the chain only (the tournament's fallback, kept testable)
+SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER,
+                  "chain": SPADD_CHAIN}
 
 # Per-row cost model of ``variant="auto"``, in merge steps (~3.9 ns each
 # here).  Fitted on this machine (2 cores, 1 MiB L2, 32 MiB L3) with both
@@ -1034,36 +1036,55 @@ cdef enum:
 cdef uint64_t SPADD_SENTINEL = 0xFFFFFFFFFFFFFFFF
 
 
-cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i, int sh,
+cdef inline Py_ssize_t _tourney_load(const index_t* ind, const floating* val, Py_ssize_t ln,
+                                     double c, Py_ssize_t p, int s, int rb, Py_ssize_t run,
+                                     uint64_t* kb, double* vb) noexcept nogil:
+    """Append one run (keys, scaled values) and its sentinel at ``p``;
+    returns the next free position."""
+    cdef Py_ssize_t q
+    for q in range(ln):
+        kb[p + q] = ((<uint64_t>ind[q]) << s) | ((<uint64_t>(p + q)) << rb) | <uint64_t>run
+        vb[p + q] = c * <double>val[q]
+    kb[p + ln] = SPADD_SENTINEL
+    return p + ln + 1
+
+
+cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
+                                    int rb, int pb, uint64_t* kb, double* vb,
                                     index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a k-way tournament (loser tree) over its
     ``k`` non-empty operand rows; returns the row's length, or -1 when the
     row has more than ``SPADD_MAX_RUNS`` runs (the caller then chains).
 
-    Each run's head is one 64-bit key ``column << sh | run`` (``sh`` bits
-    hold any run number; runs are numbered in operand order), so one
-    unsigned comparison orders by column and breaks ties by operand: equal
-    columns leave the tree in operand order and are summed in that order in
-    double, exactly as the merge chain and the scatter do.  Each output entry
-    costs one replay of its run's leaf-to-root path: ceil(log2 k) branch-free
-    min/max steps (no data-dependent branch; an exhausted run's key is the
-    all-ones sentinel), instead of the chain's re-merging of the running
-    sum.  Duplicate columns overwrite the same output slot with the running
-    double sum (branch-free), so the value is rounded once, from the full
-    sum.  Needs sorted duplicate-free operand rows."""
-    cdef Py_ssize_t t, p0, p1, runs = 0, lv, levels = 0, kk, node, o = -1
-    cdef Py_ssize_t pos[SPADD_MAX_RUNS]
-    cdef Py_ssize_t lens[SPADD_MAX_RUNS]
-    cdef const index_t* inds[SPADD_MAX_RUNS]
-    cdef const floating* vals[SPADD_MAX_RUNS]
-    cdef double cf[SPADD_MAX_RUNS]
+    The runs are first copied, in operand order, into the thread's buffers:
+    ``kb[p] = column << (pb + rb) | p << rb | run`` and ``vb[p] = coef *
+    value`` (``p`` < 2**pb the position in the buffer, ``run`` < 2**rb), each
+    run closed by an all-ones sentinel key.  One unsigned comparison of two
+    keys then orders by column and breaks ties by position, i.e. by operand:
+    equal columns leave the tree in operand order and are summed in that
+    order in double, as the merge chain and the scatter do.  A key carries
+    its own position, so advancing its run is one load (``kb[p + 1]``), and
+    each output entry costs one replay of its run's leaf-to-root path:
+    ceil(log2 k) branch-free min/max steps -- no data-dependent branch,
+    instead of the chain's repeated re-merging of the running sum.
+    Duplicate columns overwrite one output slot with the running double sum
+    (branch-free), so the value is rounded once, from the full sum.  Needs
+    sorted duplicate-free operand rows; ``kb``/``vb`` hold the row's upper
+    bound plus one sentinel per operand."""
+    cdef Py_ssize_t t, q, p0, p1, ln, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
+    cdef Py_ssize_t first[SPADD_MAX_RUNS]
     cdef uint64_t win[2 * SPADD_MAX_RUNS]
     cdef uint64_t lose[SPADD_MAX_RUNS]
-    cdef uint64_t key, x, mask = ((<uint64_t>1) << sh) - 1, col, last = SPADD_SENTINEL
+    cdef int s = pb + rb
+    cdef uint64_t key, x, tag, col, last = SPADD_SENTINEL
+    cdef uint64_t pmask = ((<uint64_t>1) << pb) - 1, rmask = ((<uint64_t>1) << rb) - 1
     cdef const index_t* ip
-    cdef double acc = 0.0, v
-    cdef bint same, live
-    cdef Py_ssize_t r, p, q
+    cdef const index_t* ind
+    cdef const floating* val
+    cdef const index_t* ind1 = NULL
+    cdef const floating* val1 = NULL
+    cdef double c, c1st = 0.0, acc = 0.0
+    cdef bint same
     for t in range(ops.n):
         ip = <const index_t*>ops.indptr[t]
         p0 = ip[i]
@@ -1072,21 +1093,39 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             continue
         if runs == SPADD_MAX_RUNS:
             return -1
-        inds[runs] = <const index_t*>ops.indices[t] + p0
-        vals[runs] = <const floating*>ops.data[t] + p0
-        lens[runs] = p1 - p0
-        pos[runs] = 0
-        cf[runs] = coef[t]
+        ln = p1 - p0
+        ind = <const index_t*>ops.indices[t] + p0
+        val = <const floating*>ops.data[t] + p0
+        c = coef[t]
+        if runs == 0:
+            # (the first run is copied only if a second one comes: a row
+            # with one run is a scaled copy)
+            ind1 = ind
+            val1 = val
+            c1st = c
+            first[0] = ln
+            runs = 1
+            continue
+        if runs == 1:
+            p = _tourney_load(ind1, val1, first[0], c1st, 0, s, rb, 0, kb, vb)
+            first[0] = 0
+        first[runs] = p
+        p = _tourney_load(ind, val, ln, c, p, s, rb, runs, kb, vb)
         runs += 1
     if runs == 0:
         return 0
+    if runs == 1:
+        for q in range(first[0]):
+            outc[q] = ind1[q]
+            outv[q] = <floating>(c1st * <double>val1[q])
+        return first[0]
     while ((<Py_ssize_t>1) << levels) < runs:
         levels += 1
     kk = (<Py_ssize_t>1) << levels
-    # leaves kk..2kk-1 (padding runs: sentinels), then each match's winner
-    # moves up and its loser stays in the node
+    # leaves kk..2kk-1 (padding: sentinels); each match's winner moves up,
+    # its loser stays in the node
     for r in range(kk):
-        win[kk + r] = ((<uint64_t>inds[r][0]) << sh) | <uint64_t>r if r < runs else SPADD_SENTINEL
+        win[kk + r] = kb[first[r]] if r < runs else SPADD_SENTINEL
     for node in range(kk - 1, 0, -1):
         x = win[2 * node]
         key = win[2 * node + 1]
@@ -1094,22 +1133,16 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
         lose[node] = key if x < key else x
     key = win[1]
     while key != SPADD_SENTINEL:
-        r = <Py_ssize_t>(key & mask)
-        col = key >> sh
-        p = pos[r]
-        v = cf[r] * <double>vals[r][p]
+        p = <Py_ssize_t>((key >> rb) & pmask)
+        r = <Py_ssize_t>(key & rmask)
+        col = key >> s
         same = col == last
-        acc = spfuse_select(same, acc, -0.0) + v
+        acc = spfuse_select(same, acc, -0.0) + vb[p]
         o += 1 - same
         outc[o] = <index_t>col
         outv[o] = <floating>acc
         last = col
-        p += 1
-        pos[r] = p
-        live = p < lens[r]
-        q = p if live else p - 1
-        key = ((<uint64_t>inds[r][q]) << sh) | <uint64_t>r
-        key = key if live else SPADD_SENTINEL
+        key = kb[p + 1]
         node = (kk + r) >> 1
         for lv in range(levels):
             x = lose[node]
@@ -1117,6 +1150,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             key = x if x < key else key
             node >>= 1
     return o + 1
+
 
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
                                     double* acc, uint64_t* bits, uint64_t* words,
@@ -1294,12 +1328,15 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef int nfail = 0
     # the tournament's key: column << sh | run (sh bits number any run);
     # -1 = columns too wide to share 64 bits with the run number: chain
-    cdef int sh = <int>_bit_length(ops.n - 1)
-    if n_cols > 0 and _bit_length(n_cols - 1) + sh > 63:
-        sh = -1
+    cdef int rb = <int>_bit_length(ops.n - 1)
+    cdef int pb = <int>_bit_length(max_ub + ops.n)
+    cdef bint tourney = variant != SPADD_CHAIN and _bit_length(n_cols) + pb + rb <= 63
+    cdef size_t nbytes = (max_ub + 1) * pair
+    if nbytes < (max_ub + ops.n + 1) * sizeof(double):
+        nbytes = (max_ub + ops.n + 1) * sizeof(double)
     with parallel(num_threads=num_threads):
-        bv0 = <double*>_ws_get(wsp, 5, 0, (max_ub + 1) * pair)
-        bv1 = <double*>_ws_get(wsp, 5, 1, (max_ub + 1) * pair)
+        bv0 = <double*>_ws_get(wsp, 5, 0, nbytes)
+        bv1 = <double*>_ws_get(wsp, 5, 1, nbytes)
         bc0 = <index_t*>(bv0 + max_ub + 1) if bv0 != NULL else NULL
         bc1 = <index_t*>(bv1 + max_ub + 1) if bv1 != NULL else NULL
         for b in prange(nb, schedule="dynamic", chunksize=1):
@@ -1312,7 +1349,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
             for i in range(r0, r1):
                 if variant == SPADD_SCATTER:
                     scat = True
-                elif variant == SPADD_MERGE:
+                elif variant == SPADD_MERGE or variant == SPADD_CHAIN:
                     scat = False
                 else:
                     scat = _prefer_scatter(ops, i, fixed, entry, itype)
@@ -1329,7 +1366,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
                     cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
                 else:
-                    cnt = _row_tourney(ops, coef, i, sh, oind + w, oval + w) if sh >= 0 else -1
+                    cnt = (_row_tourney(ops, coef, i, rb, pb, <uint64_t*>bv0, bv1, oind + w, oval + w)
+                           if tourney else -1)
                     if cnt < 0:
                         cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
                 row_cnt[i] = cnt
