@@ -1028,56 +1028,94 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
     return cnt
 
 
-# A tournament over at most this many non-empty operand rows (stack state);
-# rows with more runs, or columns too wide to share a 64-bit key with the
-# run number, take the merge chain.
+# A tournament over at most this many non-empty operand rows (stack state,
+# the run number in the key's low SPADD_RUN_BITS bits, the position in the
+# row buffer in the next SPADD_POS_BITS, the column above: fixed shifts);
+# rows with more runs, calls with columns >= 2**31 or row bounds of 2**26
+# entries take the merge chain.
 cdef enum:
     SPADD_MAX_RUNS = 64
-cdef uint64_t SPADD_SENTINEL = 0xFFFFFFFFFFFFFFFF
+    SPADD_RUN_BITS = 6
+    SPADD_POS_BITS = 26
+    SPADD_COL_SHIFT = 32   # SPADD_RUN_BITS + SPADD_POS_BITS: columns < 2**31
+cdef uint64_t SPADD_HIGH = 0xFFFFFFFFFFFFFFFF
+cdef uint64_t SPADD_LOW = 0
 
 
 cdef inline Py_ssize_t _tourney_load(const index_t* ind, const floating* val, Py_ssize_t ln,
-                                     double c, Py_ssize_t p, int s, int rb, Py_ssize_t run,
+                                     double c, Py_ssize_t p, int s, Py_ssize_t run,
                                      uint64_t* kb, double* vb) noexcept nogil:
-    """Append one run (keys, scaled values) and its sentinel at ``p``;
-    returns the next free position."""
+    """Append one run at ``p``: a low sentinel, its keys and scaled values,
+    a high sentinel; returns the next free position."""
     cdef Py_ssize_t q
+    kb[p] = SPADD_LOW
+    p += 1
     for q in range(ln):
-        kb[p + q] = ((<uint64_t>ind[q]) << s) | ((<uint64_t>(p + q)) << rb) | <uint64_t>run
+        kb[p + q] = ((<uint64_t>ind[q]) << s) | ((<uint64_t>(p + q)) << SPADD_RUN_BITS) | <uint64_t>run
         vb[p + q] = c * <double>val[q]
-    kb[p + ln] = SPADD_SENTINEL
+    kb[p + ln] = SPADD_HIGH
     return p + ln + 1
 
 
+cdef inline void _tourney_build(const uint64_t* leaves, Py_ssize_t runs, Py_ssize_t kk, bint smallest,
+                                uint64_t* win, uint64_t* lose) noexcept nogil:
+    """Loser tree over ``leaves`` (padded to ``kk`` with the losing sentinel):
+    each match's winner moves up, its loser stays in the node; ``win[1]``
+    is the overall winner (smallest key, or largest)."""
+    cdef Py_ssize_t r, node
+    cdef uint64_t a, b
+    for r in range(kk):
+        win[kk + r] = leaves[r] if r < runs else (SPADD_HIGH if smallest else SPADD_LOW)
+    for node in range(kk - 1, 0, -1):
+        a = win[2 * node]
+        b = win[2 * node + 1]
+        if (a < b) == smallest:
+            win[node] = a
+            lose[node] = b
+        else:
+            win[node] = b
+            lose[node] = a
+
+
 cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    int rb, int pb, uint64_t* kb, double* vb,
+                                    uint64_t* kb, double* vb, uint64_t* sk,
                                     index_t* outc, floating* outv) noexcept nogil:
-    """Row ``i`` of the sum by a k-way tournament (loser tree) over its
+    """Row ``i`` of the sum by a k-way tournament (loser trees) over its
     ``k`` non-empty operand rows; returns the row's length, or -1 when the
     row has more than ``SPADD_MAX_RUNS`` runs (the caller then chains).
 
     The runs are first copied, in operand order, into the thread's buffers:
-    ``kb[p] = column << (pb + rb) | p << rb | run`` and ``vb[p] = coef *
-    value`` (``p`` < 2**pb the position in the buffer, ``run`` < 2**rb), each
-    run closed by an all-ones sentinel key.  One unsigned comparison of two
-    keys then orders by column and breaks ties by position, i.e. by operand:
-    equal columns leave the tree in operand order and are summed in that
-    order in double, as the merge chain and the scatter do.  A key carries
-    its own position, so advancing its run is one load (``kb[p + 1]``), and
-    each output entry costs one replay of its run's leaf-to-root path:
-    ceil(log2 k) branch-free min/max steps -- no data-dependent branch,
-    instead of the chain's repeated re-merging of the running sum.
-    Duplicate columns overwrite one output slot with the running double sum
-    (branch-free), so the value is rounded once, from the full sum.  Needs
+    ``kb[p] = column << 32 | p << 6 | run`` and ``vb[p] = coef * value``
+    (``p`` < 2**26 the position in the buffer), each run between a
+    low (0) and a high (all-ones) sentinel key.  One unsigned comparison of
+    two keys orders by column and breaks ties by position, i.e. by operand.
+    A key carries its own position, so advancing its run is one load
+    (``kb[p + 1]``), and each output entry costs one replay of its run's
+    leaf-to-root path: ceil(log2 k) branch-free min/max steps, instead of
+    the chain's repeated re-merging of the running sum.
+
+    The replay is a chain of dependent loads and compares, so two
+    independent tournaments run interleaved: one pops the smallest keys
+    from the front, one the largest from the back (reverse tree over the
+    runs' ends), ceil(n/2) and floor(n/2) of the row's n entries -- exactly
+    a partition of the row.  The front collapses equal columns on the fly
+    (operand order), the back only records its keys, which a final
+    sequential pass replays in increasing order, continuing the front's
+    running sum: every column is summed in operand order in double and
+    rounded once, exactly as the merge chain and the scatter do.  Needs
     sorted duplicate-free operand rows; ``kb``/``vb`` hold the row's upper
-    bound plus one sentinel per operand."""
+    bound plus two sentinels per operand, ``sk`` half the row bound."""
     cdef Py_ssize_t t, q, p0, p1, ln, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
+    cdef Py_ssize_t total, half, it, e
     cdef Py_ssize_t first[SPADD_MAX_RUNS]
+    cdef uint64_t heads[SPADD_MAX_RUNS]
+    cdef uint64_t tails[SPADD_MAX_RUNS]
     cdef uint64_t win[2 * SPADD_MAX_RUNS]
-    cdef uint64_t lose[SPADD_MAX_RUNS]
-    cdef int s = pb + rb
-    cdef uint64_t key, x, tag, col, last = SPADD_SENTINEL
-    cdef uint64_t pmask = ((<uint64_t>1) << pb) - 1, rmask = ((<uint64_t>1) << rb) - 1
+    cdef uint64_t lf[SPADD_MAX_RUNS]
+    cdef uint64_t lb[SPADD_MAX_RUNS]
+    cdef int s = SPADD_COL_SHIFT
+    cdef uint64_t kf, kr, x, col, last = SPADD_HIGH
+    cdef uint64_t pmask = ((<uint64_t>1) << SPADD_POS_BITS) - 1, rmask = (<uint64_t>1 << SPADD_RUN_BITS) - 1
     cdef const index_t* ip
     cdef const index_t* ind
     cdef const floating* val
@@ -1107,10 +1145,13 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             runs = 1
             continue
         if runs == 1:
-            p = _tourney_load(ind1, val1, first[0], c1st, 0, s, rb, 0, kb, vb)
-            first[0] = 0
+            p = _tourney_load(ind1, val1, first[0], c1st, 0, s, 0, kb, vb)
+            heads[0] = kb[1]
+            tails[0] = kb[p - 2]
         first[runs] = p
-        p = _tourney_load(ind, val, ln, c, p, s, rb, runs, kb, vb)
+        p = _tourney_load(ind, val, ln, c, p, s, runs, kb, vb)
+        heads[runs] = kb[first[runs] + 1]
+        tails[runs] = kb[p - 2]
         runs += 1
     if runs == 0:
         return 0
@@ -1122,35 +1163,100 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
     while ((<Py_ssize_t>1) << levels) < runs:
         levels += 1
     kk = (<Py_ssize_t>1) << levels
-    # leaves kk..2kk-1 (padding: sentinels); each match's winner moves up,
-    # its loser stays in the node
-    for r in range(kk):
-        win[kk + r] = kb[first[r]] if r < runs else SPADD_SENTINEL
-    for node in range(kk - 1, 0, -1):
-        x = win[2 * node]
-        key = win[2 * node + 1]
-        win[node] = x if x < key else key
-        lose[node] = key if x < key else x
-    key = win[1]
-    while key != SPADD_SENTINEL:
-        p = <Py_ssize_t>((key >> rb) & pmask)
-        r = <Py_ssize_t>(key & rmask)
-        col = key >> s
+    _tourney_build(tails, runs, kk, False, win, lb)
+    kr = win[1]
+    _tourney_build(heads, runs, kk, True, win, lf)
+    kf = win[1]
+    total = p - 2 * runs
+    half = total >> 1
+    e = half
+    if kk == 8:
+        for it in range(half):
+            # front: emit the smallest key (running sum over equal columns)
+            p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kf & rmask)
+            col = kf >> s
+            same = col == last
+            acc = spfuse_select(same, acc, -0.0) + vb[p]
+            o += 1 - same
+            outc[o] = <index_t>col
+            outv[o] = <floating>acc
+            last = col
+            kf = kb[p + 1]
+            # (3 levels unrolled: nodes 4 + r/2, 2 + r/4, 1)
+            node = 4 + (r >> 1)
+            x = lf[node]
+            lf[node] = kf if x < kf else x
+            kf = x if x < kf else kf
+            node = 2 + (r >> 2)
+            x = lf[node]
+            lf[node] = kf if x < kf else x
+            kf = x if x < kf else kf
+            x = lf[1]
+            lf[1] = kf if x < kf else x
+            kf = x if x < kf else kf
+            # back: record the largest key
+            p = <Py_ssize_t>((kr >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kr & rmask)
+            e -= 1
+            sk[e] = kr
+            kr = kb[p - 1]
+            node = 4 + (r >> 1)
+            x = lb[node]
+            lb[node] = kr if x > kr else x
+            kr = x if x > kr else kr
+            node = 2 + (r >> 2)
+            x = lb[node]
+            lb[node] = kr if x > kr else x
+            kr = x if x > kr else kr
+            x = lb[1]
+            lb[1] = kr if x > kr else x
+            kr = x if x > kr else kr
+    else:
+        for it in range(half):
+            # front: emit the smallest key (running sum over equal columns)
+            p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kf & rmask)
+            col = kf >> s
+            same = col == last
+            acc = spfuse_select(same, acc, -0.0) + vb[p]
+            o += 1 - same
+            outc[o] = <index_t>col
+            outv[o] = <floating>acc
+            last = col
+            kf = kb[p + 1]
+            node = (kk + r) >> 1
+            for lv in range(levels):
+                x = lf[node]
+                lf[node] = kf if x < kf else x
+                kf = x if x < kf else kf
+                node >>= 1
+            # back: record the largest key
+            p = <Py_ssize_t>((kr >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kr & rmask)
+            e -= 1
+            sk[e] = kr
+            kr = kb[p - 1]
+            node = (kk + r) >> 1
+            for lv in range(levels):
+                x = lb[node]
+                lb[node] = kr if x > kr else x
+                kr = x if x > kr else kr
+                node >>= 1
+    # an odd row's middle key (the front's next), then the back's keys in
+    # increasing order
+    for it in range(-(total & 1), half):
+        if it >= 0:
+            kf = sk[it]
+        p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+        col = kf >> s
         same = col == last
         acc = spfuse_select(same, acc, -0.0) + vb[p]
         o += 1 - same
         outc[o] = <index_t>col
         outv[o] = <floating>acc
         last = col
-        key = kb[p + 1]
-        node = (kk + r) >> 1
-        for lv in range(levels):
-            x = lose[node]
-            lose[node] = key if x < key else x
-            key = x if x < key else key
-            node >>= 1
     return o + 1
-
 
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
                                     double* acc, uint64_t* bits, uint64_t* words,
@@ -1328,15 +1434,19 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef int nfail = 0
     # the tournament's key: column << sh | run (sh bits number any run);
     # -1 = columns too wide to share 64 bits with the run number: chain
-    cdef int rb = <int>_bit_length(ops.n - 1)
-    cdef int pb = <int>_bit_length(max_ub + ops.n)
-    cdef bint tourney = variant != SPADD_CHAIN and _bit_length(n_cols) + pb + rb <= 63
-    cdef size_t nbytes = (max_ub + 1) * pair
-    if nbytes < (max_ub + ops.n + 1) * sizeof(double):
-        nbytes = (max_ub + ops.n + 1) * sizeof(double)
+    # tournament keys: column << 32 | position << 6 | run, below the
+    # all-ones sentinel; buffers: keys + back keys (slot 0), values (slot 1)
+    cdef bint tourney = (variant != SPADD_CHAIN and n_cols <= (<Py_ssize_t>1 << 31)
+                         and max_ub + 2 * ops.n < (<Py_ssize_t>1 << SPADD_POS_BITS))
+    cdef Py_ssize_t klen = max_ub + 2 * ops.n + 1
+    cdef size_t nb0 = (max_ub + 1) * pair, nb1 = (max_ub + 1) * pair
+    if nb0 < (klen + max_ub // 2 + 2) * sizeof(uint64_t):
+        nb0 = (klen + max_ub // 2 + 2) * sizeof(uint64_t)
+    if nb1 < klen * sizeof(double):
+        nb1 = klen * sizeof(double)
     with parallel(num_threads=num_threads):
-        bv0 = <double*>_ws_get(wsp, 5, 0, nbytes)
-        bv1 = <double*>_ws_get(wsp, 5, 1, nbytes)
+        bv0 = <double*>_ws_get(wsp, 5, 0, nb0)
+        bv1 = <double*>_ws_get(wsp, 5, 1, nb1)
         bc0 = <index_t*>(bv0 + max_ub + 1) if bv0 != NULL else NULL
         bc1 = <index_t*>(bv1 + max_ub + 1) if bv1 != NULL else NULL
         for b in prange(nb, schedule="dynamic", chunksize=1):
@@ -1366,8 +1476,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
                     cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
                 else:
-                    cnt = (_row_tourney(ops, coef, i, rb, pb, <uint64_t*>bv0, bv1, oind + w, oval + w)
-                           if tourney else -1)
+                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, bv1, <uint64_t*>bv0 + klen,
+                                        oind + w, oval + w) if tourney else -1)
                     if cnt < 0:
                         cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
                 row_cnt[i] = cnt
