@@ -879,20 +879,28 @@ SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCA
 # Per-row cost model of ``variant="auto"``, in merge steps (~3.9 ns each
 # here).  Fitted on this machine (2 cores, 1 MiB L2, 32 MiB L3) with both
 # variants forced on 20 000-row uniform operands: 2, 3 and 7 operands of 2
-# to 30 entries a row, 500 to 2 000 000 columns.  Merge: one step per
-# element of the chain's running lengths (branch-free, latency-bound) plus
-# a row overhead.  Scatter: a row overhead and a cost per entry (L1 bitmap,
+# to 30 entries a row, 500 to 2 000 000 columns.  Merge of 2-3 runs (and
+# over 64): one step per element of the chain's running lengths
+# (branch-free, latency-bound) plus a row overhead.  Merge of 4-64 runs
+# (the tournament): a row overhead (copying the runs into keys, building
+# two trees) plus a cost per entry and tree level -- refitted with the
+# tournament on 20k and 200k columns, 7 operands of 10 and 40 entries a
+# row (within ~5% of the measured kernel there).  Scatter: a row overhead and a cost per entry (L1 bitmap,
 # accumulator access, ordered read-back) that both grow once the
 # accumulator row (8 bytes a column) outgrows half the L2, plus a summary
 # word scanned per 4096 columns of the row's span.
 cdef double SPADD_MERGE_ROW = 14.0
+cdef double SPADD_TOURNEY_ROW = 40.0
+cdef double SPADD_TOURNEY_ENTRY = 0.65
 cdef double SPADD_SCATTER_ROW = 6.5
 cdef double SPADD_SCATTER_ROW_MISS = 100.0
 cdef double SPADD_SCATTER_ENTRY = 1.7
 cdef double SPADD_SCATTER_ENTRY_MISS = 2.3
 cdef Py_ssize_t SPADD_ACC_FITS = 65536
 cdef double SPADD_SCAN_WORD = 1.0
-SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "scatter_row": SPADD_SCATTER_ROW,
+SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "tourney_row": SPADD_TOURNEY_ROW,
+               "tourney_entry_level": SPADD_TOURNEY_ENTRY, "tourney_min_runs": SPADD_TOURNEY_MIN_RUNS, "tourney_max_runs": SPADD_MAX_RUNS,
+               "scatter_row": SPADD_SCATTER_ROW,
                "scatter_row_miss": SPADD_SCATTER_ROW_MISS, "scatter_entry": SPADD_SCATTER_ENTRY,
                "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
                "scan_word": SPADD_SCAN_WORD}
@@ -1034,6 +1042,7 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
 # rows with more runs, calls with columns >= 2**31 or row bounds of 2**26
 # entries take the merge chain.
 cdef enum:
+    SPADD_TOURNEY_MIN_RUNS = 4
     SPADD_MAX_RUNS = 64
     SPADD_RUN_BITS = 6
     SPADD_POS_BITS = 26
@@ -1081,8 +1090,10 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
                                     uint64_t* kb, double* vb, uint64_t* sk,
                                     index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a k-way tournament (loser trees) over its
-    ``k`` non-empty operand rows; returns the row's length, or -1 when the
-    row has more than ``SPADD_MAX_RUNS`` runs (the caller then chains).
+    ``k`` non-empty operand rows; returns the row's length, or -1 when
+    ``k`` is under ``SPADD_TOURNEY_MIN_RUNS`` (a chain of two or three runs
+    is cheaper: see ``SPADD_COSTS``) or over ``SPADD_MAX_RUNS``; the caller
+    then chains.
 
     The runs are first copied, in operand order, into the thread's buffers:
     ``kb[p] = column << 32 | p << 6 | run`` and ``vb[p] = coef * value``
@@ -1105,7 +1116,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
     rounded once, exactly as the merge chain and the scatter do.  Needs
     sorted duplicate-free operand rows; ``kb``/``vb`` hold the row's upper
     bound plus two sentinels per operand, ``sk`` half the row bound."""
-    cdef Py_ssize_t t, q, p0, p1, ln, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
+    cdef Py_ssize_t t, p0, p1, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
     cdef Py_ssize_t total, half, it, e
     cdef Py_ssize_t first[SPADD_MAX_RUNS]
     cdef uint64_t heads[SPADD_MAX_RUNS]
@@ -1117,49 +1128,26 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
     cdef uint64_t kf, kr, x, col, last = SPADD_HIGH
     cdef uint64_t pmask = ((<uint64_t>1) << SPADD_POS_BITS) - 1, rmask = (<uint64_t>1 << SPADD_RUN_BITS) - 1
     cdef const index_t* ip
-    cdef const index_t* ind
-    cdef const floating* val
-    cdef const index_t* ind1 = NULL
-    cdef const floating* val1 = NULL
-    cdef double c, c1st = 0.0, acc = 0.0
+    cdef double acc = 0.0
     cdef bint same
+    for t in range(ops.n):
+        ip = <const index_t*>ops.indptr[t]
+        runs += ip[i + 1] > ip[i]
+    if runs < SPADD_TOURNEY_MIN_RUNS or runs > SPADD_MAX_RUNS:
+        return -1
+    runs = 0
     for t in range(ops.n):
         ip = <const index_t*>ops.indptr[t]
         p0 = ip[i]
         p1 = ip[i + 1]
         if p1 == p0:
             continue
-        if runs == SPADD_MAX_RUNS:
-            return -1
-        ln = p1 - p0
-        ind = <const index_t*>ops.indices[t] + p0
-        val = <const floating*>ops.data[t] + p0
-        c = coef[t]
-        if runs == 0:
-            # (the first run is copied only if a second one comes: a row
-            # with one run is a scaled copy)
-            ind1 = ind
-            val1 = val
-            c1st = c
-            first[0] = ln
-            runs = 1
-            continue
-        if runs == 1:
-            p = _tourney_load(ind1, val1, first[0], c1st, 0, s, 0, kb, vb)
-            heads[0] = kb[1]
-            tails[0] = kb[p - 2]
         first[runs] = p
-        p = _tourney_load(ind, val, ln, c, p, s, runs, kb, vb)
+        p = _tourney_load(<const index_t*>ops.indices[t] + p0, <const floating*>ops.data[t] + p0,
+                          p1 - p0, coef[t], p, s, runs, kb, vb)
         heads[runs] = kb[first[runs] + 1]
         tails[runs] = kb[p - 2]
         runs += 1
-    if runs == 0:
-        return 0
-    if runs == 1:
-        for q in range(first[0]):
-            outc[q] = ind1[q]
-            outv[q] = <floating>(c1st * <double>val1[q])
-        return first[0]
     while ((<Py_ssize_t>1) << levels) < runs:
         levels += 1
     kk = (<Py_ssize_t>1) << levels
@@ -1320,7 +1308,8 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
 cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixed, double entry,
                                  index_t itype) noexcept nogil:
     """Cost model of ``variant="auto"`` for row ``i`` (O(operands)): the merge
-    chain costs the sum of its running lengths, the scatter ``fixed`` plus
+    chain costs the sum of its running lengths, the tournament (4 to 64
+    runs) a row cost plus one per entry and tree level, the scatter ``fixed`` plus
     ``entry`` per entry plus the summary words over the row's column span
     (from each operand row's first and last column)."""
     cdef Py_ssize_t t, p0, p1, ub = 0, steps = 0, runs = 0
@@ -1344,8 +1333,11 @@ cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixe
             steps += ub
     if runs <= 1:
         return False
+    cdef double merge = SPADD_MERGE_ROW + <double>steps
+    if SPADD_TOURNEY_MIN_RUNS <= runs <= SPADD_MAX_RUNS:
+        merge = SPADD_TOURNEY_ROW + SPADD_TOURNEY_ENTRY * <double>ub * <double>_bit_length(runs - 1)
     return (fixed + entry * <double>ub + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
-            < SPADD_MERGE_ROW + <double>steps)
+            < merge)
 
 
 cdef inline void _prefetch_span(const char* a, const char* b) noexcept nogil:
