@@ -1072,18 +1072,17 @@ cdef inline void _tourney_build(const uint64_t* leaves, Py_ssize_t runs, Py_ssiz
     each match's winner moves up, its loser stays in the node; ``win[1]``
     is the overall winner (smallest key, or largest)."""
     cdef Py_ssize_t r, node
-    cdef uint64_t a, b
+    cdef uint64_t a, b, lo, hi
     for r in range(kk):
         win[kk + r] = leaves[r] if r < runs else (SPADD_HIGH if smallest else SPADD_LOW)
+    # (branch-free min/max: the matches' outcomes are unpredictable)
     for node in range(kk - 1, 0, -1):
         a = win[2 * node]
         b = win[2 * node + 1]
-        if (a < b) == smallest:
-            win[node] = a
-            lose[node] = b
-        else:
-            win[node] = b
-            lose[node] = a
+        lo = a if a < b else b
+        hi = b if a < b else a
+        win[node] = lo if smallest else hi
+        lose[node] = hi if smallest else lo
 
 
 cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
