@@ -47,7 +47,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
@@ -1477,21 +1477,6 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     failed[0] = nfail
 
 
-cdef void _spadd_gather(const int64_t* indptr, const int64_t* row_cnt, const int64_t* row_src,
-                        Py_ssize_t m, const index_t* sind, const floating* sval,
-                        index_t* oind, floating* oval, int num_threads) noexcept nogil:
-    """Copy each row from where the blocks wrote it (``row_src``) to its
-    final place ``indptr[i]`` in fresh arrays (blocks balanced by output)."""
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1
-    for b in prange(nb, num_threads=num_threads, schedule="dynamic", chunksize=1):
-        r0 = _split64(indptr, m, b, nb)
-        r1 = _split64(indptr, m, b + 1, nb)
-        for i in range(r0, r1):
-            memcpy(oind + indptr[i], sind + row_src[i], row_cnt[i] * sizeof(index_t))
-            memcpy(oval + indptr[i], sval + row_src[i], row_cnt[i] * sizeof(floating))
-
-
 cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
                        Py_ssize_t n_rows, Py_ssize_t n_cols, int num_threads, int variant,
                        size_t ub_addr, Py_ssize_t max_ub, index_t itype, floating ftype,
@@ -1630,7 +1615,9 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     Both sum ``C[i, k]`` in operand order in double and round once, so every
     variant, chunking and thread count gives the same bits.  With one thread
     the rows land compacted; otherwise, if duplicates shrank some rows, they
-    are gathered into exact-size arrays (a parallel streaming copy).  Output
+    slide down in place (one sequential memmove per stretch of back-to-back
+    rows; no second buffer whose pages would have to be faulted in and
+    zeroed; the gaps' few pages stay with the arrays).  Output
     index dtype is the operands' (int64 if int32 cannot hold nnz(C)), value
     dtype the operands'; rows sorted, structural zeros from cancellation
     kept.  With no operands: an all-zero float64 matrix.  Complexity
@@ -1694,41 +1681,48 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     indptr[0] = 0
     np.cumsum(row_cnt, out=indptr[1:])
     nnz = int(indptr[n_rows])
-    if compact:
-        # (pages past nnz were never touched: the slice costs no memory)
-        out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
-    else:
-        out_ind = np.empty(nnz, dtype=idt)
-        out_val = np.empty(nnz, dtype=vdt)
-        _gather_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val, out_ind, out_val,
-                         num_threads)
+    if not compact:
+        # rows shrank by duplicates and blocks wrote at their upper-bound
+        # offsets: slide them down in place (no second buffer to fault in)
+        _compact_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val)
+    # (with one thread, pages past nnz were never touched: the slice costs no memory)
+    out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
     if idt == np.int32 and nnz > np.iinfo(np.int32).max:
         return indptr, out_ind.astype(np.int64), out_val
     return indptr.astype(idt, copy=False), out_ind, out_val
 
 
-cdef _gather_dispatch(const int64_t[::1] indptr, const int64_t[::1] row_cnt,
-                      const int64_t[::1] row_src, Py_ssize_t m, sind, sval, oind, oval,
-                      int num_threads):
-    cdef size_t si = sind.ctypes.data, sv = sval.ctypes.data
-    cdef size_t oi = oind.ctypes.data, ov = oval.ctypes.data
-    cdef const int64_t* ip = &indptr[0]
-    cdef const int64_t* rc = &row_cnt[0]
-    cdef const int64_t* rs = &row_src[0]
-    cdef int isz = sind.dtype.itemsize, vsz = sval.dtype.itemsize
+cdef void _spadd_compact(const int64_t* indptr, const int64_t* row_cnt, const int64_t* row_src,
+                         Py_ssize_t m, char* ind, char* val, size_t isz, size_t vsz) noexcept nogil:
+    """Move each row from ``row_src[i]`` down to ``indptr[i]`` in place, in
+    row order, one memmove per stretch of rows that lie back to back.
+
+    Safe in place: blocks write their rows back to back from their first
+    row's upper-bound offset, in row order, so ``row_src`` is increasing
+    with ``row_src[i] + row_cnt[i] <= row_src[i + 1]``, and ``indptr[i] <=
+    row_src[i]``: a row's destination ends before any later row's source."""
+    cdef Py_ssize_t i = 0, j
+    cdef int64_t src, dst, n
+    while i < m:
+        src = row_src[i]
+        dst = indptr[i]
+        n = row_cnt[i]
+        j = i + 1
+        while j < m and row_src[j] == src + n:
+            n += row_cnt[j]
+            j += 1
+        if src != dst and n > 0:
+            memmove(ind + dst * isz, ind + src * isz, n * isz)
+            memmove(val + dst * vsz, val + src * vsz, n * vsz)
+        i = j
+
+
+cdef _compact_dispatch(const int64_t[::1] indptr, const int64_t[::1] row_cnt,
+                       const int64_t[::1] row_src, Py_ssize_t m, ind, val):
+    cdef size_t ia = ind.ctypes.data, va = val.ctypes.data
+    cdef size_t isz = ind.dtype.itemsize, vsz = val.dtype.itemsize
     with nogil:
-        if isz == 4 and vsz == 8:
-            _spadd_gather(ip, rc, rs, m, <const int32_t*>si, <const double*>sv,
-                          <int32_t*>oi, <double*>ov, num_threads)
-        elif isz == 8 and vsz == 8:
-            _spadd_gather(ip, rc, rs, m, <const int64_t*>si, <const double*>sv,
-                          <int64_t*>oi, <double*>ov, num_threads)
-        elif isz == 4:
-            _spadd_gather(ip, rc, rs, m, <const int32_t*>si, <const float*>sv,
-                          <int32_t*>oi, <float*>ov, num_threads)
-        else:
-            _spadd_gather(ip, rc, rs, m, <const int64_t*>si, <const float*>sv,
-                          <int64_t*>oi, <float*>ov, num_threads)
+        _spadd_compact(&indptr[0], &row_cnt[0], &row_src[0], m, <char*>ia, <char*>va, isz, vsz)
 
 
 # --------------------------------------------------------------------------
