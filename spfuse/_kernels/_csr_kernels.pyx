@@ -1403,9 +1403,11 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     row's upper-bound offset; ``seq_base`` instead when one thread runs the
     whole call in row order, which leaves the output compact); row ``i``'s
     length goes to ``row_cnt[i]`` and its offset to ``row_src[i]``.
-    Workspaces (5 slots per thread in ``wsp``): two merge buffers of
-    ``max_ub`` (column, double) pairs, and -- only once a row of this thread
-    takes the scatter path -- its accumulators and bitmaps (``_row_scatter``).
+    Workspaces (5 slots per thread in ``wsp``): two merge buffers, each
+    room for ``max_ub`` (column, double) pairs of the chain or, for the
+    tournament, its keys and back keys (slot 0) and values (slot 1); and --
+    only once a row of this thread takes the scatter path -- its
+    accumulators and bitmaps (``_row_scatter``).
     """
     cdef Py_ssize_t nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
     cdef Py_ssize_t b, i, r0, r1, t, w, cnt
@@ -1602,9 +1604,13 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     One pass: row i is written at its upper-bound offset (sum of the
     operands' row lengths, :func:`spadd_row_bounds`, or ``row_bounds``), by
 
-    * ``"merge"``: a left-deep chain of branch-free two-way merges of the
-      operand rows -- needs CANONICAL operands (rows sorted, no duplicate
+    * ``"merge"``: rows with 4 to 64 non-empty operand rows by a k-way
+      tournament (two interleaved loser trees, ceil(log2 k) branch-free
+      steps per entry), others by a left-deep chain of branch-free two-way
+      merges -- needs CANONICAL operands (rows sorted, no duplicate
       columns; anything else gives an unsorted result, never a memory error);
+    * ``"chain"``: every row by the chain (the tournament's fallback, kept
+      callable so that it stays tested);
     * ``"scatter"``: Gustavson's dense (accumulator, stamp) workspace of
       ``n_cols`` slots per thread, then a scan of the row's column span or a
       bucket sort -- any column order, duplicates summed;
@@ -1621,8 +1627,9 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     index dtype is the operands' (int64 if int32 cannot hold nnz(C)), value
     dtype the operands'; rows sorted, structural zeros from cancellation
     kept.  With no operands: an all-zero float64 matrix.  Complexity
-    O(nnz * chain length) merging, O(nnz + nnz(C)) typical scattering;
-    workspace per thread 2 * (8 + itemsize) * max row bound bytes, plus
+    O(nnz * log2(operands)) merging (O(nnz * chain length) chaining),
+    O(nnz + nnz(C)) typical scattering; workspace per thread about
+    max(2 * (8 + itemsize), 20) * (max row bound + 2 * operands) bytes, plus
     16 * n_cols when a row scatters.
 
     >>> import numpy as np
