@@ -1051,17 +1051,15 @@ cdef uint64_t SPADD_HIGH = 0xFFFFFFFFFFFFFFFF
 cdef uint64_t SPADD_LOW = 0
 
 
-cdef inline Py_ssize_t _tourney_load(const index_t* ind, const floating* val, Py_ssize_t ln,
-                                     double c, Py_ssize_t p, int s, Py_ssize_t run,
-                                     uint64_t* kb, double* vb) noexcept nogil:
-    """Append one run at ``p``: a low sentinel, its keys and scaled values,
-    a high sentinel; returns the next free position."""
+cdef inline Py_ssize_t _tourney_load(const index_t* ind, Py_ssize_t ln, Py_ssize_t p, int s,
+                                     Py_ssize_t run, uint64_t* kb) noexcept nogil:
+    """Append one run's keys at ``p`` between a low and a high sentinel;
+    returns the next free position."""
     cdef Py_ssize_t q
     kb[p] = SPADD_LOW
     p += 1
     for q in range(ln):
         kb[p + q] = ((<uint64_t>ind[q]) << s) | ((<uint64_t>(p + q)) << SPADD_RUN_BITS) | <uint64_t>run
-        vb[p + q] = c * <double>val[q]
     kb[p + ln] = SPADD_HIGH
     return p + ln + 1
 
@@ -1086,7 +1084,7 @@ cdef inline void _tourney_build(const uint64_t* leaves, Py_ssize_t runs, Py_ssiz
 
 
 cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    uint64_t* kb, double* vb, uint64_t* sk,
+                                    uint64_t* kb, uint64_t* sk,
                                     index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a k-way tournament (loser trees) over its
     ``k`` non-empty operand rows; returns the row's length, or -1 when
@@ -1094,9 +1092,10 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
     is cheaper: see ``SPADD_COSTS``) or over ``SPADD_MAX_RUNS``; the caller
     then chains.
 
-    The runs are first copied, in operand order, into the thread's buffers:
-    ``kb[p] = column << 32 | p << 6 | run`` and ``vb[p] = coef * value``
-    (``p`` < 2**26 the position in the buffer), each run between a
+    The runs' columns are first copied, in operand order, into the thread's
+    key buffer: ``kb[p] = column << 32 | p << 6 | run`` (``p`` < 2**26 the
+    position in the buffer; values are read from the operand, through the
+    run, only when their entry is emitted), each run between a
     low (0) and a high (all-ones) sentinel key.  One unsigned comparison of
     two keys orders by column and breaks ties by position, i.e. by operand.
     A key carries its own position, so advancing its run is one load
@@ -1113,11 +1112,14 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
     sequential pass replays in increasing order, continuing the front's
     running sum: every column is summed in operand order in double and
     rounded once, exactly as the merge chain and the scatter do.  Needs
-    sorted duplicate-free operand rows; ``kb``/``vb`` hold the row's upper
-    bound plus two sentinels per operand, ``sk`` half the row bound."""
+    sorted duplicate-free operand rows; ``kb`` holds the row's upper bound
+    plus two sentinels per operand, ``sk`` half the row bound."""
     cdef Py_ssize_t t, p0, p1, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
     cdef Py_ssize_t total, half, it, e
     cdef Py_ssize_t first[SPADD_MAX_RUNS]
+    cdef const floating* vp[SPADD_MAX_RUNS]
+    cdef Py_ssize_t vo[SPADD_MAX_RUNS]
+    cdef double cf[SPADD_MAX_RUNS]
     cdef uint64_t heads[SPADD_MAX_RUNS]
     cdef uint64_t tails[SPADD_MAX_RUNS]
     cdef uint64_t win[2 * SPADD_MAX_RUNS]
@@ -1142,8 +1144,10 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
         if p1 == p0:
             continue
         first[runs] = p
-        p = _tourney_load(<const index_t*>ops.indices[t] + p0, <const floating*>ops.data[t] + p0,
-                          p1 - p0, coef[t], p, s, runs, kb, vb)
+        vp[runs] = <const floating*>ops.data[t] + p0
+        vo[runs] = p + 1
+        cf[runs] = coef[t]
+        p = _tourney_load(<const index_t*>ops.indices[t] + p0, p1 - p0, p, s, runs, kb)
         heads[runs] = kb[first[runs] + 1]
         tails[runs] = kb[p - 2]
         runs += 1
@@ -1164,7 +1168,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             r = <Py_ssize_t>(kf & rmask)
             col = kf >> s
             same = col == last
-            acc = spfuse_select(same, acc, -0.0) + vb[p]
+            acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
             o += 1 - same
             outc[o] = <index_t>col
             outv[o] = <floating>acc
@@ -1206,7 +1210,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             r = <Py_ssize_t>(kf & rmask)
             col = kf >> s
             same = col == last
-            acc = spfuse_select(same, acc, -0.0) + vb[p]
+            acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
             o += 1 - same
             outc[o] = <index_t>col
             outv[o] = <floating>acc
@@ -1236,9 +1240,10 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
         if it >= 0:
             kf = sk[it]
         p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+        r = <Py_ssize_t>(kf & rmask)
         col = kf >> s
         same = col == last
-        acc = spfuse_select(same, acc, -0.0) + vb[p]
+        acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
         o += 1 - same
         outc[o] = <index_t>col
         outv[o] = <floating>acc
@@ -1404,8 +1409,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     whole call in row order, which leaves the output compact); row ``i``'s
     length goes to ``row_cnt[i]`` and its offset to ``row_src[i]``.
     Workspaces (5 slots per thread in ``wsp``): two merge buffers, each
-    room for ``max_ub`` (column, double) pairs of the chain or, for the
-    tournament, its keys and back keys (slot 0) and values (slot 1); and --
+    room for ``max_ub`` (column, double) pairs of the chain, slot 0 also
+    for the tournament's keys and back keys; and --
     only once a row of this thread takes the scatter path -- its
     accumulators and bitmaps (``_row_scatter``).
     """
@@ -1428,15 +1433,13 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     # the tournament's key: column << sh | run (sh bits number any run);
     # -1 = columns too wide to share 64 bits with the run number: chain
     # tournament keys: column << 32 | position << 6 | run, below the
-    # all-ones sentinel; buffers: keys + back keys (slot 0), values (slot 1)
+    # all-ones sentinel; keys + back keys in slot 0
     cdef bint tourney = (variant != SPADD_CHAIN and n_cols <= (<Py_ssize_t>1 << 31)
                          and max_ub + 2 * ops.n < (<Py_ssize_t>1 << SPADD_POS_BITS))
     cdef Py_ssize_t klen = max_ub + 2 * ops.n + 1
     cdef size_t nb0 = (max_ub + 1) * pair, nb1 = (max_ub + 1) * pair
     if nb0 < (klen + max_ub // 2 + 2) * sizeof(uint64_t):
         nb0 = (klen + max_ub // 2 + 2) * sizeof(uint64_t)
-    if nb1 < klen * sizeof(double):
-        nb1 = klen * sizeof(double)
     with parallel(num_threads=num_threads):
         bv0 = <double*>_ws_get(wsp, 5, 0, nb0)
         bv1 = <double*>_ws_get(wsp, 5, 1, nb1)
@@ -1469,7 +1472,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
                     cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
                 else:
-                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, bv1, <uint64_t*>bv0 + klen,
+                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen,
                                         oind + w, oval + w) if tourney else -1)
                     if cnt < 0:
                         cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
@@ -1629,7 +1632,7 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     kept.  With no operands: an all-zero float64 matrix.  Complexity
     O(nnz * log2(operands)) merging (O(nnz * chain length) chaining),
     O(nnz + nnz(C)) typical scattering; workspace per thread about
-    max(2 * (8 + itemsize), 20) * (max row bound + 2 * operands) bytes, plus
+    2 * (8 + itemsize) * (max row bound + 2 * operands) bytes, plus
     16 * n_cols when a row scatters.
 
     >>> import numpy as np
