@@ -145,6 +145,34 @@ def test_spadd_tournament_sums_in_operand_order_bit_for_bit():
             assert ix.tolist() == [1] and data[0] == expected, (variant, nt, data)
 
 
+@dtypes
+@pytest.mark.parametrize("it,ot", [(np.int64, np.int32), (np.int32, np.int64)], ids=["i64>i32", "i32>i64"])
+def test_spadd_output_index_dtype_is_written_directly(it, ot, dt, rng):
+    # the output index dtype may differ from the operands' (int64 operands whose sum fits
+    # int32 are written as int32): same entries, every variant and thread count, bit for bit
+    m, n = 97, 61
+    mats = [make(kind, rng, m, n) for kind in ("uniform", "powerlaw", "empty_rows", "uniform", "powerlaw")]
+    coef = rng.choice([1.0, -1.0, 0.5], size=len(mats))
+    ref = run(mats, coef, it, dt, m, n, 1, "merge")
+    ips = [np.ascontiguousarray(M.indptr, dtype=it) for M in mats]
+    inds = [np.ascontiguousarray(M.indices, dtype=it) for M in mats]
+    vals = [np.ascontiguousarray(M.data, dtype=dt) for M in mats]
+    for variant in VARIANTS:
+        for nt in (1, 2):
+            ip, ix, v = K.spadd(ips, inds, vals, coef, m, n, nt, variant, None, ot)
+            assert ip.dtype == ot and ix.dtype == ot and v.dtype == dt
+            assert np.array_equal(ip, ref[0]) and np.array_equal(ix, ref[1]) and np.array_equal(v, ref[2])
+
+
+def test_spadd_output_index_dtype_rejects_what_it_cannot_hold():
+    A = sp.csr_matrix(np.eye(2))
+    args = ([A.indptr], [A.indices], [A.data], [1.0], 2, 2, 1)
+    with pytest.raises(TypeError, match="index_dtype"):
+        K.spadd(*args, "auto", None, np.float64)
+    with pytest.raises(ValueError, match="do not fit"):
+        K.spadd([A.indptr], [A.indices], [A.data], [1.0], 2, 2**31, 1, "auto", None, np.int32)
+
+
 def test_spadd_chunking_does_not_change_results(rng):
     mats = [make("uniform", rng, 400, 300) for _ in range(4)]
     ref = run(mats, [1.0, -1.0, 2.0, 0.5], np.int32, np.float64, 400, 300, 2, "auto")

@@ -906,6 +906,14 @@ SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "tourney_row": SPADD_TOURNEY_ROW,
                "scan_word": SPADD_SCAN_WORD}
 
 
+# SpAdd's OUTPUT index type, independent of the operands' (int64 operands
+# whose sum fits int32 are written as int32 directly: the result's tensor
+# would narrow it anyway, at the cost of a copy).
+ctypedef fused out_index_t:
+    int32_t
+    int64_t
+
+
 cdef struct _Operands:
     # ``n`` CSR operands of the same shape, by pointer (int index type and
     # float value type fixed by the specialisation that reads them).
@@ -986,7 +994,7 @@ cdef inline Py_ssize_t _merge_runs(const index_t* ac, const double* av, Py_ssize
 
 cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_ssize_t i,
                                   index_t* c0, double* v0, index_t* c1, double* v1,
-                                  index_t* outc, floating* outv) noexcept nogil:
+                                  out_index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a left-deep chain of two-way merges
     (((B1 + B2) + B3) + ...) in thread-private double buffers ``c0/v0``,
     ``c1/v1`` (room for the row's upper bound each), then rounded once into
@@ -1027,11 +1035,11 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
         tv = v0; v0 = v1; v1 = tv
     if runs == 1:
         for q in range(cnt):
-            outc[q] = ind1[q]
+            outc[q] = <out_index_t>ind1[q]
             outv[q] = <floating>(c1st * <double>val1[q])
     elif runs > 1:
-        memcpy(outc, c0, cnt * sizeof(index_t))
         for q in range(cnt):
+            outc[q] = <out_index_t>c0[q]
             outv[q] = <floating>v0[q]
     return cnt
 
@@ -1084,8 +1092,8 @@ cdef inline void _tourney_build(const uint64_t* leaves, Py_ssize_t runs, Py_ssiz
 
 
 cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    uint64_t* kb, uint64_t* sk,
-                                    index_t* outc, floating* outv) noexcept nogil:
+                                    uint64_t* kb, uint64_t* sk, index_t itype,
+                                    out_index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a k-way tournament (loser trees) over its
     ``k`` non-empty operand rows; returns the row's length, or -1 when
     ``k`` is under ``SPADD_TOURNEY_MIN_RUNS`` (a chain of two or three runs
@@ -1170,7 +1178,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             same = col == last
             acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
             o += 1 - same
-            outc[o] = <index_t>col
+            outc[o] = <out_index_t>col
             outv[o] = <floating>acc
             last = col
             kf = kb[p + 1]
@@ -1212,7 +1220,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
             same = col == last
             acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
             o += 1 - same
-            outc[o] = <index_t>col
+            outc[o] = <out_index_t>col
             outv[o] = <floating>acc
             last = col
             kf = kb[p + 1]
@@ -1245,14 +1253,14 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
         same = col == last
         acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
         o += 1 - same
-        outc[o] = <index_t>col
+        outc[o] = <out_index_t>col
         outv[o] = <floating>acc
         last = col
     return o + 1
 
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    double* acc, uint64_t* bits, uint64_t* words,
-                                    index_t* outc, floating* outv) noexcept nogil:
+                                    double* acc, uint64_t* bits, uint64_t* words, index_t itype,
+                                    out_index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by scattering into the thread's workspace: a
     double accumulator per column (``acc``), a bit per column (``bits``, set
     = touched in this row) and a summary bit per 64-column word (``words``);
@@ -1303,7 +1311,7 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
             while bw:
                 k = <index_t>((w0 << 6) + SPFUSE_CTZ64(bw))
                 bw &= bw - 1
-                outc[cnt] = k
+                outc[cnt] = <out_index_t>k
                 outv[cnt] = <floating>acc[k]
                 cnt += 1
     return cnt
@@ -1401,7 +1409,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                       Py_ssize_t c0, Py_ssize_t c1, const int64_t* ub, Py_ssize_t max_ub,
                       int variant, void** wsp, index_t itype, floating ftype,
                       int64_t* row_cnt, int64_t* row_src, int64_t seq_base,
-                      index_t* oind, floating* oval, int num_threads, int* failed) noexcept nogil:
+                      out_index_t* oind, floating* oval, int num_threads, int* failed) noexcept nogil:
     """Rows ``[c0, c1)`` of the sum, in blocks balanced by ``ub[r] + r``.
 
     A block writes its rows one after the other from ``ub[r0]`` (its first
@@ -1470,9 +1478,9 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     acc = <double*>_ws_slot(wsp, 5, 2)[0]
                     bits = <uint64_t*>_ws_slot(wsp, 5, 3)[0]
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
-                    cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
+                    cnt = _row_scatter(ops, coef, i, acc, bits, words, itype, oind + w, oval + w)
                 else:
-                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen,
+                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen, itype,
                                         oind + w, oval + w) if tourney else -1)
                     if cnt < 0:
                         cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
@@ -1485,7 +1493,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
 cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
                        Py_ssize_t n_rows, Py_ssize_t n_cols, int num_threads, int variant,
                        size_t ub_addr, Py_ssize_t max_ub, index_t itype, floating ftype,
-                       size_t oind_addr, size_t oval_addr, size_t rc_addr, size_t rs_addr):
+                       out_index_t otype, size_t oind_addr, size_t oval_addr, size_t rc_addr,
+                       size_t rs_addr):
     """Run every row (chunked for Ctrl-C); returns True when the output is
     already compact (one thread in row order, or no duplicate column)."""
     cdef Py_ssize_t n = len(indptrs)
@@ -1499,7 +1508,7 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
     cdef const int64_t* ubp = <const int64_t*>ub_addr
     cdef int64_t* rc = <int64_t*>rc_addr
     cdef int64_t* rs = <int64_t*>rs_addr
-    cdef index_t* oind = <index_t*>oind_addr
+    cdef out_index_t* oind = <out_index_t*>oind_addr
     cdef floating* oval = <floating*>oval_addr
     cdef Py_ssize_t t, total = 0
     ops.n = n
@@ -1593,7 +1602,7 @@ def spadd_row_bounds(list indptrs, Py_ssize_t n_rows):
 
 
 def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_rows,
-          Py_ssize_t n_cols, int num_threads, variant="auto", row_bounds=None):
+          Py_ssize_t n_cols, int num_threads, variant="auto", row_bounds=None, index_dtype=None):
     """``C = sum_t coefficients[t] * B_t`` (n-way union) -> ``(indptr, indices, data)``.
 
     ``coefficients``: float64 array (e.g. +1/-1 for subtraction), one per
@@ -1627,7 +1636,9 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     slide down in place (one sequential memmove per stretch of back-to-back
     rows; no second buffer whose pages would have to be faulted in and
     zeroed; the gaps' few pages stay with the arrays).  Output
-    index dtype is the operands' (int64 if int32 cannot hold nnz(C)), value
+    index dtype is ``index_dtype`` (default: the operands'; int32 from int64
+    operands is written directly, no narrowing copy; int64 if int32 cannot
+    hold nnz(C)), value
     dtype the operands'; rows sorted, structural zeros from cancellation
     kept.  With no operands: an all-zero float64 matrix.  Complexity
     O(nnz * log2(operands)) merging (O(nnz * chain length) chaining),
@@ -1645,6 +1656,8 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     cdef int64_t i64 = 0
     cdef float f32 = 0
     cdef double f64 = 0
+    cdef int32_t o32 = 0
+    cdef int64_t o64 = 0
     coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
     if variant not in SPADD_VARIANTS:
         raise ValueError(f"spadd: variant must be one of {sorted(SPADD_VARIANTS)}, got {variant!r}")
@@ -1664,10 +1677,15 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     if ub.dtype != np.int64 or ub.shape != (n_rows + 1,) or not ub.flags.c_contiguous:
         raise ValueError("spadd: row_bounds must be spadd_row_bounds(indptrs, n_rows)")
     total = int(ub[n_rows])
+    odt = idt if index_dtype is None else np.dtype(index_dtype)
+    if odt not in (np.int32, np.int64):
+        raise TypeError(f"spadd: index_dtype must be int32 or int64, got {odt}")
+    if odt == np.int32 and n_cols > np.iinfo(np.int32).max:
+        raise ValueError(f"spadd: {n_cols} columns do not fit index_dtype int32")
     if n_rows == 0 or total == 0:
-        return (np.zeros(n_rows + 1, dtype=idt), np.empty(0, dtype=idt), np.empty(0, dtype=vdt))
+        return (np.zeros(n_rows + 1, dtype=odt), np.empty(0, dtype=odt), np.empty(0, dtype=vdt))
     cdef Py_ssize_t max_ub = int(np.diff(ub).max())
-    buf_ind = np.empty(total, dtype=idt)
+    buf_ind = np.empty(total, dtype=odt)
     buf_val = np.empty(total, dtype=vdt)
     row_cnt = np.empty(n_rows, dtype=np.int64)
     row_src = np.empty(n_rows, dtype=np.int64)
@@ -1675,18 +1693,32 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     cdef size_t a_coef = coefficients.ctypes.data, a_ub = ub.ctypes.data
     cdef size_t a_ind = buf_ind.ctypes.data, a_val = buf_val.ctypes.data
     cdef size_t a_rc = row_cnt.ctypes.data, a_rs = row_src.ctypes.data
-    if idt == np.int32 and vdt == np.float64:
+    if idt == np.int32 and vdt == np.float64 and odt == np.int32:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float64:
+                             a_ub, max_ub, i32, f64, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float64 and odt == np.int64:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int32:
+                             a_ub, max_ub, i32, f64, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float32 and odt == np.int32:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f32, a_ind, a_val, a_rc, a_rs)
+                             a_ub, max_ub, i32, f32, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float32 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i32, f32, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float64 and odt == np.int32:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f64, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float64 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f64, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float32 and odt == np.int32:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f32, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float32 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f32, o64, a_ind, a_val, a_rc, a_rs)
     else:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f32, a_ind, a_val, a_rc, a_rs)
+        raise AssertionError((idt, vdt, odt))
     indptr = np.empty(n_rows + 1, dtype=np.int64)
     indptr[0] = 0
     np.cumsum(row_cnt, out=indptr[1:])
@@ -1697,9 +1729,9 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
         _compact_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val)
     # (with one thread, pages past nnz were never touched: the slice costs no memory)
     out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
-    if idt == np.int32 and nnz > np.iinfo(np.int32).max:
+    if odt == np.int32 and nnz > np.iinfo(np.int32).max:
         return indptr, out_ind.astype(np.int64), out_val
-    return indptr.astype(idt, copy=False), out_ind, out_val
+    return indptr.astype(odt, copy=False), out_ind, out_val
 
 
 cdef void _spadd_compact(const int64_t* indptr, const int64_t* row_cnt, const int64_t* row_src,
