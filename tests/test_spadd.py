@@ -17,7 +17,7 @@ from spfuse.passes.statistics import SPADD_COSTS, choose_spadd, spadd_stats
 
 K = pytest.importorskip("spfuse._kernels._csr_kernels")
 
-VARIANTS = ["merge", "scatter", "auto"]
+VARIANTS = ["merge", "chain", "scatter", "auto"]
 dtypes = pytest.mark.parametrize("dt", [np.float32, np.float64], ids=["f32", "f64"])
 itypes = pytest.mark.parametrize("it", [np.int32, np.int64], ids=["i32", "i64"])
 
@@ -120,6 +120,59 @@ def test_spadd_wide_rows_and_long_operand_lists(rng):
     check_all_ways(mats, rng.standard_normal(12), np.int64, np.float64, m, n)
 
 
+def test_spadd_rows_beyond_the_tournament_take_the_chain(rng):
+    # 70 operands with entries in most rows: rows of more than 64 runs fall back to the
+    # merge chain inside "merge", rows of 4-64 runs use the tournament, 2-3 runs the chain
+    m, n = 7, 50
+    mats = [sp.random(m, n, density=0.6 if t % 3 else 0.05, format="csr", random_state=rng)
+            for t in range(70)]
+    for A in mats:
+        A.sort_indices()
+    check_all_ways(mats, rng.choice([1.0, -1.0, 0.5], size=70), np.int32, np.float64, m, n)
+
+
+def test_spadd_tournament_sums_in_operand_order_bit_for_bit():
+    # one column in every operand, magnitudes that make the sum order visible in float64
+    vals = [1e16, 1.0, -1e16, 1.0, 3.0, -2.0, 1e-3, 7.0]
+    mats = [sp.csr_matrix((np.array([v]), (np.array([0]), np.array([1]))), shape=(1, 3)) for v in vals]
+    coef = np.ones(len(vals))
+    expected = vals[0]
+    for v in vals[1:]:      # left to right, as a chain of additions would
+        expected += v
+    for variant in VARIANTS:
+        for nt in (1, 2):
+            ip, ix, data = run(mats, coef, np.int32, np.float64, 1, 3, nt, variant)
+            assert ix.tolist() == [1] and data[0] == expected, (variant, nt, data)
+
+
+@dtypes
+@pytest.mark.parametrize("it,ot", [(np.int64, np.int32), (np.int32, np.int64)], ids=["i64>i32", "i32>i64"])
+def test_spadd_output_index_dtype_is_written_directly(it, ot, dt, rng):
+    # the output index dtype may differ from the operands' (int64 operands whose sum fits
+    # int32 are written as int32): same entries, every variant and thread count, bit for bit
+    m, n = 97, 61
+    mats = [make(kind, rng, m, n) for kind in ("uniform", "powerlaw", "empty_rows", "uniform", "powerlaw")]
+    coef = rng.choice([1.0, -1.0, 0.5], size=len(mats))
+    ref = run(mats, coef, it, dt, m, n, 1, "merge")
+    ips = [np.ascontiguousarray(M.indptr, dtype=it) for M in mats]
+    inds = [np.ascontiguousarray(M.indices, dtype=it) for M in mats]
+    vals = [np.ascontiguousarray(M.data, dtype=dt) for M in mats]
+    for variant in VARIANTS:
+        for nt in (1, 2):
+            ip, ix, v = K.spadd(ips, inds, vals, coef, m, n, nt, variant, None, ot)
+            assert ip.dtype == ot and ix.dtype == ot and v.dtype == dt
+            assert np.array_equal(ip, ref[0]) and np.array_equal(ix, ref[1]) and np.array_equal(v, ref[2])
+
+
+def test_spadd_output_index_dtype_rejects_what_it_cannot_hold():
+    A = sp.csr_matrix(np.eye(2))
+    args = ([A.indptr], [A.indices], [A.data], [1.0], 2, 2, 1)
+    with pytest.raises(TypeError, match="index_dtype"):
+        K.spadd(*args, "auto", None, np.float64)
+    with pytest.raises(ValueError, match="do not fit"):
+        K.spadd([A.indptr], [A.indices], [A.data], [1.0], 2, 2**31, 1, "auto", None, np.int32)
+
+
 def test_spadd_chunking_does_not_change_results(rng):
     mats = [make("uniform", rng, 400, 300) for _ in range(4)]
     ref = run(mats, [1.0, -1.0, 2.0, 0.5], np.int32, np.float64, 400, 300, 2, "auto")
@@ -213,9 +266,12 @@ def test_choose_spadd_decisions():
     assert choose_spadd(spadd_stats([600_000] * 7, 20_000, 20_000)).variant == "scatter"
     # two operands: merging is always cheaper than a scatter of the same entries
     assert choose_spadd(spadd_stats([10**6] * 2, 10**4, 10**4)).variant == "merge"
-    # skewed rows: decided per row
-    c = choose_spadd(spadd_stats([350_000] * 7, 200_000, 200_000, max_row=9_000))
+    # skewed rows: decided per row (9 runs: a 4-level tournament; the longest row scatters)
+    c = choose_spadd(spadd_stats([350_000] * 9, 200_000, 200_000, max_row=9_000))
     assert c.variant == "auto" and c.costs["scatter_max"] < c.costs["merge_max"]
+    # 7 runs over a wide output: the tournament beats the scatter even on a 9000-entry row
+    c = choose_spadd(spadd_stats([350_000] * 7, 200_000, 200_000, max_row=9_000))
+    assert c.variant == "merge" and c.costs["merge_max"] < c.costs["scatter_max"]
     # one operand with entries: a scaled copy
     assert choose_spadd(spadd_stats([0, 5, 0], 3, 3)).variant == "merge"
 
@@ -237,7 +293,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 12), st.integers(1, 40), st.integers(2, 6), st.integers(0, 2**32 - 1),
+@given(st.integers(1, 12), st.integers(1, 40), st.integers(2, 12), st.integers(0, 2**32 - 1),
        st.sampled_from([np.float32, np.float64]), st.sampled_from([np.int32, np.int64]))
 def test_spadd_property(m, n, k, seed, dt, it):
     rng = np.random.default_rng(seed)

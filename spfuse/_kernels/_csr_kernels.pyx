@@ -51,7 +51,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
@@ -799,30 +799,48 @@ def spgemm(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data,
 # Row strategies of :func:`spadd` (``variant``).
 cdef enum:
     SPADD_AUTO = 0       # per row, by the cost model below
-    SPADD_MERGE = 1      # chain of two-way merges of the sorted operand rows
+    SPADD_MERGE = 1      # k-way tournament over the sorted operand rows (chain beyond its limits)
     SPADD_SCATTER = 2    # dense (accumulator, stamp) workspace, then scan / bucket sort
-SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER}
+    SPADD_CHAIN = 3      # merge by the chain only (the tournament's fallback, kept testable)
+SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER,
+                  "chain": SPADD_CHAIN}
 
 # Per-row cost model of ``variant="auto"``, in merge steps (~3.9 ns each
 # here).  Fitted on this machine (2 cores, 1 MiB L2, 32 MiB L3) with both
 # variants forced on 20 000-row uniform operands: 2, 3 and 7 operands of 2
-# to 30 entries a row, 500 to 2 000 000 columns.  Merge: one step per
-# element of the chain's running lengths (branch-free, latency-bound) plus
-# a row overhead.  Scatter: a row overhead and a cost per entry (L1 bitmap,
+# to 30 entries a row, 500 to 2 000 000 columns.  Merge of 2-3 runs (and
+# over 64): one step per element of the chain's running lengths
+# (branch-free, latency-bound) plus a row overhead.  Merge of 4-64 runs
+# (the tournament): a row overhead (copying the runs into keys, building
+# two trees) plus a cost per entry and tree level -- refitted with the
+# tournament on 20k and 200k columns, 7 operands of 10 and 40 entries a
+# row (within ~5% of the measured kernel there).  Scatter: a row overhead and a cost per entry (L1 bitmap,
 # accumulator access, ordered read-back) that both grow once the
 # accumulator row (8 bytes a column) outgrows half the L2, plus a summary
 # word scanned per 4096 columns of the row's span.
 cdef double SPADD_MERGE_ROW = 14.0
+cdef double SPADD_TOURNEY_ROW = 40.0
+cdef double SPADD_TOURNEY_ENTRY = 0.65
 cdef double SPADD_SCATTER_ROW = 6.5
 cdef double SPADD_SCATTER_ROW_MISS = 100.0
 cdef double SPADD_SCATTER_ENTRY = 1.7
 cdef double SPADD_SCATTER_ENTRY_MISS = 2.3
 cdef Py_ssize_t SPADD_ACC_FITS = 65536
 cdef double SPADD_SCAN_WORD = 1.0
-SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "scatter_row": SPADD_SCATTER_ROW,
+SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "tourney_row": SPADD_TOURNEY_ROW,
+               "tourney_entry_level": SPADD_TOURNEY_ENTRY, "tourney_min_runs": SPADD_TOURNEY_MIN_RUNS, "tourney_max_runs": SPADD_MAX_RUNS,
+               "scatter_row": SPADD_SCATTER_ROW,
                "scatter_row_miss": SPADD_SCATTER_ROW_MISS, "scatter_entry": SPADD_SCATTER_ENTRY,
                "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
                "scan_word": SPADD_SCAN_WORD}
+
+
+# SpAdd's OUTPUT index type, independent of the operands' (int64 operands
+# whose sum fits int32 are written as int32 directly: the result's tensor
+# would narrow it anyway, at the cost of a copy).
+ctypedef fused out_index_t:
+    int32_t
+    int64_t
 
 
 cdef struct _Operands:
@@ -905,7 +923,7 @@ cdef inline Py_ssize_t _merge_runs(const index_t* ac, const double* av, Py_ssize
 
 cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_ssize_t i,
                                   index_t* c0, double* v0, index_t* c1, double* v1,
-                                  index_t* outc, floating* outv) noexcept nogil:
+                                  out_index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by a left-deep chain of two-way merges
     (((B1 + B2) + B3) + ...) in thread-private double buffers ``c0/v0``,
     ``c1/v1`` (room for the row's upper bound each), then rounded once into
@@ -946,18 +964,232 @@ cdef inline Py_ssize_t _row_merge(const _Operands* ops, const double* coef, Py_s
         tv = v0; v0 = v1; v1 = tv
     if runs == 1:
         for q in range(cnt):
-            outc[q] = ind1[q]
+            outc[q] = <out_index_t>ind1[q]
             outv[q] = <floating>(c1st * <double>val1[q])
     elif runs > 1:
-        memcpy(outc, c0, cnt * sizeof(index_t))
         for q in range(cnt):
+            outc[q] = <out_index_t>c0[q]
             outv[q] = <floating>v0[q]
     return cnt
 
 
+# A tournament over at most this many non-empty operand rows (stack state,
+# the run number in the key's low SPADD_RUN_BITS bits, the position in the
+# row buffer in the next SPADD_POS_BITS, the column above: fixed shifts);
+# rows with more runs, calls with columns >= 2**31 or row bounds of 2**26
+# entries take the merge chain.
+cdef enum:
+    SPADD_TOURNEY_MIN_RUNS = 4
+    SPADD_MAX_RUNS = 64
+    SPADD_RUN_BITS = 6
+    SPADD_POS_BITS = 26
+    SPADD_COL_SHIFT = 32   # SPADD_RUN_BITS + SPADD_POS_BITS: columns < 2**31
+cdef uint64_t SPADD_HIGH = 0xFFFFFFFFFFFFFFFF
+cdef uint64_t SPADD_LOW = 0
+
+
+cdef inline Py_ssize_t _tourney_load(const index_t* ind, Py_ssize_t ln, Py_ssize_t p, int s,
+                                     Py_ssize_t run, uint64_t* kb) noexcept nogil:
+    """Append one run's keys at ``p`` between a low and a high sentinel;
+    returns the next free position."""
+    cdef Py_ssize_t q
+    kb[p] = SPADD_LOW
+    p += 1
+    for q in range(ln):
+        kb[p + q] = ((<uint64_t>ind[q]) << s) | ((<uint64_t>(p + q)) << SPADD_RUN_BITS) | <uint64_t>run
+    kb[p + ln] = SPADD_HIGH
+    return p + ln + 1
+
+
+cdef inline void _tourney_build(const uint64_t* leaves, Py_ssize_t runs, Py_ssize_t kk, bint smallest,
+                                uint64_t* win, uint64_t* lose) noexcept nogil:
+    """Loser tree over ``leaves`` (padded to ``kk`` with the losing sentinel):
+    each match's winner moves up, its loser stays in the node; ``win[1]``
+    is the overall winner (smallest key, or largest)."""
+    cdef Py_ssize_t r, node
+    cdef uint64_t a, b, lo, hi
+    for r in range(kk):
+        win[kk + r] = leaves[r] if r < runs else (SPADD_HIGH if smallest else SPADD_LOW)
+    # (branch-free min/max: the matches' outcomes are unpredictable)
+    for node in range(kk - 1, 0, -1):
+        a = win[2 * node]
+        b = win[2 * node + 1]
+        lo = a if a < b else b
+        hi = b if a < b else a
+        win[node] = lo if smallest else hi
+        lose[node] = hi if smallest else lo
+
+
+cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py_ssize_t i,
+                                    uint64_t* kb, uint64_t* sk, index_t itype,
+                                    out_index_t* outc, floating* outv) noexcept nogil:
+    """Row ``i`` of the sum by a k-way tournament (loser trees) over its
+    ``k`` non-empty operand rows; returns the row's length, or -1 when
+    ``k`` is under ``SPADD_TOURNEY_MIN_RUNS`` (a chain of two or three runs
+    is cheaper: see ``SPADD_COSTS``) or over ``SPADD_MAX_RUNS``; the caller
+    then chains.
+
+    The runs' columns are first copied, in operand order, into the thread's
+    key buffer: ``kb[p] = column << 32 | p << 6 | run`` (``p`` < 2**26 the
+    position in the buffer; values are read from the operand, through the
+    run, only when their entry is emitted), each run between a
+    low (0) and a high (all-ones) sentinel key.  One unsigned comparison of
+    two keys orders by column and breaks ties by position, i.e. by operand.
+    A key carries its own position, so advancing its run is one load
+    (``kb[p + 1]``), and each output entry costs one replay of its run's
+    leaf-to-root path: ceil(log2 k) branch-free min/max steps, instead of
+    the chain's repeated re-merging of the running sum.
+
+    The replay is a chain of dependent loads and compares, so two
+    independent tournaments run interleaved: one pops the smallest keys
+    from the front, one the largest from the back (reverse tree over the
+    runs' ends), ceil(n/2) and floor(n/2) of the row's n entries -- exactly
+    a partition of the row.  The front collapses equal columns on the fly
+    (operand order), the back only records its keys, which a final
+    sequential pass replays in increasing order, continuing the front's
+    running sum: every column is summed in operand order in double and
+    rounded once, exactly as the merge chain and the scatter do.  Needs
+    sorted duplicate-free operand rows; ``kb`` holds the row's upper bound
+    plus two sentinels per operand, ``sk`` half the row bound."""
+    cdef Py_ssize_t t, p0, p1, runs = 0, lv, levels = 0, kk, node, o = -1, p = 0, r
+    cdef Py_ssize_t total, half, it, e
+    cdef Py_ssize_t first[SPADD_MAX_RUNS]
+    cdef const floating* vp[SPADD_MAX_RUNS]
+    cdef Py_ssize_t vo[SPADD_MAX_RUNS]
+    cdef double cf[SPADD_MAX_RUNS]
+    cdef uint64_t heads[SPADD_MAX_RUNS]
+    cdef uint64_t tails[SPADD_MAX_RUNS]
+    cdef uint64_t win[2 * SPADD_MAX_RUNS]
+    cdef uint64_t lf[SPADD_MAX_RUNS]
+    cdef uint64_t lb[SPADD_MAX_RUNS]
+    cdef int s = SPADD_COL_SHIFT
+    cdef uint64_t kf, kr, x, col, last = SPADD_HIGH
+    cdef uint64_t pmask = ((<uint64_t>1) << SPADD_POS_BITS) - 1, rmask = (<uint64_t>1 << SPADD_RUN_BITS) - 1
+    cdef const index_t* ip
+    cdef double acc = 0.0
+    cdef bint same
+    for t in range(ops.n):
+        ip = <const index_t*>ops.indptr[t]
+        runs += ip[i + 1] > ip[i]
+    if runs < SPADD_TOURNEY_MIN_RUNS or runs > SPADD_MAX_RUNS:
+        return -1
+    runs = 0
+    for t in range(ops.n):
+        ip = <const index_t*>ops.indptr[t]
+        p0 = ip[i]
+        p1 = ip[i + 1]
+        if p1 == p0:
+            continue
+        first[runs] = p
+        vp[runs] = <const floating*>ops.data[t] + p0
+        vo[runs] = p + 1
+        cf[runs] = coef[t]
+        p = _tourney_load(<const index_t*>ops.indices[t] + p0, p1 - p0, p, s, runs, kb)
+        heads[runs] = kb[first[runs] + 1]
+        tails[runs] = kb[p - 2]
+        runs += 1
+    while ((<Py_ssize_t>1) << levels) < runs:
+        levels += 1
+    kk = (<Py_ssize_t>1) << levels
+    _tourney_build(tails, runs, kk, False, win, lb)
+    kr = win[1]
+    _tourney_build(heads, runs, kk, True, win, lf)
+    kf = win[1]
+    total = p - 2 * runs
+    half = total >> 1
+    e = half
+    if kk == 8:
+        for it in range(half):
+            # front: emit the smallest key (running sum over equal columns)
+            p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kf & rmask)
+            col = kf >> s
+            same = col == last
+            acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
+            o += 1 - same
+            outc[o] = <out_index_t>col
+            outv[o] = <floating>acc
+            last = col
+            kf = kb[p + 1]
+            # (3 levels unrolled: nodes 4 + r/2, 2 + r/4, 1)
+            node = 4 + (r >> 1)
+            x = lf[node]
+            lf[node] = kf if x < kf else x
+            kf = x if x < kf else kf
+            node = 2 + (r >> 2)
+            x = lf[node]
+            lf[node] = kf if x < kf else x
+            kf = x if x < kf else kf
+            x = lf[1]
+            lf[1] = kf if x < kf else x
+            kf = x if x < kf else kf
+            # back: record the largest key
+            p = <Py_ssize_t>((kr >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kr & rmask)
+            e -= 1
+            sk[e] = kr
+            kr = kb[p - 1]
+            node = 4 + (r >> 1)
+            x = lb[node]
+            lb[node] = kr if x > kr else x
+            kr = x if x > kr else kr
+            node = 2 + (r >> 2)
+            x = lb[node]
+            lb[node] = kr if x > kr else x
+            kr = x if x > kr else kr
+            x = lb[1]
+            lb[1] = kr if x > kr else x
+            kr = x if x > kr else kr
+    else:
+        for it in range(half):
+            # front: emit the smallest key (running sum over equal columns)
+            p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kf & rmask)
+            col = kf >> s
+            same = col == last
+            acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
+            o += 1 - same
+            outc[o] = <out_index_t>col
+            outv[o] = <floating>acc
+            last = col
+            kf = kb[p + 1]
+            node = (kk + r) >> 1
+            for lv in range(levels):
+                x = lf[node]
+                lf[node] = kf if x < kf else x
+                kf = x if x < kf else kf
+                node >>= 1
+            # back: record the largest key
+            p = <Py_ssize_t>((kr >> SPADD_RUN_BITS) & pmask)
+            r = <Py_ssize_t>(kr & rmask)
+            e -= 1
+            sk[e] = kr
+            kr = kb[p - 1]
+            node = (kk + r) >> 1
+            for lv in range(levels):
+                x = lb[node]
+                lb[node] = kr if x > kr else x
+                kr = x if x > kr else kr
+                node >>= 1
+    # an odd row's middle key (the front's next), then the back's keys in
+    # increasing order
+    for it in range(-(total & 1), half):
+        if it >= 0:
+            kf = sk[it]
+        p = <Py_ssize_t>((kf >> SPADD_RUN_BITS) & pmask)
+        r = <Py_ssize_t>(kf & rmask)
+        col = kf >> s
+        same = col == last
+        acc = spfuse_select(same, acc, -0.0) + cf[r] * <double>vp[r][p - vo[r]]
+        o += 1 - same
+        outc[o] = <out_index_t>col
+        outv[o] = <floating>acc
+        last = col
+    return o + 1
+
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
-                                    double* acc, uint64_t* bits, uint64_t* words,
-                                    index_t* outc, floating* outv) noexcept nogil:
+                                    double* acc, uint64_t* bits, uint64_t* words, index_t itype,
+                                    out_index_t* outc, floating* outv) noexcept nogil:
     """Row ``i`` of the sum by scattering into the thread's workspace: a
     double accumulator per column (``acc``), a bit per column (``bits``, set
     = touched in this row) and a summary bit per 64-column word (``words``);
@@ -1008,7 +1240,7 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
             while bw:
                 k = <index_t>((w0 << 6) + SPFUSE_CTZ64(bw))
                 bw &= bw - 1
-                outc[cnt] = k
+                outc[cnt] = <out_index_t>k
                 outv[cnt] = <floating>acc[k]
                 cnt += 1
     return cnt
@@ -1017,7 +1249,8 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
 cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixed, double entry,
                                  index_t itype) noexcept nogil:
     """Cost model of ``variant="auto"`` for row ``i`` (O(operands)): the merge
-    chain costs the sum of its running lengths, the scatter ``fixed`` plus
+    chain costs the sum of its running lengths, the tournament (4 to 64
+    runs) a row cost plus one per entry and tree level, the scatter ``fixed`` plus
     ``entry`` per entry plus the summary words over the row's column span
     (from each operand row's first and last column)."""
     cdef Py_ssize_t t, p0, p1, ub = 0, steps = 0, runs = 0
@@ -1041,8 +1274,11 @@ cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixe
             steps += ub
     if runs <= 1:
         return False
+    cdef double merge = SPADD_MERGE_ROW + <double>steps
+    if SPADD_TOURNEY_MIN_RUNS <= runs <= SPADD_MAX_RUNS:
+        merge = SPADD_TOURNEY_ROW + SPADD_TOURNEY_ENTRY * <double>ub * <double>_bit_length(runs - 1)
     return (fixed + entry * <double>ub + SPADD_SCAN_WORD * <double>((hi >> 12) - (lo >> 12) + 1)
-            < SPADD_MERGE_ROW + <double>steps)
+            < merge)
 
 
 cdef inline void _prefetch_span(const char* a, const char* b) noexcept nogil:
@@ -1102,16 +1338,18 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                       Py_ssize_t c0, Py_ssize_t c1, const int64_t* ub, Py_ssize_t max_ub,
                       int variant, void** wsp, index_t itype, floating ftype,
                       int64_t* row_cnt, int64_t* row_src, int64_t seq_base,
-                      index_t* oind, floating* oval, int num_threads, int* failed) noexcept nogil:
+                      out_index_t* oind, floating* oval, int num_threads, int* failed) noexcept nogil:
     """Rows ``[c0, c1)`` of the sum, in blocks balanced by ``ub[r] + r``.
 
     A block writes its rows one after the other from ``ub[r0]`` (its first
     row's upper-bound offset; ``seq_base`` instead when one thread runs the
     whole call in row order, which leaves the output compact); row ``i``'s
     length goes to ``row_cnt[i]`` and its offset to ``row_src[i]``.
-    Workspaces (5 slots per thread in ``wsp``): two merge buffers of
-    ``max_ub`` (column, double) pairs, and -- only once a row of this thread
-    takes the scatter path -- its accumulators and bitmaps (``_row_scatter``).
+    Workspaces (5 slots per thread in ``wsp``): two merge buffers, each
+    room for ``max_ub`` (column, double) pairs of the chain, slot 0 also
+    for the tournament's keys and back keys; and --
+    only once a row of this thread takes the scatter path -- its
+    accumulators and bitmaps (``_row_scatter``).
     """
     cdef Py_ssize_t nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
     cdef Py_ssize_t b, i, r0, r1, t, w, cnt
@@ -1129,9 +1367,19 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     cdef double entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
     cdef double fixed = SPADD_SCATTER_ROW if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ROW_MISS
     cdef int nfail = 0
+    # the tournament's key: column << sh | run (sh bits number any run);
+    # -1 = columns too wide to share 64 bits with the run number: chain
+    # tournament keys: column << 32 | position << 6 | run, below the
+    # all-ones sentinel; keys + back keys in slot 0
+    cdef bint tourney = (variant != SPADD_CHAIN and n_cols <= (<Py_ssize_t>1 << 31)
+                         and max_ub + 2 * ops.n < (<Py_ssize_t>1 << SPADD_POS_BITS))
+    cdef Py_ssize_t klen = max_ub + 2 * ops.n + 1
+    cdef size_t nb0 = (max_ub + 1) * pair, nb1 = (max_ub + 1) * pair
+    if nb0 < (klen + max_ub // 2 + 2) * sizeof(uint64_t):
+        nb0 = (klen + max_ub // 2 + 2) * sizeof(uint64_t)
     with parallel(num_threads=num_threads):
-        bv0 = <double*>_ws_get(wsp, 5, 0, (max_ub + 1) * pair)
-        bv1 = <double*>_ws_get(wsp, 5, 1, (max_ub + 1) * pair)
+        bv0 = <double*>_ws_get(wsp, 5, 0, nb0)
+        bv1 = <double*>_ws_get(wsp, 5, 1, nb1)
         bc0 = <index_t*>(bv0 + max_ub + 1) if bv0 != NULL else NULL
         bc1 = <index_t*>(bv1 + max_ub + 1) if bv1 != NULL else NULL
         for b in prange(nb, schedule="dynamic", chunksize=1):
@@ -1144,7 +1392,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
             for i in range(r0, r1):
                 if variant == SPADD_SCATTER:
                     scat = True
-                elif variant == SPADD_MERGE:
+                elif variant == SPADD_MERGE or variant == SPADD_CHAIN:
                     scat = False
                 else:
                     scat = _prefer_scatter(ops, i, fixed, entry, itype)
@@ -1159,34 +1407,23 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     acc = <double*>_ws_slot(wsp, 5, 2)[0]
                     bits = <uint64_t*>_ws_slot(wsp, 5, 3)[0]
                     words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
-                    cnt = _row_scatter(ops, coef, i, acc, bits, words, oind + w, oval + w)
+                    cnt = _row_scatter(ops, coef, i, acc, bits, words, itype, oind + w, oval + w)
                 else:
-                    cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
+                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen, itype,
+                                        oind + w, oval + w) if tourney else -1)
+                    if cnt < 0:
+                        cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
                 row_cnt[i] = cnt
                 row_src[i] = w
                 w = w + cnt
     failed[0] = nfail
 
 
-cdef void _spadd_gather(const int64_t* indptr, const int64_t* row_cnt, const int64_t* row_src,
-                        Py_ssize_t m, const index_t* sind, const floating* sval,
-                        index_t* oind, floating* oval, int num_threads) noexcept nogil:
-    """Copy each row from where the blocks wrote it (``row_src``) to its
-    final place ``indptr[i]`` in fresh arrays (blocks balanced by output)."""
-    cdef Py_ssize_t nb = _num_blocks(m, num_threads, BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1
-    for b in prange(nb, num_threads=num_threads, schedule="dynamic", chunksize=1):
-        r0 = _split64(indptr, m, b, nb)
-        r1 = _split64(indptr, m, b + 1, nb)
-        for i in range(r0, r1):
-            memcpy(oind + indptr[i], sind + row_src[i], row_cnt[i] * sizeof(index_t))
-            memcpy(oval + indptr[i], sval + row_src[i], row_cnt[i] * sizeof(floating))
-
-
 cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
                        Py_ssize_t n_rows, Py_ssize_t n_cols, int num_threads, int variant,
                        size_t ub_addr, Py_ssize_t max_ub, index_t itype, floating ftype,
-                       size_t oind_addr, size_t oval_addr, size_t rc_addr, size_t rs_addr):
+                       out_index_t otype, size_t oind_addr, size_t oval_addr, size_t rc_addr,
+                       size_t rs_addr):
     """Run every row (chunked for Ctrl-C); returns True when the output is
     already compact (one thread in row order, or no duplicate column)."""
     cdef Py_ssize_t n = len(indptrs)
@@ -1200,7 +1437,7 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
     cdef const int64_t* ubp = <const int64_t*>ub_addr
     cdef int64_t* rc = <int64_t*>rc_addr
     cdef int64_t* rs = <int64_t*>rs_addr
-    cdef index_t* oind = <index_t*>oind_addr
+    cdef out_index_t* oind = <out_index_t*>oind_addr
     cdef floating* oval = <floating*>oval_addr
     cdef Py_ssize_t t, total = 0
     ops.n = n
@@ -1294,7 +1531,7 @@ def spadd_row_bounds(list indptrs, Py_ssize_t n_rows):
 
 
 def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_rows,
-          Py_ssize_t n_cols, int num_threads, variant="auto", row_bounds=None):
+          Py_ssize_t n_cols, int num_threads, variant="auto", row_bounds=None, index_dtype=None):
     """``C = sum_t coefficients[t] * B_t`` (n-way union) -> ``(indptr, indices, data)``.
 
     ``coefficients``: float64 array (e.g. +1/-1 for subtraction), one per
@@ -1308,9 +1545,13 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     One pass: row i is written at its upper-bound offset (sum of the
     operands' row lengths, :func:`spadd_row_bounds`, or ``row_bounds``), by
 
-    * ``"merge"``: a left-deep chain of branch-free two-way merges of the
-      operand rows -- needs CANONICAL operands (rows sorted, no duplicate
+    * ``"merge"``: rows with 4 to 64 non-empty operand rows by a k-way
+      tournament (two interleaved loser trees, ceil(log2 k) branch-free
+      steps per entry), others by a left-deep chain of branch-free two-way
+      merges -- needs CANONICAL operands (rows sorted, no duplicate
       columns; anything else gives an unsorted result, never a memory error);
+    * ``"chain"``: every row by the chain (the tournament's fallback, kept
+      callable so that it stays tested);
     * ``"scatter"``: Gustavson's dense (accumulator, stamp) workspace of
       ``n_cols`` slots per thread, then a scan of the row's column span or a
       bucket sort -- any column order, duplicates summed;
@@ -1321,12 +1562,17 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     Both sum ``C[i, k]`` in operand order in double and round once, so every
     variant, chunking and thread count gives the same bits.  With one thread
     the rows land compacted; otherwise, if duplicates shrank some rows, they
-    are gathered into exact-size arrays (a parallel streaming copy).  Output
-    index dtype is the operands' (int64 if int32 cannot hold nnz(C)), value
+    slide down in place (one sequential memmove per stretch of back-to-back
+    rows; no second buffer whose pages would have to be faulted in and
+    zeroed; the gaps' few pages stay with the arrays).  Output
+    index dtype is ``index_dtype`` (default: the operands'; int32 from int64
+    operands is written directly, no narrowing copy; int64 if int32 cannot
+    hold nnz(C)), value
     dtype the operands'; rows sorted, structural zeros from cancellation
     kept.  With no operands: an all-zero float64 matrix.  Complexity
-    O(nnz * chain length) merging, O(nnz + nnz(C)) typical scattering;
-    workspace per thread 2 * (8 + itemsize) * max row bound bytes, plus
+    O(nnz * log2(operands)) merging (O(nnz * chain length) chaining),
+    O(nnz + nnz(C)) typical scattering; workspace per thread about
+    2 * (8 + itemsize) * (max row bound + 2 * operands) bytes, plus
     16 * n_cols when a row scatters.
 
     >>> import numpy as np
@@ -1339,6 +1585,8 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     cdef int64_t i64 = 0
     cdef float f32 = 0
     cdef double f64 = 0
+    cdef int32_t o32 = 0
+    cdef int64_t o64 = 0
     coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
     if variant not in SPADD_VARIANTS:
         raise ValueError(f"spadd: variant must be one of {sorted(SPADD_VARIANTS)}, got {variant!r}")
@@ -1358,10 +1606,15 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     if ub.dtype != np.int64 or ub.shape != (n_rows + 1,) or not ub.flags.c_contiguous:
         raise ValueError("spadd: row_bounds must be spadd_row_bounds(indptrs, n_rows)")
     total = int(ub[n_rows])
+    odt = idt if index_dtype is None else np.dtype(index_dtype)
+    if odt not in (np.int32, np.int64):
+        raise TypeError(f"spadd: index_dtype must be int32 or int64, got {odt}")
+    if odt == np.int32 and n_cols > np.iinfo(np.int32).max:
+        raise ValueError(f"spadd: {n_cols} columns do not fit index_dtype int32")
     if n_rows == 0 or total == 0:
-        return (np.zeros(n_rows + 1, dtype=idt), np.empty(0, dtype=idt), np.empty(0, dtype=vdt))
+        return (np.zeros(n_rows + 1, dtype=odt), np.empty(0, dtype=odt), np.empty(0, dtype=vdt))
     cdef Py_ssize_t max_ub = int(np.diff(ub).max())
-    buf_ind = np.empty(total, dtype=idt)
+    buf_ind = np.empty(total, dtype=odt)
     buf_val = np.empty(total, dtype=vdt)
     row_cnt = np.empty(n_rows, dtype=np.int64)
     row_src = np.empty(n_rows, dtype=np.int64)
@@ -1369,57 +1622,78 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     cdef size_t a_coef = coefficients.ctypes.data, a_ub = ub.ctypes.data
     cdef size_t a_ind = buf_ind.ctypes.data, a_val = buf_val.ctypes.data
     cdef size_t a_rc = row_cnt.ctypes.data, a_rs = row_src.ctypes.data
-    if idt == np.int32 and vdt == np.float64:
+    if idt == np.int32 and vdt == np.float64 and odt == np.int32:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float64:
+                             a_ub, max_ub, i32, f64, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float64 and odt == np.int64:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int32:
+                             a_ub, max_ub, i32, f64, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float32 and odt == np.int32:
         compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f32, a_ind, a_val, a_rc, a_rs)
+                             a_ub, max_ub, i32, f32, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int32 and vdt == np.float32 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i32, f32, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float64 and odt == np.int32:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f64, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float64 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f64, o64, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float32 and odt == np.int32:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f32, o32, a_ind, a_val, a_rc, a_rs)
+    elif idt == np.int64 and vdt == np.float32 and odt == np.int64:
+        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
+                             a_ub, max_ub, i64, f32, o64, a_ind, a_val, a_rc, a_rs)
     else:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f32, a_ind, a_val, a_rc, a_rs)
+        raise AssertionError((idt, vdt, odt))
     indptr = np.empty(n_rows + 1, dtype=np.int64)
     indptr[0] = 0
     np.cumsum(row_cnt, out=indptr[1:])
     nnz = int(indptr[n_rows])
-    if compact:
-        # (pages past nnz were never touched: the slice costs no memory)
-        out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
-    else:
-        out_ind = np.empty(nnz, dtype=idt)
-        out_val = np.empty(nnz, dtype=vdt)
-        _gather_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val, out_ind, out_val,
-                         num_threads)
-    if idt == np.int32 and nnz > np.iinfo(np.int32).max:
+    if not compact:
+        # rows shrank by duplicates and blocks wrote at their upper-bound
+        # offsets: slide them down in place (no second buffer to fault in)
+        _compact_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val)
+    # (with one thread, pages past nnz were never touched: the slice costs no memory)
+    out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
+    if odt == np.int32 and nnz > np.iinfo(np.int32).max:
         return indptr, out_ind.astype(np.int64), out_val
-    return indptr.astype(idt, copy=False), out_ind, out_val
+    return indptr.astype(odt, copy=False), out_ind, out_val
 
 
-cdef _gather_dispatch(const int64_t[::1] indptr, const int64_t[::1] row_cnt,
-                      const int64_t[::1] row_src, Py_ssize_t m, sind, sval, oind, oval,
-                      int num_threads):
-    cdef size_t si = sind.ctypes.data, sv = sval.ctypes.data
-    cdef size_t oi = oind.ctypes.data, ov = oval.ctypes.data
-    cdef const int64_t* ip = &indptr[0]
-    cdef const int64_t* rc = &row_cnt[0]
-    cdef const int64_t* rs = &row_src[0]
-    cdef int isz = sind.dtype.itemsize, vsz = sval.dtype.itemsize
+cdef void _spadd_compact(const int64_t* indptr, const int64_t* row_cnt, const int64_t* row_src,
+                         Py_ssize_t m, char* ind, char* val, size_t isz, size_t vsz) noexcept nogil:
+    """Move each row from ``row_src[i]`` down to ``indptr[i]`` in place, in
+    row order, one memmove per stretch of rows that lie back to back.
+
+    Safe in place: blocks write their rows back to back from their first
+    row's upper-bound offset, in row order, so ``row_src`` is increasing
+    with ``row_src[i] + row_cnt[i] <= row_src[i + 1]``, and ``indptr[i] <=
+    row_src[i]``: a row's destination ends before any later row's source."""
+    cdef Py_ssize_t i = 0, j
+    cdef int64_t src, dst, n
+    while i < m:
+        src = row_src[i]
+        dst = indptr[i]
+        n = row_cnt[i]
+        j = i + 1
+        while j < m and row_src[j] == src + n:
+            n += row_cnt[j]
+            j += 1
+        if src != dst and n > 0:
+            memmove(ind + dst * isz, ind + src * isz, n * isz)
+            memmove(val + dst * vsz, val + src * vsz, n * vsz)
+        i = j
+
+
+cdef _compact_dispatch(const int64_t[::1] indptr, const int64_t[::1] row_cnt,
+                       const int64_t[::1] row_src, Py_ssize_t m, ind, val):
+    cdef size_t ia = ind.ctypes.data, va = val.ctypes.data
+    cdef size_t isz = ind.dtype.itemsize, vsz = val.dtype.itemsize
     with nogil:
-        if isz == 4 and vsz == 8:
-            _spadd_gather(ip, rc, rs, m, <const int32_t*>si, <const double*>sv,
-                          <int32_t*>oi, <double*>ov, num_threads)
-        elif isz == 8 and vsz == 8:
-            _spadd_gather(ip, rc, rs, m, <const int64_t*>si, <const double*>sv,
-                          <int64_t*>oi, <double*>ov, num_threads)
-        elif isz == 4:
-            _spadd_gather(ip, rc, rs, m, <const int32_t*>si, <const float*>sv,
-                          <int32_t*>oi, <float*>ov, num_threads)
-        else:
-            _spadd_gather(ip, rc, rs, m, <const int64_t*>si, <const float*>sv,
-                          <int64_t*>oi, <float*>ov, num_threads)
+        _spadd_compact(&indptr[0], &row_cnt[0], &row_src[0], m, <char*>ia, <char*>va, isz, vsz)
 
 
 # --------------------------------------------------------------------------

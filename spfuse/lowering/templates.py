@@ -27,6 +27,7 @@ from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
+from spfuse.validation import index_dtype_for
 
 __all__ = ["TemplateMatch", "match_template", "follows_template"]
 
@@ -336,8 +337,12 @@ def _run_add(names, coef, out_shape, tensors, nt):
     ub = csr.spadd_row_bounds(ips, out_shape[0])
     max_row = int(np.diff(ub).max()) if out_shape[0] else 0
     choice = _spadd_choice(ts, out_shape, max_row)
+    # the result's index dtype (the Tensor's own rule, on the upper bound of
+    # nnz): int64 operands whose sum fits int32 are written as int32 at once
+    # instead of narrowed by a copy afterwards
+    out_index = index_dtype_for(out_shape[0] + 1, out_shape[1], int(ub[-1]))
     indptr, indices, data = csr.spadd(ips, [p[1] for p in parts], [p[2] for p in parts], coef,
-                                      out_shape[0], out_shape[1], nt, choice.variant, ub)
+                                      out_shape[0], out_shape[1], nt, choice.variant, ub, out_index)
     return Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
                            CompressedLevel(out_shape[1], indptr, indices)), data, None)
 

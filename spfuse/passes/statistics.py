@@ -5,9 +5,10 @@ call time.  Cheap statistics of them (O(rows x operands): stored entries,
 each row's upper bound of output entries, the output width) refine a
 decision the plan leaves open -- here, how SpAdd-n builds each output row:
 
-* ``merge``: a chain of branch-free two-way merges of the operand rows
-  (which are sorted); cost grows with the chain's running lengths, needs no
-  workspace;
+* ``merge``: a k-way tournament (loser tree) over the operand rows (which
+  are sorted), cost per entry growing with log2 of the rows merged; two or
+  three rows (or more than 64) by a chain of branch-free two-way merges,
+  cost growing with the chain's running lengths; needs no n_cols workspace;
 * ``scatter``: Gustavson's dense accumulator with a two-level bitmap that
   reads the row back sorted; cost per entry, plus the row's column span
   (4096 columns a word), plus an ``n_cols``-wide workspace per thread --
@@ -32,7 +33,8 @@ __all__ = ["SpAddStats", "SpAddChoice", "SPADD_COSTS", "spadd_stats", "choose_sp
 
 #: Cost model of the SpAdd row variants, in merge steps (see the kernel).
 SPADD_COSTS: Mapping[str, float] = {
-    "merge_row": 14.0, "scatter_row": 6.5, "scatter_row_miss": 100.0, "scatter_entry": 1.7,
+    "merge_row": 14.0, "tourney_row": 40.0, "tourney_entry_level": 0.65, "tourney_min_runs": 4, "tourney_max_runs": 64,
+    "scatter_row": 6.5, "scatter_row_miss": 100.0, "scatter_entry": 1.7,
     "scatter_entry_miss": 2.3, "acc_fits_columns": 65536, "scan_word": 1.0,
 }
 
@@ -99,12 +101,16 @@ def _row_costs(ub: float, runs: int, n_cols: int, c: Mapping[str, float]) -> tup
     if runs <= 1 or ub <= 0:
         return 0.0, float("inf")
     per = ub / runs
-    steps = per * (runs * (runs + 1) / 2 - 1)   # running lengths 2, 3, ... runs
+    lo, hi = c["tourney_min_runs"], c["tourney_max_runs"]
+    if lo <= runs <= hi:    # the tournament: one replay per entry, ceil(log2 runs) levels
+        merge = c["tourney_row"] + c["tourney_entry_level"] * ub * math.ceil(math.log2(runs))
+    else:                   # the chain: running lengths 2, 3, ... runs
+        merge = c["merge_row"] + per * (runs * (runs + 1) / 2 - 1)
     fits = n_cols <= c["acc_fits_columns"]
     entry = c["scatter_entry"] if fits else c["scatter_entry_miss"]
     fixed = c["scatter_row"] if fits else c["scatter_row_miss"]
     span_words = n_cols / 4096 + 1
-    return c["merge_row"] + steps, fixed + entry * ub + c["scan_word"] * span_words
+    return merge, fixed + entry * ub + c["scan_word"] * span_words
 
 
 def choose_spadd(stats: SpAddStats, costs: Mapping[str, float] = SPADD_COSTS) -> SpAddChoice:
@@ -123,7 +129,7 @@ def choose_spadd(stats: SpAddStats, costs: Mapping[str, float] = SPADD_COSTS) ->
     'merge'
     >>> choose_spadd(spadd_stats([600_000] * 7, 20_000, 20_000)).variant
     'scatter'
-    >>> choose_spadd(spadd_stats([350_000] * 7, 200_000, 200_000, max_row=9_000)).variant
+    >>> choose_spadd(spadd_stats([350_000] * 9, 200_000, 200_000, max_row=9_000)).variant
     'auto'
     """
     k = stats.n_operands
