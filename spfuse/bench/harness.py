@@ -11,10 +11,12 @@ For one (input, kernel) *case*:
 2. every peer runs once and its result is compared with spfuse's (``auto``)
    result — a disagreement is recorded as ``MISMATCH`` and the peer is not
    timed; a call slower than the size's budget is not timed either;
-3. for each thread count: one warm-up round, then ``repeat`` rounds in which
-   every remaining peer is called once in turn (interleaved, so drifts of
-   clock and cache hit all alike); the median of ``time.perf_counter``
-   deltas is reported.
+3. for each thread count: ``repeat`` rounds in which every remaining peer
+   is called twice in turn, the second call timed (interleaved, so drifts of
+   clock and load hit all alike; back to back, so each timed call finds its
+   own operands as warm as in a user's loop -- timing a single call would
+   favour whichever peer follows one that just read the same scipy arrays);
+   the median of ``time.perf_counter`` deltas is reported.
 
 >>> from spfuse.bench import suite
 >>> size = suite.SIZES["tiny"]
@@ -188,14 +190,13 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         timed = {name: [] for name in states}
         rounds = repeat
         if states:  # all peers of one round together: at most case_budget seconds of rounds
-            per_round = sum(first[name] for name in states)
+            per_round = 2 * sum(first[name] for name in states)
             rounds = max(1, min(repeat, int(size.case_budget / max(per_round, 1e-9))))
         with _all_threads_for([by_name[name] for name in states], n):
-            for r in range(rounds + 1):  # round 0 is the warm-up
+            for _ in range(rounds):
                 for name, (impl, state) in states.items():
-                    _, dt = _call(impl.run, state)
-                    if r:
-                        timed[name].append(dt)
+                    impl.run(state)  # warms this peer's own operands and code
+                    timed[name].append(_call(impl.run, state)[1])
                 tick()
         spf = statistics.median(timed["spfuse"]) if timed.get("spfuse") else None
         for peer in peer_list:

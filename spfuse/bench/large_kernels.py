@@ -1,9 +1,9 @@
 """SpMV, SpMM (K=64) and SpGEMM on 200k-row matrices (~10 nnz/row) against
 scipy, torch and python-graphblas in one process, at 1 and 2 threads.
 
-``python -m spfuse.bench.large_kernels`` (about 4 minutes on 2 cores; torch
-and graphblas are used when importable).  Calls are interleaved: one of each
-contender per round, medians over the rounds.  Prints spfuse/peer time ratios
+``python -m spfuse.bench.large_kernels`` (about 3 minutes on 2 cores; torch
+and graphblas are used when importable).  Calls are interleaved: each
+contender called twice per round (the second timed), medians over rounds.  Prints spfuse/peer time ratios
 (< 1: spfuse faster): issue 5's table, quicker than ``spfuse bench --size
 large``, which runs every peer on every kernel.
 """
@@ -34,18 +34,21 @@ def median_seconds(f: Callable[[], object], repeat: int) -> float:
 
 
 def interleaved_medians(calls: dict, repeat: int) -> dict:
-    """Median wall time of each callable over ``repeat`` rounds, one call of
-    each per round (after one warm-up call each): a drift of the machine's
-    load hits every contender alike, as design.md asks.
+    """Median wall time of each callable over ``repeat`` rounds; in a round
+    each is called twice back to back and the second call is timed.
+
+    Interleaved, so a drift of the machine's load hits every contender alike
+    (design.md); back to back, so each timed call finds its own operands as
+    warm as in a loop -- a single call would favour whichever contender
+    follows one that has just read the same arrays.
 
     >>> sorted(interleaved_medians({"a": lambda: 1, "b": lambda: 2}, 3))
     ['a', 'b']
     """
-    for f in calls.values():
-        f()
     times: dict = {name: [] for name in calls}
     for _ in range(repeat):
         for name, f in calls.items():
+            f()
             t = time.perf_counter()
             f()
             times[name].append(time.perf_counter() - t)
