@@ -109,7 +109,7 @@ def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: O
 
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"spfuse {spfuse.__version__} bench --size {size}: {len(cases)} cases, threads {threads}, "
-      f"median of {repeat} after 1 warm-up, interleaved")
+      f"median of {repeat} rounds, interleaved, each timed call after an untimed one")
     w(report.machine_line())
     w("peers: " + "; ".join(f"{p.name} {p.version}" + (f" ({p.threads_note})" if p.threads_note else "")
                             for p in peer_list if not p.is_spfuse or p.name == "spfuse"))
