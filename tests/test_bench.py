@@ -487,10 +487,14 @@ def test_large_kernels_peers_agree_with_spfuse():
     from spfuse.bench.large_kernels import _peers
     A = suite.uniform_matrix(300, 300, 5, 0)
     x, B = np.random.default_rng(0).random(300), np.random.default_rng(1).random((300, 8))
+    adds = [suite.powerlaw_matrix(300, 300, 5, q) for q in range(7)]
     ours = {"SpMV": spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x),
             "SpMM": spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=B),
-            "SpGEMM": spfuse.evaluate("C[i,k] = A[i,j] * D[j,k]", A=A, D=A).toarray()}
-    for kernel, peers in _peers(A, x, B).items():
+            "SpGEMM": spfuse.evaluate("C[i,k] = A[i,j] * D[j,k]", A=A, D=A).toarray(),
+            "SpAdd-7": sum(a.toarray() for a in adds)}
+    peers_by_kernel = _peers(A, x, B, adds)
+    assert set(peers_by_kernel) == set(ours)
+    for kernel, peers in peers_by_kernel.items():
         assert "scipy" in peers
         for name, f in peers.items():
             assert compare.agree(f(), ours[kernel])[0], (kernel, name)

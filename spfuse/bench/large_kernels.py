@@ -1,7 +1,8 @@
-"""SpMV, SpMM (K=64) and SpGEMM on 200k-row matrices (~10 nnz/row) against
-scipy, torch and python-graphblas in one process, at 1 and 2 threads.
+"""SpMV, SpMM (K=64), SpGEMM and SpAdd of 7 operands on 200k-row matrices
+(~10 nnz/row) against scipy, torch and python-graphblas in one process, at 1
+and 2 threads (SpAdd: scipy's and GraphBLAS's chained additions).
 
-``python -m spfuse.bench.large_kernels`` (about 3 minutes on 2 cores; torch
+``python -m spfuse.bench.large_kernels`` (about 5 minutes on 2 cores; torch
 and graphblas are used when importable).  Calls are interleaved: each
 contender called twice per round (the second timed), medians over rounds.  Prints spfuse/peer time ratios
 (< 1: spfuse faster): issue 5's table, quicker than ``spfuse bench --size
@@ -55,10 +56,32 @@ def interleaved_medians(calls: dict, repeat: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def _peers(A, x, B) -> dict:
-    """Per kernel, the peers' callables (only the libraries that import)."""
+SPADD_TERMS = 7
+
+
+def _chain(terms):
+    """``terms[0] + terms[1] + ...``, one library call per ``+`` (scipy's way)."""
+    out = terms[0]
+    for t in terms[1:]:
+        out = out + t
+    return out
+
+
+def _gb_chain(mats):
+    """GraphBLAS's chained addition: one ``ewise_add`` per ``+``."""
+    out = mats[0]
+    for m in mats[1:]:
+        out = out.ewise_add(m).new()
+    return out
+
+
+def _peers(A, x, B, adds=()) -> dict:
+    """Per kernel, the peers' callables (only the libraries that import);
+    ``adds`` are the SpAdd-7 operands (no SpAdd entry without them)."""
     peers = {"SpMV": {"scipy": lambda: A @ x}, "SpMM": {"scipy": lambda: A @ B},
              "SpGEMM": {"scipy": lambda: A @ A}}
+    if adds:
+        peers["SpAdd-7"] = {"scipy": lambda: _chain(adds)}
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")
     try:
         import torch
@@ -75,6 +98,9 @@ def _peers(A, x, B) -> dict:
         gA, gx = gb.io.from_scipy_sparse(A), gb.Vector.from_dense(x)
         peers["SpMV"]["graphblas"] = lambda: (gA @ gx).new()
         peers["SpGEMM"]["graphblas"] = lambda: (gA @ gA).new()
+        if adds:
+            gadds = [gb.io.from_scipy_sparse(a) for a in adds]
+            peers["SpAdd-7"]["graphblas"] = lambda: _gb_chain(gadds)
     except ImportError:
         pass
     return peers
@@ -95,16 +121,19 @@ def _set_peer_threads(n: int) -> None:
 
 def main() -> None:
     programs = {"SpMV": "y[i] = A[i,j] * x[j]", "SpMM": "C[i,k] = A[i,j] * B[j,k]",
-                "SpGEMM": "C[i,k] = A[i,j] * D[j,k]"}
+                "SpGEMM": "C[i,k] = A[i,j] * D[j,k]",
+                "SpAdd-7": "C[i,j] = " + " + ".join(f"A{q}[i,j]" for q in range(SPADD_TERMS))}
     for make in (uniform_matrix, powerlaw_matrix):
         A = make(ROWS, ROWS, ROW_NNZ, 0)
         x, B = np.random.rand(ROWS), np.random.rand(ROWS, RANK)
-        operands = {"SpMV": dict(A=A, x=x), "SpMM": dict(A=A, B=B), "SpGEMM": dict(A=A, D=A)}
-        peers = _peers(A, x, B)
+        adds = [make(ROWS, ROWS, ROW_NNZ, q) for q in range(SPADD_TERMS)]  # seeds 0..6: A is A0
+        operands = {"SpMV": dict(A=A, x=x), "SpMM": dict(A=A, B=B), "SpGEMM": dict(A=A, D=A),
+                    "SpAdd-7": {f"A{q}": a for q, a in enumerate(adds)}}
+        peers = _peers(A, x, B, adds)
         for threads in (1, 2):
             _set_peer_threads(threads)
             for name, program in programs.items():
-                repeat = 15 if name == "SpMV" else 5
+                repeat = {"SpMV": 15, "SpAdd-7": 3}.get(name, 5)
                 kernel = spfuse.compile(program)
                 with spfuse.threads(threads):
                     theirs = interleaved_medians({"spfuse": lambda: kernel(**operands[name]), **peers[name]},
