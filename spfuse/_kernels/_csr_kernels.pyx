@@ -595,9 +595,17 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
             raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
 
 
-cdef inline Py_ssize_t _bitmap_readback(double* acc, uint64_t* bits, uint64_t* words,
+# An OUTPUT index type, independent of the operands' (SpAdd writes the sum
+# of int64 operands that fits int32 as int32 directly: the result's tensor
+# would narrow it anyway, at the cost of a copy).
+ctypedef fused out_index_t:
+    int32_t
+    int64_t
+
+
+cdef inline Py_ssize_t _bitmap_readback(const double* acc, uint64_t* bits, uint64_t* words,
                                         Py_ssize_t minw, Py_ssize_t maxw,
-                                        index_t* outc, floating* outv) noexcept nogil:
+                                        out_index_t* outc, floating* outv) noexcept nogil:
     """Write the marked columns of a scattered row, in increasing order, to
     ``outc``/``outv`` (values from ``acc``) and clear the marks; return their
     count.
@@ -607,9 +615,8 @@ cdef inline Py_ssize_t _bitmap_readback(double* acc, uint64_t* bits, uint64_t* w
     use.  Set summary bits lead to set words, set bits to columns (count
     trailing zeros): sorted without a sort, O(entries + span / 4096), and both
     bitmaps are all-zero again afterwards."""
-    cdef Py_ssize_t w1, w0, cnt = 0
+    cdef Py_ssize_t w1, w0, k, cnt = 0
     cdef uint64_t sw, bw
-    cdef index_t k
     for w1 in range(minw, maxw + 1):
         sw = words[w1]
         if sw == 0:
@@ -621,23 +628,23 @@ cdef inline Py_ssize_t _bitmap_readback(double* acc, uint64_t* bits, uint64_t* w
             bw = bits[w0]
             bits[w0] = 0
             while bw:
-                k = <index_t>((w0 << 6) + SPFUSE_CTZ64(bw))
+                k = (w0 << 6) + SPFUSE_CTZ64(bw)
                 bw &= bw - 1
-                outc[cnt] = k
+                outc[cnt] = <out_index_t>k
                 outv[cnt] = <floating>acc[k]
                 cnt += 1
     return cnt
 
 
-cdef bint _bitmap_ws(void** wsp, int k, Py_ssize_t n_cols) noexcept nogil:
-    """The calling thread's scatter workspace in slots 0-2 of its ``k``:
-    a double accumulator per column, a zeroed bit per column and a zeroed
-    summary bit per 64 columns, made on first use; False if an allocation
-    fails."""
+cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept nogil:
+    """The calling thread's scatter workspace in slots ``first`` to
+    ``first + 2`` of its ``k``: a double accumulator per column, a zeroed bit
+    per column and a zeroed summary bit per 64 columns, made on first use;
+    False if an allocation fails."""
     cdef Py_ssize_t nw = (n_cols + 63) >> 6
-    cdef void** sv = _ws_slot(wsp, k, 0)
-    cdef void** sb = _ws_slot(wsp, k, 1)
-    cdef void** sw = _ws_slot(wsp, k, 2)
+    cdef void** sv = _ws_slot(wsp, k, first)
+    cdef void** sb = _ws_slot(wsp, k, first + 1)
+    cdef void** sw = _ws_slot(wsp, k, first + 2)
     if sv[0] == NULL:
         sv[0] = malloc((n_cols + 1) * sizeof(double))
     if sb[0] == NULL:
@@ -707,7 +714,7 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
             acc = NULL
             bits = NULL
             words = NULL
-            if _bitmap_ws(wsp, 3, n_cols):
+            if _bitmap_ws(wsp, 3, 0, n_cols):
                 acc = <double*>_ws_slot(wsp, 3, 0)[0]
                 bits = <uint64_t*>_ws_slot(wsp, 3, 1)[0]
                 words = <uint64_t*>_ws_slot(wsp, 3, 2)[0]
@@ -833,14 +840,6 @@ SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "tourney_row": SPADD_TOURNEY_ROW,
                "scatter_row_miss": SPADD_SCATTER_ROW_MISS, "scatter_entry": SPADD_SCATTER_ENTRY,
                "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
                "scan_word": SPADD_SCAN_WORD}
-
-
-# SpAdd's OUTPUT index type, independent of the operands' (int64 operands
-# whose sum fits int32 are written as int32 directly: the result's tensor
-# would narrow it anyway, at the cost of a copy).
-ctypedef fused out_index_t:
-    int32_t
-    int64_t
 
 
 cdef struct _Operands:
@@ -1187,6 +1186,7 @@ cdef inline Py_ssize_t _row_tourney(const _Operands* ops, const double* coef, Py
         last = col
     return o + 1
 
+
 cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py_ssize_t i,
                                     double* acc, uint64_t* bits, uint64_t* words, index_t itype,
                                     out_index_t* outc, floating* outv) noexcept nogil:
@@ -1199,13 +1199,13 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
     marked columns are read back in increasing order (summary words over the
     row's span, set bits by count-trailing-zeros): sorted without a sort,
     O(entries + span / 4096).  Any column order and duplicates are fine."""
-    cdef Py_ssize_t t, p, cnt = 0, minw = -1, maxw = -1, w1, w0
+    cdef Py_ssize_t t, p, minw = -1, maxw = -1, w0
     cdef const index_t* ip
     cdef const index_t* ind
     cdef const floating* val
     cdef double c
     cdef index_t k
-    cdef uint64_t bit, sw, bw
+    cdef uint64_t bit
     for t in range(ops.n):
         ip = <const index_t*>ops.indptr[t]
         ind = <const index_t*>ops.indices[t]
@@ -1227,23 +1227,7 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
                     maxw = w0 >> 6
     if minw < 0:
         return 0
-    for w1 in range(minw, maxw + 1):
-        sw = words[w1]
-        if sw == 0:
-            continue
-        words[w1] = 0
-        while sw:
-            w0 = (w1 << 6) + SPFUSE_CTZ64(sw)
-            sw &= sw - 1
-            bw = bits[w0]
-            bits[w0] = 0
-            while bw:
-                k = <index_t>((w0 << 6) + SPFUSE_CTZ64(bw))
-                bw &= bw - 1
-                outc[cnt] = <out_index_t>k
-                outv[cnt] = <floating>acc[k]
-                cnt += 1
-    return cnt
+    return _bitmap_readback(acc, bits, words, minw, maxw, outc, outv)
 
 
 cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixed, double entry,
@@ -1317,23 +1301,6 @@ cdef inline void _spadd_prefetch(const _Operands* ops, Py_ssize_t i, Py_ssize_t 
                 SPFUSE_PREFETCH_W(&acc[ind[p]])
 
 
-cdef bint _scatter_ws(void** wsp, Py_ssize_t n_cols) noexcept nogil:
-    """Make the calling thread's scatter workspace (slots 2-4 of 5:
-    accumulators, column bits, summary bits; the bitmaps zeroed) on first
-    use; False if an allocation fails."""
-    cdef Py_ssize_t nw = (n_cols + 63) >> 6
-    cdef void** sv = _ws_slot(wsp, 5, 2)
-    cdef void** sb = _ws_slot(wsp, 5, 3)
-    cdef void** sw = _ws_slot(wsp, 5, 4)
-    if sv[0] == NULL:
-        sv[0] = malloc((n_cols + 1) * sizeof(double))
-    if sb[0] == NULL:
-        sb[0] = calloc(nw + 1, sizeof(uint64_t))
-    if sw[0] == NULL:
-        sw[0] = calloc(((nw + 63) >> 6) + 1, sizeof(uint64_t))
-    return sv[0] != NULL and sb[0] != NULL and sw[0] != NULL
-
-
 cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_cols,
                       Py_ssize_t c0, Py_ssize_t c1, const int64_t* ub, Py_ssize_t max_ub,
                       int variant, void** wsp, index_t itype, floating ftype,
@@ -1400,7 +1367,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                                 itype, ftype)
                 if scat:
                     # (this thread's bitmap workspace is made on its first scatter row)
-                    if not _scatter_ws(wsp, n_cols):
+                    if not _bitmap_ws(wsp, 5, 2, n_cols):
                         nfail += 1
                         break
                     # (thread-private pointers: assigned in the loop body)
