@@ -115,6 +115,9 @@ __all__ = [
 #: op codes of :func:`sddmm`, :func:`sddmm_spmm`, :func:`sddmm_spmm_gemm`
 SDDMM_OPS = {"mul": SDDMM_MUL, "div": SDDMM_DIV, "dot": SDDMM_DOT}
 
+# The largest int32 (a constant: np.iinfo costs microseconds per call).
+INT32_MAX = 2147483647
+
 # Column tile of the SpMM accumulator: 256 doubles = 2 KiB.  The thread's
 # accumulator tile stays in L1 (32-48 KiB) next to the B-row segments being
 # streamed (a row of ~10-20 nnz touches 20-40 KiB of B per tile, which stays
@@ -768,7 +771,7 @@ def _prefix_sum(row_nnz, idx_dtype):
     indptr = np.empty(row_nnz.shape[0] + 1, dtype=np.int64)
     indptr[0] = 0
     np.cumsum(row_nnz, out=indptr[1:])
-    if idx_dtype == np.int32 and indptr[len(indptr) - 1] <= np.iinfo(np.int32).max:
+    if idx_dtype == np.int32 and indptr[len(indptr) - 1] <= INT32_MAX:
         return indptr.astype(np.int32)
     return indptr
 
@@ -1576,7 +1579,7 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     odt = idt if index_dtype is None else np.dtype(index_dtype)
     if odt not in (np.int32, np.int64):
         raise TypeError(f"spadd: index_dtype must be int32 or int64, got {odt}")
-    if odt == np.int32 and n_cols > np.iinfo(np.int32).max:
+    if odt == np.int32 and n_cols > INT32_MAX:
         raise ValueError(f"spadd: {n_cols} columns do not fit index_dtype int32")
     if n_rows == 0 or total == 0:
         return (np.zeros(n_rows + 1, dtype=odt), np.empty(0, dtype=odt), np.empty(0, dtype=vdt))
@@ -1625,7 +1628,7 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
         _compact_dispatch(indptr, row_cnt, row_src, n_rows, buf_ind, buf_val)
     # (with one thread, pages past nnz were never touched: the slice costs no memory)
     out_ind, out_val = buf_ind[:nnz], buf_val[:nnz]
-    if odt == np.int32 and nnz > np.iinfo(np.int32).max:
+    if odt == np.int32 and nnz > INT32_MAX:
         return indptr, out_ind.astype(np.int64), out_val
     return indptr.astype(odt, copy=False), out_ind, out_val
 
