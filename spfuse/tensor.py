@@ -385,8 +385,8 @@ class Tensor:
             return None
         shape = m.shape
         if not (len(shape) == 2 and type(shape[0]) is int and type(shape[1]) is int
-                and shape[0] >= 0 and shape[1] >= 0):
-            return None  # a hand-edited shape: check_shape words the error
+                and shape[0] >= 0 and shape[1] >= 0 and shape[0] * shape[1] <= V.INT64_MAX):
+            return None  # a hand-edited or huge shape: check_shape words the error
         fmt = Format.csr() if m.format == "csr" else Format.csc()
         nouter, ninner = (shape[0], shape[1]) if m.format == "csr" else (shape[1], shape[0])
         nnz = len(indices)

@@ -1,7 +1,7 @@
 """Fuzzing the operand boundary: malformed and unusual operands through ``spfuse.evaluate``.
 
-Every generated case builds operands for one of five programs (SpMV, SDDMM,
-SpGEMM, SpAdd, a 3-d TTV whose tensor comes from ``spfuse.Tensor.from_coo`` or
+Every generated case builds operands for one of six programs (SpMV, SpMM,
+SDDMM, SpGEMM, SpAdd, a 3-d TTV whose tensor comes from ``spfuse.Tensor.from_coo`` or
 an n-d ``scipy.sparse.coo_array``), damages or decorates one of them (or the
 call itself) and runs it through every fusion mode.  A case is one of
 
@@ -55,15 +55,18 @@ from spfuse.testing import dense_reference
 FUSIONS = ("auto", "max", "none")
 PROGRAMS = {
     "SpMV": "y[i] = A[i,j] * x[j]",
+    "SpMM": "Y[i,k] = A[i,j] * W[j,k]",
     "SDDMM": "A[i,j] = B[i,j] * (C[i,k] * D[k,j])",
     "SpGEMM": "C[i,k] = A[i,j] * B[j,k]",
     "SpAdd": "A[i,j] = B[i,j] + C[i,j] + D[i,j]",
     "TTV": "A[i,j] = X[i,j,k] * c[k]",
 }
 #: which operands are sparse, per program
-SPARSE = {"SpMV": ("A",), "SDDMM": ("B",), "SpGEMM": ("A", "B"), "SpAdd": ("B", "C", "D"), "TTV": ("X",)}
+SPARSE = {"SpMV": ("A",), "SpMM": ("A",), "SDDMM": ("B",), "SpGEMM": ("A", "B"), "SpAdd": ("B", "C", "D"), "TTV": ("X",)}
 #: programs whose sparse stored NaN/inf only ever meet dense values or explicit data (IEEE-exact)
-NONFINITE_OK = ("SpMV", "SDDMM", "SpAdd", "TTV")
+NONFINITE_OK = ("SpMV", "SpMM", "SDDMM", "SpAdd", "TTV")
+#: dense axes no other operand constrains (any extent is legal there)
+FREE_AXES = {("SpMM", "W"): (1,)}
 DEFAULT_EXAMPLES = 10_000
 
 
@@ -228,6 +231,8 @@ def _base_case(rng, kernel):
     i, j, k = ext["i"], ext["j"], ext["k"]
     if kernel == "SpMV":
         ops = {"A": _good_sparse(rng, (i, j), fmt(), flavour=flav()), "x": rng.standard_normal(j)}
+    elif kernel == "SpMM":
+        ops = {"A": _good_sparse(rng, (i, j), fmt(), flavour=flav()), "W": rng.standard_normal((j, k))}
     elif kernel == "SDDMM":
         ops = {"B": _good_sparse(rng, (i, j), fmt(), flavour=flav()),
                "C": rng.standard_normal((i, k)), "D": rng.standard_normal((k, j))}
@@ -491,7 +496,8 @@ def _mut_dense(rng, ops, kernel, name):
         return "invalid", "dense wrong ndim (scalar)"
     if choice == 3:
         shape = list(a.shape)
-        ax = int(rng.integers(len(shape))) if shape else None
+        shared = [ax for ax in range(len(shape)) if ax not in FREE_AXES.get((kernel, name), ())]
+        ax = int(rng.choice(shared)) if shared else None
         if ax is None:
             return "valid", "unchanged dense"
         shape[ax] += int(rng.integers(1, 3))

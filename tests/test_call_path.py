@@ -232,3 +232,17 @@ def test_indptr_checked_before_a_self_checking_kernel_runs():
     A.indptr[5] = A.indptr[6] + 3  # rises then drops: rows 5 and 6 overlap
     with pytest.raises(InvalidOperandError, match="indptr"):
         spfuse.evaluate(SPMV, A=A, x=np.ones(20))
+
+
+@pytest.mark.parametrize("program, fmt, shape, dense", [
+    ("Y[i,k] = A[i,j] * W[j,k]", "csc", (2**62, 3), np.ones((3, 2))),
+    ("y[j] = A[i,j] * W[i]", "csr", (3, 2**62), np.ones(3))])
+def test_shape_whose_size_overflows_int64_is_refused_by_name(program, fmt, shape, dense):
+    # each extent fits int64, their product does not: the fast wrap must not
+    # take it (found by the boundary fuzz, seed 7)
+    A = sp.csr_array((np.ones(1), np.array([0]), np.array([0, 1, 1, 1])), shape=(3, 3)).asformat(fmt)
+    A.indices = A.indices.astype(np.int64)
+    A.indptr = A.indptr.astype(np.int64)
+    A._shape = shape  # as the fuzz does: scipy's constructor would refuse it
+    with pytest.raises(ValueError, match="'A'.*too large|too large.*'A'|operand 'A'"):
+        spfuse.evaluate(program, A=A, W=dense)
