@@ -810,7 +810,7 @@ def spgemm(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data,
 cdef enum:
     SPADD_AUTO = 0       # per row, by the cost model below
     SPADD_MERGE = 1      # k-way tournament over the sorted operand rows (chain beyond its limits)
-    SPADD_SCATTER = 2    # dense (accumulator, stamp) workspace, then scan / bucket sort
+    SPADD_SCATTER = 2    # dense accumulator + two-level bitmap, read back in column order
     SPADD_CHAIN = 3      # merge by the chain only (the tournament's fallback, kept testable)
 SPADD_VARIANTS = {"auto": SPADD_AUTO, "merge": SPADD_MERGE, "scatter": SPADD_SCATTER,
                   "chain": SPADD_CHAIN}
@@ -1522,9 +1522,10 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
       columns; anything else gives an unsorted result, never a memory error);
     * ``"chain"``: every row by the chain (the tournament's fallback, kept
       callable so that it stays tested);
-    * ``"scatter"``: Gustavson's dense (accumulator, stamp) workspace of
-      ``n_cols`` slots per thread, then a scan of the row's column span or a
-      bucket sort -- any column order, duplicates summed;
+    * ``"scatter"``: Gustavson's dense accumulator of ``n_cols`` doubles per
+      thread with a bit per column and a summary bit per 64 columns, read
+      back in column order (``_bitmap_readback``) -- any column order,
+      duplicates summed;
     * ``"auto"``: per row, the cheaper by a cost model of both (counts of
       merge steps vs. scattered entries and scanned slots); canonical
       operands.
