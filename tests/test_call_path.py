@@ -1,8 +1,9 @@
 """The per-call path: dispatch cache, fast operand wrapping, re-validation.
 
-A cached call skips planning, never validation: every call scans its
-operands again, so a matrix mutated between calls is refused (or
-canonicalised) exactly as on the first call.
+A cached call skips planning, never validation: every call checks its
+operands again (the one-pass scan, or for SpMV/SpMM an ``indptr`` pass and
+the kernel's own index checks), so a matrix mutated between calls is refused
+(or canonicalised) exactly as on the first call.
 """
 import numpy as np
 import pytest
