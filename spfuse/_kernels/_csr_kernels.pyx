@@ -838,7 +838,8 @@ cdef double SPADD_SCATTER_ENTRY_MISS = 2.3
 cdef Py_ssize_t SPADD_ACC_FITS = 65536
 cdef double SPADD_SCAN_WORD = 1.0
 SPADD_COSTS = {"merge_row": SPADD_MERGE_ROW, "tourney_row": SPADD_TOURNEY_ROW,
-               "tourney_entry_level": SPADD_TOURNEY_ENTRY, "tourney_min_runs": SPADD_TOURNEY_MIN_RUNS, "tourney_max_runs": SPADD_MAX_RUNS,
+               "tourney_entry_level": SPADD_TOURNEY_ENTRY, "tourney_min_runs": SPADD_TOURNEY_MIN_RUNS,
+               "tourney_max_runs": SPADD_MAX_RUNS,
                "scatter_row": SPADD_SCATTER_ROW,
                "scatter_row_miss": SPADD_SCATTER_ROW_MISS, "scatter_entry": SPADD_SCATTER_ENTRY,
                "scatter_entry_miss": SPADD_SCATTER_ENTRY_MISS, "acc_fits_columns": SPADD_ACC_FITS,
@@ -1447,6 +1448,20 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
     return total == ubp[n_rows] - ubp[0]
 
 
+def _spadd_typed(const index_t[::1] first_indptr, floating[::1] buf_val, out_index_t[::1] buf_ind,
+                 list indptrs, list indices, list datas, size_t coef_addr, Py_ssize_t n_rows,
+                 Py_ssize_t n_cols, int num_threads, int variant, size_t ub_addr, Py_ssize_t max_ub,
+                 size_t oind_addr, size_t oval_addr, size_t rc_addr, size_t rs_addr):
+    """:func:`_spadd_run` specialised by the dtypes of the first ``indptr``, the
+    value buffer and the index buffer (Cython picks one of the 8 index x value
+    x output-index combinations from the three arrays)."""
+    cdef index_t itype = 0
+    cdef floating ftype = 0
+    cdef out_index_t otype = 0
+    return _spadd_run(indptrs, indices, datas, coef_addr, n_rows, n_cols, num_threads, variant,
+                      ub_addr, max_ub, itype, ftype, otype, oind_addr, oval_addr, rc_addr, rs_addr)
+
+
 def _check_operand_dtypes(indptrs, indices, datas, index_dtype, value_dtype):
     """Fail loudly (not UB) if the operand lists mix dtypes or are not contiguous."""
     for group, dt in ((indptrs, index_dtype), (indices, index_dtype), (datas, value_dtype)):
@@ -1552,12 +1567,6 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     >>> ip.tolist(), ix.tolist(), v.tolist()
     ([0, 2], [0, 2], [1.0, -3.0])
     """
-    cdef int32_t i32 = 0
-    cdef int64_t i64 = 0
-    cdef float f32 = 0
-    cdef double f64 = 0
-    cdef int32_t o32 = 0
-    cdef int64_t o64 = 0
     coefficients = np.ascontiguousarray(coefficients, dtype=np.float64)
     if variant not in SPADD_VARIANTS:
         raise ValueError(f"spadd: variant must be one of {sorted(SPADD_VARIANTS)}, got {variant!r}")
@@ -1593,32 +1602,8 @@ def spadd(list indptrs, list indices, list datas, coefficients, Py_ssize_t n_row
     cdef size_t a_coef = coefficients.ctypes.data, a_ub = ub.ctypes.data
     cdef size_t a_ind = buf_ind.ctypes.data, a_val = buf_val.ctypes.data
     cdef size_t a_rc = row_cnt.ctypes.data, a_rs = row_src.ctypes.data
-    if idt == np.int32 and vdt == np.float64 and odt == np.int32:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f64, o32, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int32 and vdt == np.float64 and odt == np.int64:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f64, o64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int32 and vdt == np.float32 and odt == np.int32:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f32, o32, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int32 and vdt == np.float32 and odt == np.int64:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i32, f32, o64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float64 and odt == np.int32:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f64, o32, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float64 and odt == np.int64:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f64, o64, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float32 and odt == np.int32:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f32, o32, a_ind, a_val, a_rc, a_rs)
-    elif idt == np.int64 and vdt == np.float32 and odt == np.int64:
-        compact = _spadd_run(indptrs, indices, datas, a_coef, n_rows, n_cols, num_threads, code,
-                             a_ub, max_ub, i64, f32, o64, a_ind, a_val, a_rc, a_rs)
-    else:
-        raise AssertionError((idt, vdt, odt))
+    compact = _spadd_typed(indptrs[0], buf_val, buf_ind, indptrs, indices, datas, a_coef, n_rows, n_cols,
+                           num_threads, code, a_ub, max_ub, a_ind, a_val, a_rc, a_rs)
     indptr = np.empty(n_rows + 1, dtype=np.int64)
     indptr[0] = 0
     np.cumsum(row_cnt, out=indptr[1:])

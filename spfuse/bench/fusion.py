@@ -168,7 +168,8 @@ def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads
         by.setdefault((r.input, r.kernel, r.threads), {})[r.peer] = r
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"spfuse {spfuse.__version__} fusion study --size {size}: auto vs max vs none, {len(cases)} cases, "
-      f"threads {threads}, median of {repeat} rounds, interleaved, each timed call after an untimed one; call budget {sz.call_budget:g} s, "
+      f"threads {threads}, median of {repeat} rounds, interleaved, each timed call after an untimed one; "
+      f"call budget {sz.call_budget:g} s, "
       f"temporaries budget {sz.max_dense_bytes / 2**30:g} GiB")
     w(report.machine_line(load))
     w("cells: median time; max/auto and none/auto = measured ratio (>1: auto faster); auto/best = auto time over "
