@@ -863,27 +863,6 @@ cdef int _collect(list arrays, void** out) except -1:
     return 0
 
 
-cdef inline Py_ssize_t _split64(const int64_t* ptr, Py_ssize_t m, Py_ssize_t b,
-                                Py_ssize_t nb) noexcept nogil:
-    """:func:`_split` over an int64 prefix array (row bounds of SpAdd)."""
-    cdef Py_ssize_t lo, hi, mid
-    cdef double target
-    if b <= 0:
-        return 0
-    if b >= nb:
-        return m
-    target = (<double>(ptr[m] - ptr[0]) + <double>m) * (<double>b / <double>nb)
-    lo = 0
-    hi = m
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if <double>(ptr[mid] - ptr[0]) + <double>mid < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 cdef inline Py_ssize_t _merge_runs(const index_t* ac, const double* av, Py_ssize_t na,
                                    const index_t* bc, const floating* bv, Py_ssize_t nb,
                                    double c, index_t* oc, double* ov) noexcept nogil:
@@ -1357,8 +1336,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
             if bv0 == NULL or bv1 == NULL:
                 nfail += 1
                 continue
-            r0 = c0 + _split64(ub + c0, c1 - c0, b, nb)
-            r1 = c0 + _split64(ub + c0, c1 - c0, b + 1, nb)
+            r0 = c0 + _split(ub + c0, c1 - c0, b, nb)
+            r1 = c0 + _split(ub + c0, c1 - c0, b + 1, nb)
             w = seq_base if seq_base >= 0 else ub[r0]
             for i in range(r0, r1):
                 if variant == SPADD_SCATTER:
@@ -1428,8 +1407,8 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
         for ch in range(nch):
             if ch > 0:
                 PyErr_CheckSignals()
-            c0 = _split64(ubp, n_rows, ch, nch)
-            c1 = _split64(ubp, n_rows, ch + 1, nch)
+            c0 = _split(ubp, n_rows, ch, nch)
+            c1 = _split(ubp, n_rows, ch + 1, nch)
             with nogil:
                 _spadd_rows(&ops, coef, n_cols, c0, c1, ubp, max_ub, variant, ws.ptr, itype, ftype,
                             rc, rs, seq if num_threads == 1 else -1, oind, oval, num_threads, &failed)
