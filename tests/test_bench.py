@@ -494,7 +494,7 @@ def test_large_kernels_peers_agree_with_spfuse():
             "SpAdd-7": sum(a.toarray() for a in adds)}
     peers_by_kernel = _peers(A, x, B, adds)
     assert set(peers_by_kernel) == set(ours)
-    for kernel, peers in peers_by_kernel.items():
-        assert "scipy" in peers
-        for name, f in peers.items():
+    for kernel, calls in peers_by_kernel.items():
+        assert "scipy" in calls
+        for name, f in calls.items():
             assert compare.agree(f(), ours[kernel])[0], (kernel, name)

@@ -845,7 +845,6 @@ def _compare(got, ref, rtol):
 
 
 def _check_program(program, ops, fusion, threads, out_format=None, rtol=1e-9, zero_size_ok=False):
-    from hypothesis import assume
     ref = dense_reference(program, ops)
     try:
         got = spfuse.evaluate(program.text, fusion=fusion, num_threads=threads, out_format=out_format, **ops)

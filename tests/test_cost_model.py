@@ -14,7 +14,6 @@ from spfuse.frontend.parser import parse_program
 from spfuse.ir.masks import TRUE, atom
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
-from spfuse.passes import cost_model
 from spfuse.passes.cost_model import DEFAULTS, ENV_VAR, CostConstants, OpModel, active_constants, load_constants
 from spfuse.passes.loop_order import choose_order
 from spfuse.planner import plan_program

@@ -4,7 +4,7 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 
-from spfuse.frontend.ast import Reduce, Unary, Where
+from spfuse.frontend.ast import Reduce, Unary
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
