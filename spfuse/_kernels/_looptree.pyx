@@ -117,6 +117,7 @@ ctypedef struct Plan:
     int64_t* loop_nlev
     int64_t* loop_levs
     int64_t* loop_block
+    int64_t* loop_fiber
     int64_t* var_extent
     int64_t* lev_kind
     int64_t* lev_size
@@ -712,6 +713,295 @@ cdef bint loop_range(Plan* P, Ctx* C, int64_t node, int64_t* lo, int64_t* hi) no
     return True
 
 
+ctypedef struct VDesc:
+    # one operand of a fiber block: element e is p[e * inc] (inc 0 = broadcast)
+    const double* p
+    int64_t inc
+
+
+cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexcept nogil:
+    """d[e] = a[e] op b[e] over a block (d may alias a's row)."""
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef const double* y = b.p
+    cdef int64_t ai = a.inc, bi = b.inc
+    cdef double u, w
+    if op == OP_ADD:
+        for e in range(n):
+            d[e] = x[e * ai] + y[e * bi]
+    elif op == OP_SUB:
+        for e in range(n):
+            d[e] = x[e * ai] - y[e * bi]
+    elif op == OP_MUL:
+        for e in range(n):
+            d[e] = x[e * ai] * y[e * bi]
+    elif op == OP_DIV:
+        for e in range(n):
+            u = x[e * ai]
+            d[e] = 0.0 if u == 0.0 else u / y[e * bi]
+    else:
+        for e in range(n):
+            u = x[e * ai]
+            w = y[e * bi]
+            if op == OP_MAX:
+                d[e] = u if u >= w or u != u else w
+            elif op == OP_MIN:
+                d[e] = u if u <= w or u != u else w
+            elif op == OP_LT:
+                d[e] = 1.0 if u < w else 0.0
+            elif op == OP_LE:
+                d[e] = 1.0 if u <= w else 0.0
+            elif op == OP_GT:
+                d[e] = 1.0 if u > w else 0.0
+            elif op == OP_GE:
+                d[e] = 1.0 if u >= w else 0.0
+            elif op == OP_EQ:
+                d[e] = 1.0 if u == w else 0.0
+            else:
+                d[e] = 1.0 if u != w else 0.0
+
+
+cdef inline void _vun(int64_t op, VDesc a, double* d, int64_t n) noexcept nogil:
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef int64_t ai = a.inc
+    cdef double u
+    for e in range(n):
+        u = x[e * ai]
+        if op == OP_NEG:
+            u = -u
+        elif op == OP_ABS:
+            u = fabs(u)
+        elif op == OP_SQRT:
+            u = sqrt(u)
+        elif op == OP_EXP:
+            u = exp(u)
+        elif op == OP_LOG:
+            u = log(u)
+        elif op == OP_TANH:
+            u = tanh(u)
+        elif op == OP_SIGMOID:
+            if u >= 0:
+                u = 1.0 / (1.0 + exp(-u))
+            else:
+                u = exp(u)
+                u = u / (1.0 + u)
+        elif op == OP_RELU:
+            u = u if u > 0.0 else 0.0
+        d[e] = u
+
+
+cdef inline VDesc _vload_level(Plan* P, Ctx* C, int64_t* levs, int64_t nl, bint first, int64_t r,
+                               int64_t q, int64_t off, const int64_t* idx, int64_t n,
+                               double* row, double* scalar) noexcept nogil:
+    """The values of access ``r`` over the block: a view where they are
+    contiguous, else gathered into ``row``; one value goes to ``scalar``."""
+    cdef VDesc d
+    cdef int64_t L = P.acc_last[r]
+    cdef int64_t k = find_level(levs, nl, L)
+    cdef const double* vals = P.acc_vals[r]
+    cdef int64_t b, e, c
+    d.inc = 0
+    if k < 0:  # bound outside this loop: one value for the block
+        c = C.curpos[L]
+        scalar[0] = vals[c] if c >= 0 else 0.0
+        d.p = scalar
+        return d
+    if k == 0 and first:  # the compressed driver: positions q, q+1, ...
+        d.p = vals + q
+        d.inc = 1
+        return d
+    b = C.base[L]
+    if b < 0:
+        scalar[0] = 0.0
+        d.p = scalar
+        return d
+    d.inc = 1
+    if idx == NULL:
+        d.p = vals + b + off
+        return d
+    for e in range(n):
+        row[e] = vals[b + idx[e]]
+    d.p = row
+    return d
+
+
+cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
+                      const int64_t* idx, int64_t off) noexcept nogil:
+    """Block mode over a whole fiber: iteration e has coordinate
+    ``idx[e]`` (``off + e`` when ``idx`` is NULL) and, for a compressed
+    driver, driver position ``q + e``; every other level of the loop is
+    dense.  Operands are used in place where contiguous (no copy), scalars
+    are broadcast without being materialised, and ``x += a*b`` runs fused
+    (the dot / axpy / scatter-axpy leaves).  Each target is updated in
+    iteration order: bitwise the per-element interpretation."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t v = P.loop_var[lid]
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef bint first = P.loop_mode[lid] != M_DENSE
+    cdef int64_t c = node + 1
+    cdef int64_t end = P.node_end[node]
+    cdef int64_t s, pc, pend, op, r, L, k, e, base, sv, aop, b, last
+    cdef int sp
+    cdef double x
+    cdef double* buf
+    cdef double* row
+    cdef int64_t* code = P.code
+    cdef VDesc st[STACK_SIZE]
+    cdef double sc[STACK_SIZE]   # broadcast scalars live apart from the rows they are combined into
+    cdef VDesc fa, fb
+    cdef bint fused
+    while c < end:
+        s = P.node_arg[c]
+        c = P.node_end[c]
+        pc = P.stmt_cstart[s]
+        pend = pc + P.stmt_clen[s]
+        aop = P.stmt_op[s]
+        # x += a * b with a buffer target: leave the product to the update
+        fused = aop == A_SUM and P.stmt_tkind[s] == T_BUF and code[pend - 1] == OP_MUL
+        last = pend - 1 if fused else pend
+        sp = 0
+        while pc < last:
+            op = code[pc]
+            row = C.vst + sp * BLK
+            if op <= OP_CONST:
+                r = code[pc + 1]
+                if op == OP_LOAD_ACC:
+                    st[sp] = _vload_level(P, C, levs, nl, first, r, q, off, idx, n, row, &sc[sp])
+                elif op == OP_LOAD_BUF:
+                    bref_split(P, C, r, v, &base, &sv)
+                    buf = C.buf[P.bref_buf[r]] + base
+                    if sv == 0:
+                        st[sp].p = buf
+                        st[sp].inc = 0
+                    elif idx == NULL and sv == 1:
+                        st[sp].p = buf + off
+                        st[sp].inc = 1
+                    else:
+                        if idx == NULL:
+                            for e in range(n):
+                                row[e] = buf[sv * (off + e)]
+                        else:
+                            for e in range(n):
+                                row[e] = buf[sv * idx[e]]
+                        st[sp].p = row
+                        st[sp].inc = 1
+                else:
+                    st[sp].p = P.consts + r
+                    st[sp].inc = 0
+                sp += 1
+                pc += 2
+                continue
+            pc += 1
+            if op == OP_WHERE:
+                sp -= 2
+                fa = st[sp - 1]
+                k = n if (fa.inc or st[sp].inc or st[sp + 1].inc) else 1
+                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
+                for e in range(k):
+                    row[e] = st[sp].p[e * st[sp].inc] if fa.p[e * fa.inc] != 0.0 \
+                        else st[sp + 1].p[e * st[sp + 1].inc]
+                st[sp - 1].p = row
+                st[sp - 1].inc = 1 if k > 1 else 0
+            elif op < OP_WHERE:
+                sp -= 1
+                k = n if (st[sp - 1].inc or st[sp].inc) else 1
+                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
+                _vbin(op, st[sp - 1], st[sp], row, k)
+                st[sp - 1].p = row
+                st[sp - 1].inc = 1 if k > 1 else 0
+            else:
+                k = n if st[sp - 1].inc else 1
+                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
+                _vun(op, st[sp - 1], row, k)
+                st[sp - 1].p = row
+                st[sp - 1].inc = 1 if k > 1 else 0
+        if fused:
+            fa = st[0]
+            fb = st[1]
+        else:
+            fa = st[0]
+            fb.p = &ONE
+            fb.inc = 0
+        # ---- apply to the target, in iteration order
+        r = P.stmt_target[s]
+        if P.stmt_tkind[s] == T_BUF:
+            bref_split(P, C, r, v, &base, &sv)
+            buf = C.buf[P.bref_buf[r]] + base
+            if aop == A_SUM:
+                if sv == 0:
+                    x = buf[0]
+                    for e in range(n):
+                        x += fa.p[e * fa.inc] * fb.p[e * fb.inc]
+                    buf[0] = x
+                elif idx == NULL:
+                    buf += sv * off
+                    for e in range(n):
+                        buf[sv * e] += fa.p[e * fa.inc] * fb.p[e * fb.inc]
+                else:
+                    for e in range(n):
+                        buf[sv * idx[e]] += fa.p[e * fa.inc] * fb.p[e * fb.inc]
+            elif idx == NULL:
+                buf += sv * off
+                for e in range(n):
+                    apply_op(buf + sv * e, aop, fa.p[e * fa.inc])
+            else:
+                for e in range(n):
+                    apply_op(buf + sv * idx[e], aop, fa.p[e * fa.inc])
+        else:  # T_PATTERN (COO outputs never take this path)
+            L = P.pat_level[r]
+            buf = C.buf[P.pat_buf[r]]
+            k = find_level(levs, nl, L)
+            if k < 0:
+                if C.curpos[L] >= 0:
+                    for e in range(n):
+                        apply_op(buf + C.curpos[L], aop, fa.p[e * fa.inc])
+            elif k == 0 and first:
+                buf += q
+                for e in range(n):
+                    apply_op(buf + e, aop, fa.p[e * fa.inc])
+            else:
+                b = C.base[L]
+                if b >= 0:
+                    for e in range(n):
+                        apply_op(buf + b + (off + e if idx == NULL else idx[e]), aop, fa.p[e * fa.inc])
+
+
+cdef double ONE = 1.0
+
+
+cdef void _fiber_block(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
+    """Block loop over a whole fiber at once (``loop_fiber``): a DENSE
+    range, or one compressed (or dense) driver, with every other level it
+    locates dense -- no coordinate can be absent and locating a dense level
+    is ``base + i``, so no per-iteration locate or cursor is needed.  Blocks
+    of BLK iterations are cut at the same places as the general path."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef int64_t first = 0 if P.loop_mode[lid] == M_DENSE else 1
+    cdef int64_t k, q, n, L, par
+    cdef int64_t base0 = 0
+    cdef const int64_t* crd0 = NULL
+    for k in range(first, nl):
+        seek_setup(P, C, levs[k])
+    if first:
+        L = levs[0]
+        if P.lev_kind[L] == L_DENSE:
+            par = P.lev_parent[L]
+            base0 = (0 if par < 0 else C.curpos[par]) * P.lev_size[L]
+        else:
+            crd0 = P.lev_crd[L]
+    q = qlo
+    while q < qhi:
+        n = qhi - q
+        if n > BLK:
+            n = BLK
+        flush_fiber(P, C, node, q, n, crd0 + q if crd0 != NULL else NULL, q - base0)
+        q += n
+
+
 cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t v = P.loop_var[lid]
@@ -722,6 +1012,9 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
     cdef int64_t* crd0 = NULL
     cdef bint ok
     cdef bint blk = P.loop_block[lid] != 0
+    if P.loop_fiber[lid]:
+        _fiber_block(P, C, node, qlo, qhi)
+        return
     if P.loop_mode[lid] == M_DENSE:
         for k in range(nl):
             seek_setup(P, C, levs[k])
@@ -954,6 +1247,32 @@ def _f64(a):
     return a
 
 
+def _fiber_loops(keep):
+    """Per loop, 1 when block mode may run it fiber-wise (:func:`flush_fiber`):
+    a block loop that is DENSE or has one driver, locates only dense levels
+    and emits no COO output."""
+    lt = np.zeros(len(keep["loop_var"]), dtype=np.int64)
+    kind, levs, start = keep["lev_kind"], keep["loop_levs"], keep["loop_lev_start"]
+    node_kind, node_arg, node_end = keep["node_kind"], keep["node_arg"], keep["node_end"]
+    for node in range(len(node_kind)):
+        if node_kind[node] != N_LOOP:
+            continue
+        lid = node_arg[node]
+        if not keep["loop_block"][lid]:
+            continue
+        dense_mode = keep["loop_mode"][lid] == M_DENSE
+        if not dense_mode and (keep["loop_mode"][lid] != M_INTERSECT or keep["loop_ndrv"][lid] != 1):
+            continue
+        mine = levs[start[lid]:start[lid] + keep["loop_nlev"][lid]]
+        if any(kind[L] != L_DENSE for L in mine[0 if dense_mode else 1:]):
+            continue
+        if any(node_kind[c] == N_STMT and keep["stmt_tkind"][node_arg[c]] == T_COO
+               for c in range(node + 1, node_end[node])):
+            continue
+        lt[lid] = 1
+    return lt
+
+
 _INT_FIELDS = (
     "node_kind", "node_end", "node_arg",
     "loop_var", "loop_mode", "loop_lev_start", "loop_ndrv", "loop_nlev", "loop_levs", "loop_block",
@@ -987,6 +1306,7 @@ cdef class _Program:
             keep[f] = _i64(getattr(plan, f))
         if not blocks:
             keep["loop_block"] = np.zeros_like(keep["loop_block"])
+        keep["loop_fiber"] = _fiber_loops(keep)
         self.max_stack = max(1, int(plan.max_stack))
         self.max_blk_lev = int(keep["loop_nlev"].max()) if len(keep["loop_nlev"]) else 0
         keep["reset_value"] = _f64(plan.reset_value)
@@ -1008,6 +1328,7 @@ cdef class _Program:
         P.loop_lev_start = _ip(keep["loop_lev_start"]); P.loop_ndrv = _ip(keep["loop_ndrv"])
         P.loop_nlev = _ip(keep["loop_nlev"]); P.loop_levs = _ip(keep["loop_levs"])
         P.loop_block = _ip(keep["loop_block"])
+        P.loop_fiber = _ip(keep["loop_fiber"])
         self.any_block = bool(keep["loop_block"].any())
         P.var_extent = _ip(keep["var_extent"])
         P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])

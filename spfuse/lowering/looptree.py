@@ -200,6 +200,9 @@ class _Lowerer:
         path = self.paths[op.id]
         loops = {lp.bound(op.id): lp for lp in path}
         sparse_out = any(not loops[ix].mask.is_true for ix in op.out_indices)
+        decided = self.plan.formats.get(op.out)
+        if decided is not None and all(lv == "dense" for lv in decided.levels):
+            sparse_out = False  # the formats pass stores it dense (a whole-result scatter)
         if not sparse_out:
             init = RESET_VALUE[op.reduction]
             buf = self.b.buffer(shape, name=op.out, init=init)

@@ -8,6 +8,13 @@ written under a reduction loop that encloses its compressed level (SpGEMM's
 compressed index collects each row before it is compacted (the workspace
 transformation, seed 004).  Temporaries keep the storage memory optimisation
 chose (dense, or compressed sharing a mask).
+
+A result scattered into with *no* output loop above its compressed level
+(``y[j] = A[i,j]*x[i]``, a CSC SpMV, column sums, ``AᵀX``) would need a
+workspace as large as the result itself: the workspace *is* the result, so
+it is stored dense (when it fits :data:`DENSE_SCATTER_MAX` elements) instead
+of emitting one coordinate per product and sorting them afterwards.
+Lowering stores every result the way this pass decides.
 """
 from __future__ import annotations
 
@@ -16,7 +23,10 @@ from typing import Optional
 
 from spfuse.ir.tree import paths_to_computes
 
-__all__ = ["FormatDecision", "infer_formats", "NAMED"]
+__all__ = ["FormatDecision", "infer_formats", "NAMED", "DENSE_SCATTER_MAX"]
+
+#: Largest result (elements) stored dense because it is scattered into as a whole.
+DENSE_SCATTER_MAX = 1 << 25
 
 NAMED = {
     ("dense", "dense"): "dense", ("dense", "compressed"): "csr", ("compressed", "compressed"): "dcsr",
@@ -45,7 +55,7 @@ class FormatDecision:
         return "(" + ",".join(self.levels) + ")"
 
 
-def infer_formats(tree, ops, results) -> dict[str, FormatDecision]:
+def infer_formats(tree, ops, results, shapes=None) -> dict[str, FormatDecision]:
     """Decide the storage of every result of the planned ``tree``.
 
     >>> from spfuse.frontend.parser import parse_program
@@ -66,6 +76,7 @@ def infer_formats(tree, ops, results) -> dict[str, FormatDecision]:
         dims = sorted(range(len(op.out_indices)), key=lambda d: by_index[op.out_indices[d]][0])
         levels = tuple("dense" if by_index[op.out_indices[d]][1].mask.is_true else "compressed" for d in dims)
         workspace = None
+        whole_scatter = False
         for d in dims:
             depth, loop = by_index[op.out_indices[d]]
             if loop.mask.is_true:
@@ -73,11 +84,24 @@ def infer_formats(tree, ops, results) -> dict[str, FormatDecision]:
             scatter = [lp.bound(op.id) for lp in path[:depth] if lp.bound(op.id) in op.reduced]
             if scatter:
                 outer = [op.out_indices[e] for e in dims if by_index[op.out_indices[e]][0] < depth]
+                whole_scatter = whole_scatter or not outer
                 workspace = (f"dense workspace over {op.out_indices[d]}"
                              + (f" per {','.join(outer)}" if outer else "")
                              + f" (scattered under the reduction over {','.join(scatter)})")
         sparse = [op.out_indices[d] for d, lv in zip(dims, levels) if lv == "compressed"]
         reason = ("every index iterates densely" if not sparse else
                   f"{', '.join(sparse)} iterate{'s' if len(sparse) == 1 else ''} a sparse mask")
+        shape = (shapes or {}).get(op.out)
+        if whole_scatter and shape is not None and None not in shape and _size(shape) <= DENSE_SCATTER_MAX:
+            levels, workspace = ("dense",) * len(levels), None
+            reason = (f"scattered into as a whole under the reduction over "
+                      f"{','.join(op.reduced)}: the dense workspace is the result")
         out[op.out] = FormatDecision(op.out, levels, tuple(dims), workspace, reason)
     return out
+
+
+def _size(shape) -> int:
+    n = 1
+    for e in shape:
+        n *= e
+    return n

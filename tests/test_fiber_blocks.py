@@ -1,0 +1,175 @@
+"""Fiber-wise block mode of the loop-tree executor, and whole-result scatters.
+
+A block loop that is a dense range, or has one compressed driver and locates
+only dense levels, is evaluated a fiber at a time (``flush_fiber``): operands
+are used in place, scalars are broadcast, and ``x += a*b`` runs fused.  Its
+results must be bitwise those of per-element interpretation and of 2 threads.
+
+A result scattered into with no output loop above its sparse level (``Aᵀx``,
+a CSC SpMV, column sums, ``AᵀX``) is stored dense by the formats pass, and
+lowering obeys it: no coordinate list is emitted and sorted.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse.api import _info, _parse
+from spfuse.passes.formats import DENSE_SCATTER_MAX
+from spfuse.planner import plan_program
+from spfuse.runtime.looptree import LoopTreeBuilder, const, run, unary, where
+from spfuse.tensor import as_tensor
+
+from test_looptree import both_threads, rand_csr
+
+
+def _plan(text, **ops):
+    tensors = {k: as_tensor(v, name=k) for k, v in ops.items()}
+    return plan_program(_parse(text), {k: _info(k, t) for k, t in tensors.items()})
+
+
+# ------------------------------------------------------------ fiber blocks --
+
+@pytest.mark.parametrize("expr", ["a1", "a0*a1", "a0*a1*a2", "a1*a2*a0", "a0*a0*a1", "a1/a0",
+                                  "relu(a1 - a0)", "where(a0, a1, a2)", "a0*2.0*a1 + 1.0"])
+def test_dense_block_broadcasts_scalars(expr):
+    """A scalar broadcast into a block is never overwritten by the row its
+    product is written to (a regression: ``x[i]*A[i,j]*B[i,j]``)."""
+    rng = np.random.default_rng(0)
+    x, D1, D2 = rng.standard_normal(3), rng.standard_normal((3, 5)), rng.standard_normal((3, 5))
+    x[1] = 0.0
+    b = LoopTreeBuilder()
+    i, j = b.var("i", 3), b.var("j", 5)
+    a0, a1, a2 = b.access(x, (i,)), b.access(D1, (i, j)), b.access(D2, (i, j))
+    env = {"a0": a0, "a1": a1, "a2": a2, "relu": lambda e: unary("relu", e), "where": where}
+    out = b.buffer((3, 5), "out")
+    with b.loop(i):
+        with b.loop(j):
+            b.statement(out[i, j], "sum", eval(expr, env))
+    got = both_threads(b.build())["out"]
+    X = np.broadcast_to(x[:, None], (3, 5))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = {"a1": D1, "a0*a1": X * D1, "a0*a1*a2": X * D1 * D2, "a1*a2*a0": D1 * D2 * X,
+               "a0*a0*a1": X * X * D1, "a1/a0": np.where(D1 == 0, 0.0, D1 / X),
+               "relu(a1 - a0)": np.maximum(D1 - X, 0), "where(a0, a1, a2)": np.where(X != 0, D1, D2),
+               "a0*2.0*a1 + 1.0": X * 2.0 * D1 + 1.0}[expr]
+    np.testing.assert_allclose(got, ref, rtol=1e-15, atol=0)
+
+
+def test_fiber_block_gathers_scatters_and_patterns():
+    """One compressed driver, a dense level located by its coordinates
+    (gathered), a scatter target and a pattern output, rows longer than a block."""
+    rng = np.random.default_rng(1)
+    A = rand_csr(40, 700, 0.6, rng)            # rows of ~420 entries: several blocks each
+    x, w = rng.standard_normal(700), rng.standard_normal(40)
+    b = LoopTreeBuilder()
+    i, j = b.var("i", 40), b.var("j", 700)
+    a, xa, wa = b.access(A, (i, j)), b.access(x, (j,)), b.access(w, (i,))
+    y, z = b.buffer((700,), "y"), b.buffer((40,), "z")
+    pat = b.pattern_output(a, name="P")
+    with b.loop(i):
+        with b.loop(j, intersect=[a]):
+            b.statement(y[j], "sum", a * wa)                # scatter-axpy
+            b.statement(z[i], "sum", a * xa)                # gather-dot
+            b.statement(pat, "assign", unary("exp", a * xa) * wa)   # element-wise map on the pattern
+    got = both_threads(b.build())
+    D = A.toarray()
+    np.testing.assert_allclose(got["y"], D.T @ w, rtol=1e-12)
+    np.testing.assert_allclose(got["z"], D @ x, rtol=1e-12)
+    rows = np.repeat(np.arange(40), np.diff(A.indptr))
+    np.testing.assert_allclose(got["P"], np.exp(A.data * x[A.indices]) * w[rows], rtol=1e-12)
+
+
+def test_constant_statement_in_block():
+    b = LoopTreeBuilder()
+    i = b.var("i", 300)
+    out = b.buffer((300,), "out")
+    with b.loop(i):
+        b.statement(out[i], "assign", const(2.5))
+    np.testing.assert_array_equal(both_threads(b.build())["out"], np.full(300, 2.5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 30), n=st.integers(0, 600), density=st.floats(0, 1),
+       seed=st.integers(0, 2**31 - 1), op=st.sampled_from(["sum", "max", "min", "assign"]))
+def test_fiber_block_hypothesis(m, n, density, seed, op):
+    """Random CSR (empty rows, zero-size dims, long rows) through a fiber loop
+    with gathered, broadcast and in-place operands: bitwise equal to the
+    per-element interpreter and to 2 threads."""
+    rng = np.random.default_rng(seed)
+    A = rand_csr(m, n, density, rng)
+    x, w = rng.standard_normal(n), rng.standard_normal(m)
+    b = LoopTreeBuilder()
+    i, j = b.var("i", m), b.var("j", n)
+    a, xa, wa = b.access(A, (i, j)), b.access(x, (j,)), b.access(w, (i,))
+    z = b.buffer((m,), "z", init=0.0)
+    with b.loop(i):
+        with b.loop(j, intersect=[a]):
+            b.statement(z[i], op, (a - wa) * xa)
+    got = both_threads(b.build())["z"]
+    D = A.toarray()
+    for r in range(m):
+        cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
+        vals = (D[r, cols] - w[r]) * x[cols]
+        if len(vals) == 0:
+            expect = 0.0
+        elif op == "sum":
+            expect = np.sum(vals)
+        elif op == "max":
+            expect = max(0.0, vals.max())
+        elif op == "min":
+            expect = min(0.0, vals.min())
+        else:
+            expect = vals[-1]
+        np.testing.assert_allclose(got[r], expect, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------ whole-result scatter --
+
+def test_formats_pass_stores_a_whole_result_scatter_dense():
+    A = sp.random_array((50, 40), density=0.1, format="csr", rng=0)
+    p = _plan("y[j] = A[i,j] * x[i]", A=A, x=np.ones(50))
+    d = p.formats["y"]
+    assert d.format_name == "dense" and d.workspace is None
+    assert "the dense workspace is the result" in d.reason
+    # a row-wise scatter (SpGEMM) keeps its per-row workspace and CSR result
+    p = _plan("C[i,k] = A[i,j] * B[j,k]", A=A, B=A.T.tocsr())
+    assert p.formats["C"].format_name == "csr" and p.formats["C"].workspace
+
+
+def test_formats_pass_keeps_a_huge_scatter_sparse():
+    n = int(DENSE_SCATTER_MAX ** 0.5) + 10
+    A = sp.random_array((n, n), density=2 / n, format="csr", rng=0)
+    p = _plan("C[j,k] = A[i,j] * A[i,k]", A=A)
+    assert p.formats["C"].format_name != "dense"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+def test_scatter_programs_match_numpy(dtype, index):
+    rng = np.random.default_rng(3)
+    A = sp.random_array((60, 45), density=0.15, format="csr", rng=rng, dtype=dtype)
+    A.indices, A.indptr = A.indices.astype(index), A.indptr.astype(index)
+    A.data[:3] = 0.0  # explicit zeros stay stored
+    D = A.toarray()
+    x, u = rng.random(60).astype(dtype), rng.random(45).astype(dtype)
+    X = rng.random((60, 7)).astype(dtype)
+    tol = dict(rtol=1e-5 if dtype == np.float32 else 1e-12)
+    np.testing.assert_allclose(spfuse.evaluate("y[j] = A[i,j]*x[i]", A=A, x=x), D.T @ x, **tol)
+    np.testing.assert_allclose(spfuse.evaluate("y[i] = A[i,j]*u[j]", A=A.tocsc(), u=u), D @ u, **tol)
+    np.testing.assert_allclose(spfuse.evaluate("c[j] = A[i,j]", A=A), D.sum(axis=0), **tol)
+    Y = spfuse.evaluate("Y[j,k] = A[i,j]*X[i,k]", A=A, X=X)
+    assert isinstance(Y, np.ndarray)   # numpy in, dense result out, as A.T @ X gives
+    np.testing.assert_allclose(Y, D.T @ X, **tol)
+    for nt in (1, 2):
+        np.testing.assert_array_equal(spfuse.evaluate("y[j] = A[i,j]*x[i]", A=A, x=x, num_threads=nt),
+                                      spfuse.evaluate("y[j] = A[i,j]*x[i]", A=A, x=x, num_threads=1))
+
+
+def test_scatter_with_empty_and_zero_size_operands():
+    A = sp.csr_array((0, 5))
+    np.testing.assert_array_equal(spfuse.evaluate("y[j] = A[i,j]*x[i]", A=A, x=np.ones(0)), np.zeros(5))
+    A = sp.csr_array((4, 3))
+    np.testing.assert_array_equal(spfuse.evaluate("c[j] = A[i,j]", A=A), np.zeros(3))
