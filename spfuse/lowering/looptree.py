@@ -123,10 +123,12 @@ class _Lowerer:
         return self.converted[key]
 
     def access(self, op_id: int, ref: Ref):
-        key = (op_id, ref)
+        # One access per (tensor, loop variables): fused operations reading
+        # the same tensor under the same loops share its positions.
+        vars_ = tuple(self.op_vars[op_id][ix] for ix in ref.indices)
+        key = (ref.name, tuple(v.id for v in vars_))
         if key not in self.accesses:
             tensor = self._concordant(ref.name, ref.indices, op_id)
-            vars_ = tuple(self.op_vars[op_id][ix] for ix in ref.indices)
             self.accesses[key] = self.b.access(tensor, vars_, name=ref.name, check=False)
         return self.accesses[key]
 
@@ -210,8 +212,14 @@ class _Lowerer:
             self.buffers[op.out] = buf
             return None
         if op.reduction is None:
-            # A result inside an input's pattern shares that pattern (SDDMM).
-            for r in op.refs:
+            # A result inside an input's pattern shares that pattern (SDDMM,
+            # or x[i]*A[i,j]*x[j] through its product temporary): an operand
+            # whose atom over the output's indices is in every mask term.
+            sparse_loops = [loops[ix] for ix in op.out_indices if not loops[ix].mask.is_true]
+            candidates = dict.fromkeys(
+                Ref(self.plan.atoms[a][1], op.out_indices) for lp in sparse_loops for a in lp.mask.atoms
+                if self.plan.atoms[a][0] == op.statement and self.plan.atoms[a][2] == op.out_indices)
+            for r in tuple(op.refs) + tuple(candidates):
                 tensor = self.operands.get(r.name)
                 if tensor is None or r.indices != op.out_indices or "compressed" not in tensor.format.levels:
                     continue

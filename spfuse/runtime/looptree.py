@@ -733,7 +733,83 @@ class LoopTreeBuilder:
     def build(self) -> LoopTreePlan:
         if len(self._stack) != 1:
             raise ProgramError("build() called inside an open loop")
+        _inline_scalar_temporaries(self._root)
         return _Lowerer(self).lower()
+
+
+def _substitute(e: Expr, buf_id: int, value: Expr) -> Expr:
+    if isinstance(e, BufferRef):
+        return value if e.buffer.id == buf_id else e
+    if isinstance(e, _Bin):
+        return _Bin(e.op, _substitute(e.a, buf_id, value), _substitute(e.b, buf_id, value))
+    if isinstance(e, _Un):
+        return _Un(e.op, _substitute(e.a, buf_id, value))
+    if isinstance(e, _Where):
+        return _Where(*(_substitute(x, buf_id, value) for x in (e.c, e.a, e.b)))
+    return e
+
+
+def _inline_scalar_temporaries(root: list) -> None:
+    """Fold ``T = e`` into the sibling statements after it that read ``T``,
+    when ``T`` is a private 0-d buffer nothing else reads or writes (a
+    dimension-reduced temporary of a fused chain: ``T = x[i]*A[i,j]`` then
+    ``S = T*x[j]``).  The statements compute the same operations in the same
+    order, so results are bitwise unchanged, and a body of statements that
+    no longer reads what it writes can run in block mode."""
+    reads: dict[int, int] = {}
+    writes: dict[int, int] = {}
+
+    def count(nodes):
+        for n in nodes:
+            if isinstance(n, _LoopNode):
+                count(n.children)
+            elif isinstance(n, _StmtNode):
+                for leaf in _expr_leaves(n.expr, []):
+                    if isinstance(leaf, BufferRef):
+                        reads[leaf.buffer.id] = reads.get(leaf.buffer.id, 0) + 1
+                t = n.target
+                if isinstance(t, (BufferRef, PatternOutput)):
+                    writes[t.buffer.id] = writes.get(t.buffer.id, 0) + 1
+            else:
+                t = n.target.buffer if isinstance(n.target, BufferRef) else n.target
+                writes[t.id] = writes.get(t.id, 0) + 2  # never inline a reset buffer
+
+    def visit(nodes):
+        k = 0
+        while k < len(nodes):
+            n = nodes[k]
+            if isinstance(n, _LoopNode):
+                visit(n.children)
+            elif (isinstance(n, _StmtNode) and n.op == "assign" and isinstance(n.target, BufferRef)
+                  and not n.target.vars and n.target.buffer.private
+                  and writes.get(n.target.buffer.id) == 1 and _fold(nodes, k, n)):
+                del nodes[k]
+                continue
+            k += 1
+
+    def _fold(nodes, k, n) -> bool:
+        tid = n.target.buffer.id
+        used = {leaf.buffer.id for leaf in _expr_leaves(n.expr, []) if isinstance(leaf, BufferRef)}
+        seen, users = 0, []
+        for m in nodes[k + 1:]:
+            if seen == reads.get(tid, 0):
+                break
+            if not isinstance(m, _StmtNode):
+                return False
+            users.append(m)
+            seen += sum(1 for leaf in _expr_leaves(m.expr, []) if isinstance(leaf, BufferRef)
+                        and leaf.buffer.id == tid)
+            t = m.target
+            if isinstance(t, (BufferRef, PatternOutput)) and t.buffer.id in used and seen < reads[tid]:
+                return False  # an operand of T's expression changes before T's last use
+        if seen != reads.get(tid, 0) or seen == 0:
+            return False
+        for m in users:
+            m.expr = _substitute(m.expr, tid, n.expr)
+        return True
+
+    count(root)
+    visit(root)
 
 
 class _Lowerer:
