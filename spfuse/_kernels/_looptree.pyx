@@ -726,7 +726,30 @@ cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexc
     cdef const double* y = b.p
     cdef int64_t ai = a.inc, bi = b.inc
     cdef double u, w
-    if op == OP_ADD:
+    if ai == 1 and bi == 1 and op <= OP_MUL:
+        if op == OP_ADD:
+            for e in range(n):
+                d[e] = x[e] + y[e]
+        elif op == OP_SUB:
+            for e in range(n):
+                d[e] = x[e] - y[e]
+        else:
+            for e in range(n):
+                d[e] = x[e] * y[e]
+    elif ai + bi == 1 and (op == OP_ADD or op == OP_MUL):
+        # one broadcast operand (both ops commute bitwise)
+        if ai == 0:
+            u = x[0]
+            x = y
+        else:
+            u = y[0]
+        if op == OP_ADD:
+            for e in range(n):
+                d[e] = x[e] + u
+        else:
+            for e in range(n):
+                d[e] = x[e] * u
+    elif op == OP_ADD:
         for e in range(n):
             d[e] = x[e * ai] + y[e * bi]
     elif op == OP_SUB:
@@ -759,6 +782,30 @@ cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexc
                 d[e] = 1.0 if u == w else 0.0
             else:
                 d[e] = 1.0 if u != w else 0.0
+
+
+cdef inline void _axpy_rows(double* d, VDesc a, VDesc b, int64_t n) noexcept nogil:
+    """d[e] += a[e] * b[e] with the strides resolved, so the compiler
+    vectorises the common shapes (a scalar times a dense row: SpMM's axpy)."""
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef const double* y = b.p
+    cdef double u
+    if a.inc == 0 and b.inc == 1:
+        u = x[0]
+        for e in range(n):
+            d[e] += u * y[e]
+    elif a.inc == 1 and b.inc == 0:
+        u = y[0]
+        for e in range(n):
+            d[e] += x[e] * u
+    elif a.inc == 1 and b.inc == 1:
+        for e in range(n):
+            d[e] += x[e] * y[e]
+    else:
+        u = x[0] * y[0]
+        for e in range(n):
+            d[e] += u
 
 
 cdef inline void _vun(int64_t op, VDesc a, double* d, int64_t n) noexcept nogil:
@@ -935,6 +982,8 @@ cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
                     for e in range(n):
                         x += fa.p[e * fa.inc] * fb.p[e * fb.inc]
                     buf[0] = x
+                elif idx == NULL and sv == 1:
+                    _axpy_rows(buf + off, fa, fb, n)
                 elif idx == NULL:
                     buf += sv * off
                     for e in range(n):
