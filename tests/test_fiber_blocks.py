@@ -173,3 +173,84 @@ def test_scatter_with_empty_and_zero_size_operands():
     np.testing.assert_array_equal(spfuse.evaluate("y[j] = A[i,j]*x[i]", A=A, x=np.ones(0)), np.zeros(5))
     A = sp.csr_array((4, 3))
     np.testing.assert_array_equal(spfuse.evaluate("c[j] = A[i,j]", A=A), np.zeros(3))
+
+
+# ------------------------------------------------------------------ sweeps --
+
+def _sweep_plan(A, x, w, W, op, with_global, rows_only=False):
+    """for i: reset T; for j ∈ A_i: T op= A*x[j] - W[i,j]*w[i]; z[j] += A*w[i];
+    y[i] = relu(T + w[i]) / (w[i] + 2); optionally s += T*w[i] (a global accumulator)."""
+    m, n = A.shape
+    b = LoopTreeBuilder()
+    i, j = b.var("i", m), b.var("j", n)
+    a, xa, Wa, wa = b.access(A, (i, j)), b.access(x, (j,)), b.access(W, (i, j)), b.access(w, (i,))
+    T = b.buffer((), "T", private=True)
+    y, z, s = b.buffer((m,), "y"), b.buffer((n,), "z"), b.buffer((), "s")
+    with b.loop(i):
+        b.reset(T, -1.5 if op in ("max", "min") else 0.0)
+        if not rows_only:
+            with b.loop(j, intersect=[a]):
+                b.statement(T, op, a * xa - Wa * wa)
+                b.statement(z[j], "sum", a * wa)
+        b.statement(y[i], "assign", unary("relu", T + wa) / (wa + 2.0))
+        if with_global:
+            b.statement(s, "sum", T * wa)
+    return b.build()
+
+
+def _sweep_oracle(A, x, w, W, op, rows_only):
+    D = A.toarray()
+    T = np.full(A.shape[0], -1.5 if op in ("max", "min") else 0.0)
+    for r in range(A.shape[0] if not rows_only else 0):
+        cols = A.indices[A.indptr[r]:A.indptr[r + 1]]
+        for v in D[r, cols] * x[cols] - W[r, cols] * w[r]:
+            T[r] = T[r] + v if op == "sum" else v if op == "assign" else \
+                (max(T[r], v) if op == "max" else min(T[r], v))
+    return T, np.maximum(T + w, 0) / (w + 2.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 1200), n=st.integers(1, 700), density=st.sampled_from([0.0, 0.002, 0.02, 0.9]),
+       seed=st.integers(0, 2**31 - 1), op=st.sampled_from(["sum", "max", "min", "assign"]),
+       with_global=st.booleans(), rows_only=st.booleans())
+def test_sweep_is_the_row_by_row_walk(m, n, density, seed, op, with_global, rows_only):
+    """Row batches (up to 512 rows or 512 positions; long rows split across
+    chunks), row temporaries as vectors, a dense operand located per row, a
+    scatter and a global accumulator: bitwise the per-element walk, and the
+    same with 2 threads; values against a Python oracle."""
+    rng = np.random.default_rng(seed)
+    A = rand_csr(m, n, density, rng)
+    x, w, W = rng.standard_normal(n), rng.standard_normal(m), rng.standard_normal((m, n))
+    got = both_threads(_sweep_plan(A, x, w, W, op, with_global, rows_only))
+    T, y = _sweep_oracle(A, x, w, W, op, rows_only)
+    np.testing.assert_allclose(got["y"], y, rtol=1e-12, atol=1e-12)
+    if with_global:
+        np.testing.assert_allclose(got["s"], np.sum(T * w), rtol=1e-9, atol=1e-9)
+
+
+def test_sweep_rows_longer_than_a_batch():
+    rng = np.random.default_rng(7)
+    A = rand_csr(5, 3000, 0.5, rng)           # ~1500 entries a row: three chunks each
+    A[2, :] = 0.0
+    A.eliminate_zeros()                        # and an empty row
+    x, w, W = rng.standard_normal(3000), rng.standard_normal(5), rng.standard_normal((5, 3000))
+    got = both_threads(_sweep_plan(A, x, w, W, "sum", True))
+    T, y = _sweep_oracle(A, x, w, W, "sum", False)
+    np.testing.assert_allclose(got["y"], y, rtol=1e-10)
+    np.testing.assert_allclose(got["z"], A.toarray().T @ w, rtol=1e-10)
+    np.testing.assert_allclose(got["s"], np.sum(T * w), rtol=1e-10)
+
+
+def test_programs_through_sweeps_match_numpy():
+    rng = np.random.default_rng(5)
+    A = sp.random_array((700, 600), density=0.02, format="csr", rng=rng)
+    A.data = rng.standard_normal(A.nnz)
+    D = A.toarray()
+    x, b = rng.standard_normal(600), rng.standard_normal(700)
+    np.testing.assert_allclose(spfuse.evaluate("y[i] = A[i,j]*x[j] + b[i]", A=A, x=x, b=b), D @ x + b,
+                               rtol=1e-12)
+    np.testing.assert_allclose(spfuse.evaluate("y[i] = relu(A[i,j]*x[j]) * b[i]", A=A, x=x, b=b),
+                               np.maximum(D @ x, 0) * b, rtol=1e-12)
+    np.testing.assert_allclose(spfuse.evaluate("m[i] = max(j, A[i,j])", A=A), D.max(axis=1), rtol=0)
+    np.testing.assert_allclose(spfuse.evaluate("s = b[i]*A[i,j]*x[j]", A=A, x=x, b=b), b @ D @ x,
+                               rtol=1e-10)

@@ -96,6 +96,7 @@ cdef enum:
 
     STACK_SIZE = 64
     BLK = 256
+    SW = 512
 
     # template-kernel work units (_interrupt.pxd) per interpreter unit (a
     # loop iteration: ~5-10 ns)
@@ -118,6 +119,8 @@ ctypedef struct Plan:
     int64_t* loop_levs
     int64_t* loop_block
     int64_t* loop_fiber
+    int64_t* loop_sweep
+    int64_t* buf_rslot
     int64_t* var_extent
     int64_t* lev_kind
     int64_t* lev_size
@@ -169,6 +172,10 @@ ctypedef struct Ctx:
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
     double* vst        # block mode: vector stack, one row of BLK per slot
+    int64_t* sw_rowid  # sweeps: batch row of each position of a chunk (SW)
+    double* sw_q       # sweeps: vector stack over positions, one row of SW per slot
+    double* sw_r       # sweeps: vector stack over rows
+    double* sw_t       # sweeps: per-row values of the row temporaries, SW per slot
     int64_t work       # work counter (loop iterations + reset elements)
     int err
 
@@ -1051,6 +1058,342 @@ cdef void _fiber_block(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) 
         q += n
 
 
+
+# ---------------------------------------------------------------- sweeps --
+# A DENSE loop over rows whose body is only resets of row temporaries (0-d
+# private buffers), statements, and fiber loops over a compressed level under
+# the row (``loop_sweep``, decided once per plan by :func:`_sweep_loops`) runs
+# as a *sweep*: rows are taken in batches (up to SW rows, up to SW positions
+# of the first fiber), and every child is evaluated once per batch over
+# vectors -- over the batch's rows, or over all the positions of its fiber
+# loop across the batch's rows (``rowid`` says which row each position is in).
+# Row temporaries become vectors over the batch.  Interpretation is paid per
+# batch instead of per row, which is what rows of ~10 entries need.
+#
+# The rules of :func:`_sweep_loops` keep results bitwise those of the row-by-
+# row walk: every buffer the sweep writes is either a row temporary, or
+# written at an offset that moves with the row (never shared between rows) by
+# references that all agree, or written by one statement and not read in the
+# sweep (a scatter or a global accumulator, updated in position order, which
+# is the row-by-row order); row reductions add positions in order.
+
+ctypedef struct Sweep:
+    int64_t vo          # the row variable
+    int64_t* levs_o     # levels located by the row loop
+    int64_t nl_o
+    int64_t r0          # first row (coordinate) of the batch
+    int64_t nr          # rows in the batch
+    int64_t vf          # a fiber loop's variable
+    int64_t* levs_f
+    int64_t nl_f
+    int64_t q0          # first driver position of the chunk
+    const int64_t* crd  # driver coordinates from q0
+    const int64_t* rowid
+
+
+cdef inline int64_t _sw_terms(Plan* P, Ctx* C, int64_t r, int64_t vo, int64_t vf,
+                              int64_t* so, int64_t* sf) noexcept nogil:
+    """Offset of buffer reference ``r`` from the variables other than the
+    row and fiber variables; their strides go to ``so`` and ``sf``."""
+    cdef int64_t k, base = 0
+    so[0] = 0
+    sf[0] = 0
+    for k in range(P.bref_tstart[r], P.bref_tstart[r] + P.bref_nterm[r]):
+        if P.term_var[k] == vo:
+            so[0] += P.term_stride[k]
+        elif P.term_var[k] == vf:
+            sf[0] += P.term_stride[k]
+        else:
+            base += P.term_stride[k] * C.ival[P.term_var[k]]
+    return base
+
+
+cdef inline VDesc _sw_scalar(double* sc, double x) noexcept nogil:
+    cdef VDesc d
+    sc[0] = x
+    d.p = sc
+    d.inc = 0
+    return d
+
+
+cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r, int64_t n,
+                    double* row, double* sc) noexcept nogil:
+    """One operand over the chunk's positions (``fiber``) or the batch's rows."""
+    cdef VDesc d
+    cdef int64_t L, k, par, b, e, so, sf, base, rs
+    cdef const double* vals
+    cdef const double* t
+    cdef const int64_t* rid = W.rowid
+    cdef const int64_t* crd = W.crd
+    d.inc = 1
+    d.p = row
+    if op == OP_CONST:
+        d.p = P.consts + r
+        d.inc = 0
+        return d
+    if op == OP_LOAD_BUF:
+        rs = P.buf_rslot[P.bref_buf[r]]
+        if rs >= 0:
+            t = C.sw_t + rs * SW
+            if not fiber:
+                d.p = t
+                return d
+            for e in range(n):
+                row[e] = t[rid[e]]
+            return d
+        base = _sw_terms(P, C, r, W.vo, W.vf, &so, &sf)
+        vals = C.buf[P.bref_buf[r]] + base
+        if so == 0 and sf == 0:
+            d.p = vals
+            d.inc = 0
+        elif not fiber:
+            if so == 1:
+                d.p = vals + W.r0
+            else:
+                for e in range(n):
+                    row[e] = vals[so * (W.r0 + e)]
+        else:
+            for e in range(n):
+                row[e] = vals[so * (W.r0 + rid[e]) + sf * crd[e]]
+        return d
+    L = P.acc_last[r]
+    vals = P.acc_vals[r]
+    k = find_level(W.levs_f, W.nl_f, L) if fiber else -1
+    if k == 0:                                   # the fiber's driver
+        d.p = vals + W.q0
+        return d
+    if k > 0:                                    # a dense level located by the fiber loop
+        par = P.lev_parent[L]
+        if par < 0:
+            for e in range(n):
+                row[e] = vals[crd[e]]
+        elif find_level(W.levs_o, W.nl_o, par) >= 0:
+            b = C.base[par]
+            if b < 0:
+                return _sw_scalar(sc, 0.0)
+            b += W.r0
+            for e in range(n):
+                row[e] = vals[(b + rid[e]) * P.lev_size[L] + crd[e]]
+        else:
+            b = C.curpos[par]
+            if b < 0:
+                return _sw_scalar(sc, 0.0)
+            for e in range(n):
+                row[e] = vals[b * P.lev_size[L] + crd[e]]
+        return d
+    if find_level(W.levs_o, W.nl_o, L) >= 0:     # one value per row
+        b = C.base[L]
+        if b < 0:
+            return _sw_scalar(sc, 0.0)
+        if not fiber:
+            d.p = vals + b + W.r0
+            return d
+        vals = vals + b + W.r0
+        for e in range(n):
+            row[e] = vals[rid[e]]
+        return d
+    b = C.curpos[L]                              # bound outside the sweep
+    return _sw_scalar(sc, vals[b] if b >= 0 else 0.0)
+
+
+cdef VDesc _sw_eval(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n,
+                    double* sc) noexcept nogil:
+    """Statement ``s``'s expression over ``n`` elements (positions or rows)."""
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t pend = pc + P.stmt_clen[s]
+    cdef int64_t op, k, e
+    cdef int sp = 0
+    cdef double* stack = C.sw_q if fiber else C.sw_r
+    cdef double* row
+    cdef VDesc st[STACK_SIZE]
+    cdef VDesc c
+    while pc < pend:
+        op = P.code[pc]
+        if op <= OP_CONST:
+            st[sp] = _sw_load(P, C, W, fiber, op, P.code[pc + 1], n, stack + sp * SW, &sc[sp])
+            sp += 1
+            pc += 2
+            continue
+        pc += 1
+        if op == OP_WHERE:
+            sp -= 2
+            c = st[sp - 1]
+            k = n if (c.inc or st[sp].inc or st[sp + 1].inc) else 1
+            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
+            for e in range(k):
+                row[e] = st[sp].p[e * st[sp].inc] if c.p[e * c.inc] != 0.0 \
+                    else st[sp + 1].p[e * st[sp + 1].inc]
+        elif op < OP_WHERE:
+            sp -= 1
+            k = n if (st[sp - 1].inc or st[sp].inc) else 1
+            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
+            _vbin(op, st[sp - 1], st[sp], row, k)
+        else:
+            k = n if st[sp - 1].inc else 1
+            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
+            _vun(op, st[sp - 1], row, k)
+        st[sp - 1].p = row
+        st[sp - 1].inc = 1 if k > 1 else 0
+    return st[0]
+
+
+cdef inline void _sw_segmented(double* dst0, int64_t stride, const int64_t* rid, int64_t aop,
+                               VDesc v, int64_t n) noexcept nogil:
+    """Reduce runs of equal ``rid`` into ``dst0[stride * rid]``, in order
+    (exactly ``apply_op`` element by element)."""
+    cdef int64_t e = 0, r
+    cdef double x, u
+    cdef double* dst
+    while e < n:
+        r = rid[e]
+        dst = dst0 + stride * r
+        x = dst[0]
+        if aop == A_SUM:
+            while e < n and rid[e] == r:
+                x += v.p[e * v.inc]
+                e += 1
+        elif aop == A_ASSIGN:
+            while e < n and rid[e] == r:
+                x = v.p[e * v.inc]
+                e += 1
+        elif aop == A_MAX:
+            while e < n and rid[e] == r:
+                u = v.p[e * v.inc]
+                if u > x or u != u:
+                    x = u
+                e += 1
+        else:
+            while e < n and rid[e] == r:
+                u = v.p[e * v.inc]
+                if u < x or u != u:
+                    x = u
+                e += 1
+        dst[0] = x
+
+
+cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n) noexcept nogil:
+    cdef double sc[STACK_SIZE]
+    cdef VDesc v = _sw_eval(P, C, W, fiber, s, n, sc)
+    cdef int64_t aop = P.stmt_op[s]
+    cdef int64_t r = P.stmt_target[s]
+    cdef int64_t rs, base, so, sf, e
+    cdef double* buf
+    if P.stmt_tkind[s] == T_PATTERN:            # the fiber driver's pattern
+        buf = C.buf[P.pat_buf[r]] + W.q0
+        for e in range(n):
+            apply_op(buf + e, aop, v.p[e * v.inc])
+        return
+    rs = P.buf_rslot[P.bref_buf[r]]
+    if rs >= 0:
+        buf = C.sw_t + rs * SW
+        so = 1
+        sf = 0
+    else:
+        base = _sw_terms(P, C, r, W.vo, W.vf if fiber else -1, &so, &sf)
+        buf = C.buf[P.bref_buf[r]] + base + so * W.r0
+    if not fiber:
+        for e in range(n):
+            apply_op(buf + so * e, aop, v.p[e * v.inc])
+    elif sf == 0:
+        _sw_segmented(buf, so, W.rowid, aop, v, n)
+    else:
+        for e in range(n):
+            apply_op(buf + so * W.rowid[e] + sf * W.crd[e], aop, v.p[e * v.inc])
+
+
+cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
+    """A fiber loop over all the batch's rows, SW positions at a time."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t Ld, pb, qa, qb, q, r = 0, c, end = P.node_end[node]
+    cdef int64_t* pos
+    cdef int64_t* rid = C.sw_rowid
+    W.vf = P.loop_var[lid]
+    W.nl_f = P.loop_nlev[lid]
+    W.levs_f = P.loop_levs + P.loop_lev_start[lid]
+    Ld = W.levs_f[0]
+    pb = C.base[P.lev_parent[Ld]]
+    if pb < 0:
+        return
+    pb += W.r0
+    pos = P.lev_pos[Ld]
+    qa = pos[pb]
+    while qa < pos[pb + W.nr]:
+        qb = pos[pb + W.nr]
+        if qb - qa > SW:
+            qb = qa + SW
+        for q in range(qa, qb):
+            while pos[pb + r + 1] <= q:
+                r += 1
+            rid[q - qa] = r
+        W.q0 = qa
+        W.crd = P.lev_crd[Ld] + qa
+        W.rowid = rid
+        C.work += qb - qa
+        c = node + 1
+        while c < end:
+            _sw_statement(P, C, W, True, P.node_arg[c], qb - qa)
+            c = P.node_end[c]
+        qa = qb
+
+
+cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept nogil:
+    """Rows ``[lo, hi)`` of a sweep loop, in batches."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t end = P.node_end[node]
+    cdef int64_t k, c, r1, a, b, mid, Ld = -1, pb = -1, rs, e
+    cdef int64_t* pos = NULL
+    cdef double* t
+    cdef double val
+    cdef Sweep W
+    W.vo = P.loop_var[lid]
+    W.levs_o = P.loop_levs + P.loop_lev_start[lid]
+    W.nl_o = P.loop_nlev[lid]
+    W.vf = -1
+    W.nl_f = 0
+    W.levs_f = NULL
+    for k in range(W.nl_o):
+        seek_setup(P, C, W.levs_o[k])
+    c = node + 1
+    while c < end:                     # the first fiber sizes the batches
+        if P.node_kind[c] == N_LOOP:
+            Ld = P.loop_levs[P.loop_lev_start[P.node_arg[c]]]
+            pb = C.base[P.lev_parent[Ld]]
+            pos = P.lev_pos[Ld]
+            break
+        c = P.node_end[c]
+    W.r0 = lo
+    while W.r0 < hi:
+        r1 = hi if hi - W.r0 <= SW else W.r0 + SW
+        if pos != NULL and pb >= 0 and pos[pb + r1] - pos[pb + W.r0] > SW:
+            a = W.r0 + 1               # largest r1 whose positions fit (at least one row)
+            b = r1
+            while b - a > 1:
+                mid = (a + b) >> 1
+                if pos[pb + mid] - pos[pb + W.r0] <= SW:
+                    a = mid
+                else:
+                    b = mid
+            r1 = a
+        W.nr = r1 - W.r0
+        C.ival[W.vo] = W.r0
+        c = node + 1
+        while c < end:
+            k = P.node_kind[c]
+            if k == N_RESET:
+                rs = P.buf_rslot[P.reset_buf[P.node_arg[c]]]
+                t = C.sw_t + rs * SW
+                val = P.reset_value[P.node_arg[c]]
+                for e in range(W.nr):
+                    t[e] = val
+            elif k == N_STMT:
+                W.vf = -1
+                _sw_statement(P, C, &W, False, P.node_arg[c], W.nr)
+            else:
+                _sw_fiber(P, C, &W, c)
+            c = P.node_end[c]
+        W.r0 = r1
+
+
 cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t v = P.loop_var[lid]
@@ -1063,6 +1406,9 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
     cdef bint blk = P.loop_block[lid] != 0
     if P.loop_fiber[lid]:
         _fiber_block(P, C, node, qlo, qhi)
+        return
+    if P.loop_sweep[lid]:
+        _sweep(P, C, node, qlo, qhi)
         return
     if P.loop_mode[lid] == M_DENSE:
         for k in range(nl):
@@ -1322,6 +1668,146 @@ def _fiber_loops(keep):
     return lt
 
 
+def _stmt_buffer_reads(keep, s):
+    """The buffer references a statement's byte code loads."""
+    code, pc = keep["code"], keep["stmt_cstart"][s]
+    end = pc + keep["stmt_clen"][s]
+    out = []
+    while pc < end:
+        op = code[pc]
+        if op <= OP_CONST:
+            if op == OP_LOAD_BUF:
+                out.append(int(code[pc + 1]))
+            pc += 2
+        else:
+            pc += 1
+    return out
+
+
+def _sweep_loops(keep, private):
+    """Per loop, 1 when it runs as a sweep (see ``_sweep``); per buffer, its
+    row-temporary slot in sweeps (-1: none).  Returns ``(loop_sweep,
+    buf_rslot, n_slots)``."""
+    nloops, nbuf = len(keep["loop_var"]), len(keep["buf_size"])
+    sweep = np.zeros(nloops, dtype=np.int64)
+    rslot = np.full(nbuf, -1, dtype=np.int64)
+    kind, parent = keep["lev_kind"], keep["lev_parent"]
+    node_kind, node_arg, node_end = keep["node_kind"], keep["node_arg"], keep["node_end"]
+    levs, start, nlev = keep["loop_levs"], keep["loop_lev_start"], keep["loop_nlev"]
+    loop_var = keep["loop_var"]
+
+    def terms(r):
+        t0 = keep["bref_tstart"][r]
+        return tuple(sorted((int(v), int(st)) for v, st in
+                            zip(keep["term_var"][t0:t0 + keep["bref_nterm"][r]],
+                                keep["term_stride"][t0:t0 + keep["bref_nterm"][r]])))
+
+    # every reference of every buffer in the plan: (node of its statement/reset, kind, ref)
+    everywhere: dict = {}
+    for node in range(len(node_kind)):
+        if node_kind[node] == N_STMT:
+            s = node_arg[node]
+            for r in _stmt_buffer_reads(keep, s):
+                everywhere.setdefault(int(keep["bref_buf"][r]), []).append(node)
+            t = keep["stmt_target"][s]
+            if keep["stmt_tkind"][s] == T_BUF:
+                everywhere.setdefault(int(keep["bref_buf"][t]), []).append(node)
+            elif keep["stmt_tkind"][s] == T_PATTERN:
+                everywhere.setdefault(int(keep["pat_buf"][t]), []).append(node)
+        elif node_kind[node] == N_RESET:
+            everywhere.setdefault(int(keep["reset_buf"][node_arg[node]]), []).append(node)
+
+    nslots = 0
+    for o in range(len(node_kind)):
+        if node_kind[o] != N_LOOP:
+            continue
+        lid = node_arg[o]
+        if keep["loop_mode"][lid] != M_DENSE or keep["loop_block"][lid] or keep["loop_fiber"][lid]:
+            continue
+        vo = loop_var[lid]
+        mine_o = set(int(L) for L in levs[start[lid]:start[lid] + nlev[lid]])
+        if any(kind[L] != L_DENSE for L in mine_o):
+            continue
+        ok, fibers = True, 0
+        order = []        # (kind, node, statement or reset, fiber var or -1)
+        c = o + 1
+        while c < node_end[o] and ok:
+            k = node_kind[c]
+            if k == N_RESET:
+                r = node_arg[c]
+                b = int(keep["reset_buf"][r])
+                ok = bool(keep["reset_whole"][r]) and keep["buf_size"][b] == 1 and bool(private[b])
+                order.append(("reset", c, r, -1))
+            elif k == N_STMT:
+                s = node_arg[c]
+                ok = keep["stmt_tkind"][s] == T_BUF
+                order.append(("stmt", c, s, -1))
+            else:
+                fl = node_arg[c]
+                mine_f = [int(L) for L in levs[start[fl]:start[fl] + nlev[fl]]]
+                ok = (bool(keep["loop_fiber"][fl]) and keep["loop_mode"][fl] == M_INTERSECT
+                      and kind[mine_f[0]] == L_COMPRESSED and int(parent[mine_f[0]]) in mine_o)
+                cc = c + 1
+                while ok and cc < node_end[c]:
+                    s = node_arg[cc]
+                    tk = keep["stmt_tkind"][s]
+                    ok = tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine_f[0])
+                    order.append(("fiber", cc, s, loop_var[fl]))
+                    cc = node_end[cc]
+                fibers += 1
+            c = node_end[c]
+        if not ok or (fibers == 0 and not any(k == "reset" for k, *_ in order)):
+            continue
+        # buffers: row temporaries, or references that keep rows apart
+        refs: dict = {}   # buffer -> list of (role, terms, fiber var)
+        first_ref: dict = {}
+        for role, n, x, vf in order:
+            if role == "reset":
+                b = int(keep["reset_buf"][x])
+                first_ref.setdefault(b, "reset")
+                refs.setdefault(b, []).append(("reset", (), vf))
+                continue
+            for r in _stmt_buffer_reads(keep, x):
+                b = int(keep["bref_buf"][r])
+                first_ref.setdefault(b, "read")
+                refs.setdefault(b, []).append(("read", terms(r), vf))
+            t = keep["stmt_target"][x]
+            if keep["stmt_tkind"][x] == T_BUF:
+                b = int(keep["bref_buf"][t])
+                first_ref.setdefault(b, "write")
+                refs.setdefault(b, []).append(("write", terms(t), vf))
+            else:
+                b = int(keep["pat_buf"][t])
+                first_ref.setdefault(b, "write")
+                refs.setdefault(b, []).append(("write", ("pattern",), vf))
+        temps = []
+        for b, rl in refs.items():
+            writes = [t for role, t, _ in rl if role == "write"]
+            if any(role == "reset" for role, _, _ in rl):
+                inside = {n for _, n, _, _ in order}
+                ok = (first_ref[b] == "reset" and all(t == () for role, t, _ in rl)
+                      and set(everywhere.get(b, ())) <= inside)
+                temps.append(b)
+            elif not writes:
+                continue
+            elif len(writes) == 1 and all(role == "write" for role, _, _ in rl):
+                continue  # one writer, never read here: updated in position order
+            else:
+                sig = {t for _, t, _ in rl}
+                ok = (len(sig) == 1 and all(vf < 0 or all(v != vf for v, _ in t) for _, t, vf in rl)
+                      and any(v == vo and st != 0 for v, st in next(iter(sig))))
+            if not ok:
+                break
+        if not ok:
+            continue
+        for b in temps:
+            if rslot[b] < 0:
+                rslot[b] = nslots
+                nslots += 1
+        sweep[lid] = 1
+    return sweep, rslot, nslots
+
+
 _INT_FIELDS = (
     "node_kind", "node_end", "node_arg",
     "loop_var", "loop_mode", "loop_lev_start", "loop_ndrv", "loop_nlev", "loop_levs", "loop_block",
@@ -1339,8 +1825,8 @@ cdef class _Program:
     """A plan's arrays pinned as C pointers (built once per :func:`run`)."""
     cdef Plan P
     cdef dict keep
-    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free, max_stack, max_blk_lev
-    cdef bint any_block
+    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free, max_stack, max_blk_lev, n_rslots
+    cdef bint any_block, any_sweep
     cdef tuple index_arrays, value_arrays
 
     def __cinit__(self):
@@ -1356,6 +1842,9 @@ cdef class _Program:
         if not blocks:
             keep["loop_block"] = np.zeros_like(keep["loop_block"])
         keep["loop_fiber"] = _fiber_loops(keep)
+        keep["loop_sweep"], keep["buf_rslot"], self.n_rslots = _sweep_loops(
+            keep, [bool(x) for x in plan.buf_private])
+        self.any_sweep = bool(keep["loop_sweep"].any())
         self.max_stack = max(1, int(plan.max_stack))
         self.max_blk_lev = int(keep["loop_nlev"].max()) if len(keep["loop_nlev"]) else 0
         keep["reset_value"] = _f64(plan.reset_value)
@@ -1378,6 +1867,8 @@ cdef class _Program:
         P.loop_nlev = _ip(keep["loop_nlev"]); P.loop_levs = _ip(keep["loop_levs"])
         P.loop_block = _ip(keep["loop_block"])
         P.loop_fiber = _ip(keep["loop_fiber"])
+        P.loop_sweep = _ip(keep["loop_sweep"])
+        P.buf_rslot = _ip(keep["buf_rslot"])
         self.any_block = bool(keep["loop_block"].any())
         P.var_extent = _ip(keep["var_extent"])
         P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])
@@ -1490,6 +1981,13 @@ cdef class _Program:
                     C.vst = <double*>malloc(BLK * self.max_stack * sizeof(double))
                     if C.blk_i == NULL or C.vst == NULL:
                         raise MemoryError()
+                if self.any_sweep:
+                    C.sw_rowid = <int64_t*>malloc(SW * sizeof(int64_t))
+                    C.sw_q = <double*>malloc(2 * SW * self.max_stack * sizeof(double))
+                    C.sw_r = C.sw_q + SW * self.max_stack if C.sw_q != NULL else NULL
+                    C.sw_t = <double*>malloc(SW * (self.n_rslots + 1) * sizeof(double))
+                    if C.sw_rowid == NULL or C.sw_q == NULL or C.sw_t == NULL:
+                        raise MemoryError()
                 if C.buf == NULL or C.coo_crd == NULL or C.coo_val == NULL or C.coo_n == NULL or C.coo_cap == NULL:
                     raise MemoryError()
                 for b in range(nb):
@@ -1572,6 +2070,6 @@ cdef class _Program:
                     for c in range(nc):
                         free(C.coo_crd[c])
                         free(C.coo_val[c])
-                free(C.blk_i); free(C.vst)
+                free(C.blk_i); free(C.vst); free(C.sw_rowid); free(C.sw_q); free(C.sw_t)
                 free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
             free(ctxs); free(scratch); free(priv); free(shared)
