@@ -255,7 +255,7 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
 
 def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
     """Run ``plan`` on the generic loop-tree executor."""
-    from spfuse.lowering.looptree import UnrealizableMask, lower_to_looptree
+    from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
     from spfuse.lowering.templates import PARALLEL_MIN_WORK
     from spfuse.runtime import looptree as lt
 
@@ -264,7 +264,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
     if work < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
     try:
-        lowered = lower_to_looptree(plan, tensors)
+        lowered = lower_cached(plan, tensors)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)

@@ -254,3 +254,45 @@ def test_programs_through_sweeps_match_numpy():
     np.testing.assert_allclose(spfuse.evaluate("m[i] = max(j, A[i,j])", A=A), D.max(axis=1), rtol=0)
     np.testing.assert_allclose(spfuse.evaluate("s = b[i]*A[i,j]*x[j]", A=A, x=x, b=b), b @ D @ x,
                                rtol=1e-10)
+
+
+# ------------------------------------------------------- lowering reuse --
+
+@pytest.mark.parametrize("text,fmt", [
+    ("S[i,j] = x[i]*A[i,j]*u[j]", "csr"),      # a pattern output sized by each call's nnz
+    ("y[j] = A[i,j]*x[i]", "csc"),              # an operand converted to the loop order
+    ("y[i] = A[i,j]*u[j] + x[i]", "csr"),
+    ("m[i] = max(j, A[i,j]) + c", "csr"),      # a 0-d operand: baked into the plan, not reused
+])
+def test_lowering_is_reused_with_each_calls_arrays(text, fmt):
+    """The second and later calls of a signature rebind the cached lowering
+    to their own arrays: every call's answer is its own."""
+    k = spfuse.compile(text)
+    rng = np.random.default_rng(11)
+    for call in range(4):
+        A = sp.random_array((30, 20), density=0.1 + 0.1 * call, format=fmt, rng=rng)
+        x, u, c = rng.standard_normal(30), rng.standard_normal(20), np.float64(call)
+        ops = {"A": A, "x": x, "u": u, "c": c}
+        ops = {n: v for n, v in ops.items() if f"{n}[" in text or (n == "c" and " c" in text)}
+        D = A.toarray()
+        got = k(**ops)
+        ref = {"S[i,j] = x[i]*A[i,j]*u[j]": lambda: x[:, None] * D * u[None, :],
+               "y[j] = A[i,j]*x[i]": lambda: D.T @ x,
+               "y[i] = A[i,j]*u[j] + x[i]": lambda: D @ u + x,
+               "m[i] = max(j, A[i,j]) + c": lambda: D.max(axis=1) + c}[text]()
+        got = got.toarray() if sp.issparse(got) else got
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_cached_lowering_keeps_no_operand_alive():
+    import gc
+    import weakref
+    k = spfuse.compile("y[i] = A[i,j]*u[j] + x[i]")
+    refs = []
+    for seed in range(3):   # the first call lowers and caches, the later ones rebind
+        A = sp.random_array((40, 30), density=0.2, format="csr", rng=seed)
+        refs.append(weakref.ref(A.data))
+        k(A=A, u=np.ones(30), x=np.ones(40))
+        del A
+    gc.collect()
+    assert all(r() is None for r in refs)

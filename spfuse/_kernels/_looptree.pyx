@@ -1907,6 +1907,41 @@ cdef class _Program:
         for k in range(self.nacc):
             P.acc_vals[k] = _dp(self.value_arrays[vals_arr[k]])
 
+    def with_arrays(self, tuple index_arrays, tuple value_arrays, buf_size):
+        """This program over other operand arrays (same structure, as
+        :meth:`spfuse.lowering.looptree.LoweredProgram.rebind` makes them):
+        only the pointer tables are rebuilt; the structure is shared."""
+        cdef _Program q = _Program.__new__(_Program)
+        cdef int64_t k, j
+        q.P = self.P
+        q.keep = dict(self.keep)
+        q.keep["buf_size"] = _i64(buf_size)
+        q.P.buf_size = _ip(q.keep["buf_size"])
+        q.nlev, q.nacc, q.nvars, q.nbuf = self.nlev, self.nacc, self.nvars, self.nbuf
+        q.ncoo, q.nnodes, q.max_free, q.max_stack = self.ncoo, self.nnodes, self.max_free, self.max_stack
+        q.max_blk_lev, q.n_rslots = self.max_blk_lev, self.n_rslots
+        q.any_block, q.any_sweep = self.any_block, self.any_sweep
+        q.index_arrays = tuple(_i64(a) for a in index_arrays)
+        q.value_arrays = tuple(_f64(a) for a in value_arrays)
+        q.P.lev_pos = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
+        q.P.lev_crd = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
+        q.P.acc_vals = <double**>calloc(self.nacc + 1, sizeof(double*))
+        if q.P.lev_pos == NULL or q.P.lev_crd == NULL or q.P.acc_vals == NULL:
+            raise MemoryError()
+        pos_arr = self.keep["lev_pos_arr"]
+        crd_arr = self.keep["lev_crd_arr"]
+        for k in range(self.nlev):
+            j = pos_arr[k]
+            if j >= 0:
+                q.P.lev_pos[k] = _ip(q.index_arrays[j])
+            j = crd_arr[k]
+            if j >= 0:
+                q.P.lev_crd[k] = _ip(q.index_arrays[j])
+        vals_arr = self.keep["acc_vals_arr"]
+        for k in range(self.nacc):
+            q.P.acc_vals[k] = _dp(q.value_arrays[vals_arr[k]])
+        return q
+
     def __dealloc__(self):
         free(self.P.lev_pos)
         free(self.P.lev_crd)

@@ -244,19 +244,28 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
 
 
 def _subplan(plan, g: Group):
-    """The plan restricted to one group: earlier groups' temporaries are operands."""
-    names = {op.out for op in g.ops}
-    temps = {n: t for n, t in plan.temporaries.items() if n in names and n not in g.outputs}
-    return replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps, results=g.outputs)
+    """The plan restricted to one group: earlier groups' temporaries are
+    operands.  Made once per group (its lowering is cached on it)."""
+    made = plan.__dict__.get("_subplans")
+    if made is None:
+        made = {}
+        object.__setattr__(plan, "_subplans", made)
+    sub = made.get(id(g))
+    if sub is None or sub[0] is not g:
+        names = {op.out for op in g.ops}
+        temps = {n: t for n, t in plan.temporaries.items() if n in names and n not in g.outputs}
+        sub = made[id(g)] = (g, replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps,
+                                         results=g.outputs))
+    return sub[1]
 
 
 def _run_generic(plan, tensors, nt: int) -> dict:
-    from spfuse.lowering.looptree import lower_to_looptree
+    from spfuse.lowering.looptree import lower_cached
     from spfuse.lowering.templates import PARALLEL_MIN_WORK
     from spfuse.runtime import looptree as lt
     work = sum(t.values.size for t in tensors.values()) + sum(
         prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
-    lowered = lower_to_looptree(plan, tensors)
+    lowered = lower_cached(plan, tensors)
     return lowered.results(lt.run(lowered.plan, num_threads=nt if work >= PARALLEL_MIN_WORK else 1))
 
 

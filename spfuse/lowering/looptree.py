@@ -12,7 +12,7 @@ coordinate lists canonicalised afterwards (SpGEMM, SpAdd).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 import numpy as np
@@ -24,7 +24,7 @@ from spfuse.passes.iteration_space import atom_tensor
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 
-__all__ = ["LoweredProgram", "lower_to_looptree", "OutputSpec", "UnrealizableMask"]
+__all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec", "UnrealizableMask"]
 
 
 class UnrealizableMask(Exception):
@@ -46,10 +46,55 @@ class OutputSpec:
 
 
 @dataclass(frozen=True)
+class Binding:
+    """Where a lowered program's arrays come from: the call's operands.
+
+    ``sources`` are ``(operand name, mode order it is converted to or None)``;
+    ``index_slots`` ``(slot, source, level, 2 pos | 3 crd)``; ``value_slots``
+    ``(slot, source)``; ``patterns`` ``(buffer, source)`` for pattern outputs
+    (sized by the source's stored entries); ``pattern_specs`` ``(output
+    position, source)``.  With it a lowering is reused for every call with
+    the same plan and operand signature: only the arrays change."""
+
+    sources: tuple
+    index_slots: tuple
+    value_slots: tuple
+    patterns: tuple
+    pattern_specs: tuple
+
+
+@dataclass(frozen=True)
 class LoweredProgram:
     plan: Any  # LoopTreePlan
     outputs: tuple[OutputSpec, ...]
     transposed: tuple[str, ...]  # operands converted to a concordant mode order
+    binding: Optional[Binding] = None
+
+    def rebind(self, operands: Mapping[str, Any]) -> "LoweredProgram":
+        """This lowering over another call's operands (same signature)."""
+        b = self.binding
+        tensors = []
+        for name, want in b.sources:
+            t = operands[name]
+            if want is not None:
+                t = t.asformat(Format(tuple(t.format.levels), want))
+            tensors.append(t)
+        levels = [lt.as_level_tensor(t, check=False) for t in tensors]
+        index = list(self.plan.index_arrays)
+        values = list(self.plan.value_arrays)
+        for slot, src, lev, k in b.index_slots:
+            index[slot] = levels[src].levels[lev][k]
+        for slot, src in b.value_slots:
+            values[slot] = levels[src].values
+        sizes, shapes = self.plan.buf_size.copy(), list(self.plan.buf_shapes)
+        for buf, src in b.patterns:
+            sizes[buf] = len(levels[src].values)
+            shapes[buf] = (sizes[buf],)
+        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, tuple(shapes))
+        outputs = list(self.outputs)
+        for k, src in b.pattern_specs:
+            outputs[k] = replace(outputs[k], pattern_of=tensors[src])
+        return LoweredProgram(plan, tuple(outputs), self.transposed, b)
 
     def results(self, raw: Mapping[str, Any]) -> dict:
         """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
@@ -80,6 +125,8 @@ class _Lowerer:
         self.accesses: dict[tuple, Any] = {}
         self.converted: dict[tuple, Any] = {}
         self.transposed: list[str] = []
+        self.sources: dict[int, tuple] = {}   # id(tensor accessed) -> (operand, conversion)
+        self.baked = False                    # a 0-d operand's value is a constant of the plan
         self.buffers: dict[str, Any] = {}
         self.targets: dict[str, Any] = {}
         self.outputs: list[OutputSpec] = []
@@ -113,10 +160,12 @@ class _Lowerer:
         want = tuple(sorted(modes, key=lambda m: var_depth.get(self.op_vars[op_id][ref_indices[m]].id, 0)))
         have = tuple(tensor.format.mode_order)
         if want == have:
+            self.sources[id(tensor)] = (name, None)
             return tensor
         key = (name, want)
         if key not in self.converted:
             self.converted[key] = tensor.asformat(Format(tuple(tensor.format.levels), want))
+            self.sources[id(self.converted[key])] = (name, want)
             # the loop order was chosen with this transposition's cost (Plan.transpositions)
             planned = (name, have, want) in getattr(self.plan, "transpositions", {}).get(op_id, ())
             self.transposed.append(f"{name}: mode order {have} → {want}" + ("" if planned else " (unplanned)"))
@@ -241,6 +290,7 @@ class _Lowerer:
         if leaf.name in self.buffers and leaf.name not in self.operands:
             return self.buffer_ref(op_id, leaf.name, leaf.indices)
         if not leaf.indices:  # a 0-d operand is a constant of this call
+            self.baked = True
             return lt.const(float(np.asarray(self.operands[leaf.name].todense())))
         return self.access(op_id, leaf)
 
@@ -376,4 +426,57 @@ def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
     lo.declare_vars(plan.tree.children, [])
     lo.declare_storage()
     lo.emit(plan.tree.children, set())
-    return LoweredProgram(lo.b.build(), tuple(lo.outputs), tuple(lo.transposed))
+    built = lo.b.build()
+    return LoweredProgram(built, tuple(lo.outputs), tuple(lo.transposed), _binding(lo, built))
+
+
+def _binding(lo: _Lowerer, built) -> Optional[Binding]:
+    """How ``built``'s arrays come from the operands, or None when some do not."""
+    if lo.baked:
+        return None
+    index_slot = {id(a): k for k, a in enumerate(built.index_arrays)}
+    value_slot = {id(a): k for k, a in enumerate(built.value_arrays)}
+    source_of: dict = {}
+    of_level_tensor: dict = {}
+    index_slots, value_slots = [], []
+    for obj, level_tensor in lo.b._tensors.values():
+        src = lo.sources.get(id(obj))
+        if src is None:
+            return None
+        k = source_of.setdefault(src, len(source_of))
+        of_level_tensor[id(level_tensor)] = k
+        for n, lev in enumerate(level_tensor.levels):
+            if lev[0] == "compressed":
+                index_slots += [(index_slot[id(lev[2])], k, n, 2), (index_slot[id(lev[3])], k, n, 3)]
+        value_slots.append((value_slot[id(level_tensor.values)], k))
+    if ({s for s, *_ in index_slots} != set(range(len(built.index_arrays)))
+            or {s for s, _ in value_slots} != set(range(len(built.value_arrays)))):
+        return None
+    patterns = tuple((p.buffer.id, of_level_tensor[id(p.access.tensor)]) for p in lo.b._patterns)
+    specs = []
+    for n, spec in enumerate(lo.outputs):
+        if spec.kind == "pattern":
+            src = lo.sources.get(id(spec.pattern_of))
+            if src is None or src not in source_of:
+                return None
+            specs.append((n, source_of[src]))
+    return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs))
+
+
+def lower_cached(plan, operands: Mapping[str, Any]) -> LoweredProgram:
+    """:func:`lower_to_looptree`, done once per plan and operand signature
+    (formats, shapes, dtypes) and rebound to each call's arrays after that."""
+    cache = plan.__dict__.get("_lowered")
+    if cache is None:
+        cache = {}
+        object.__setattr__(plan, "_lowered", cache)
+    key = tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
+    hit = cache.get(key)
+    if hit is not None:
+        return hit.rebind(operands)
+    lowered = lower_to_looptree(plan, operands)
+    if lowered.binding is not None and len(cache) < 16:
+        bare = [replace(o, pattern_of=None) for o in lowered.outputs]
+        cache[key] = LoweredProgram(lt.without_arrays(lowered.plan), tuple(bare), lowered.transposed,
+                                    lowered.binding)
+    return lowered

@@ -86,6 +86,7 @@ stride)), ``buf_size``, ``top_parallel`` (per node, 1 = run in parallel).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -1268,6 +1269,45 @@ def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> C
     return COOResult(np.ascontiguousarray(crd_s[starts].T), vals, shape)
 
 
+def rebound(plan: LoopTreePlan, index_arrays: tuple, value_arrays: tuple, buf_size: np.ndarray,
+            buf_shapes: tuple) -> LoopTreePlan:
+    """``plan`` over other operand arrays of the same formats and shapes
+    (pattern buffers resized): its executable structure is reused by
+    :func:`run`, which then only re-points the arrays."""
+    new = copy.copy(plan)
+    for name, value in (("index_arrays", index_arrays), ("value_arrays", value_arrays),
+                        ("buf_size", buf_size), ("buf_shapes", buf_shapes)):
+        object.__setattr__(new, name, value)
+    new.__dict__.pop("_program", None)
+    object.__setattr__(new, "_structure", plan.__dict__.get("_structure", plan))
+    return new
+
+
+def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
+    """``plan``'s structure with empty operand arrays: what a cache keeps,
+    so that it holds no caller's data alive."""
+    empty_i, empty_f = np.zeros(0, np.int64), np.zeros(0, np.float64)
+    bare = rebound(plan, tuple(empty_i for _ in plan.index_arrays),
+                   tuple(empty_f for _ in plan.value_arrays), plan.buf_size, plan.buf_shapes)
+    bare.__dict__.pop("_structure", None)
+    return bare
+
+
+def _program(plan: LoopTreePlan, blocks: bool):
+    """The executor's program for ``plan``: built once per structure."""
+    from spfuse._kernels import _looptree
+    if not blocks:
+        return _looptree._Program(plan, False)
+    structure = plan.__dict__.get("_structure", plan)
+    base = structure.__dict__.get("_program")
+    if base is None:
+        base = _looptree._Program(structure, True)
+        object.__setattr__(structure, "_program", base)
+    if structure is plan:
+        return base
+    return base.with_arrays(plan.index_arrays, plan.value_arrays, plan.buf_size)
+
+
 def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
     """Execute ``plan``; return ``{name: array}`` for non-private buffers
     (reshaped), ``{name: 1-d array}`` for pattern outputs, and
@@ -1283,7 +1323,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
             bufs.append(np.array(init, dtype=np.float64).reshape(-1))
         else:
             bufs.append(np.full(int(size), init, dtype=np.float64))
-    prog = _looptree._Program(plan, blocks)
+    prog = _program(plan, blocks)
     coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
     out: dict = {}
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
