@@ -254,6 +254,56 @@ cdef inline int64_t bref_offset(Plan* P, Ctx* C, int64_t r) noexcept nogil:
     return off
 
 
+cdef inline double _binary(int64_t op, double x, double y) noexcept nogil:
+    """One binary op code on scalars (division: ``0 / y = 0``; max/min keep a NaN)."""
+    if op == OP_ADD:
+        return x + y
+    if op == OP_SUB:
+        return x - y
+    if op == OP_MUL:
+        return x * y
+    if op == OP_DIV:
+        return 0.0 if x == 0.0 else x / y
+    if op == OP_MAX:
+        return x if x >= y or x != x else y
+    if op == OP_MIN:
+        return x if x <= y or x != x else y
+    if op == OP_LT:
+        return 1.0 if x < y else 0.0
+    if op == OP_LE:
+        return 1.0 if x <= y else 0.0
+    if op == OP_GT:
+        return 1.0 if x > y else 0.0
+    if op == OP_GE:
+        return 1.0 if x >= y else 0.0
+    if op == OP_EQ:
+        return 1.0 if x == y else 0.0
+    return 1.0 if x != y else 0.0
+
+
+cdef inline double _unary(int64_t op, double x) noexcept nogil:
+    """One unary op code on a scalar."""
+    cdef double y
+    if op == OP_NEG:
+        return -x
+    if op == OP_ABS:
+        return fabs(x)
+    if op == OP_SQRT:
+        return sqrt(x)
+    if op == OP_EXP:
+        return exp(x)
+    if op == OP_LOG:
+        return log(x)
+    if op == OP_TANH:
+        return tanh(x)
+    if op == OP_SIGMOID:
+        if x >= 0:
+            return 1.0 / (1.0 + exp(-x))
+        y = exp(x)
+        return y / (1.0 + y)
+    return x if x > 0.0 else 0.0     # OP_RELU
+
+
 cdef double eval_code(Plan* P, Ctx* C, int64_t pc, int64_t end) noexcept nogil:
     cdef double st[STACK_SIZE]
     cdef int sp = 0
@@ -287,58 +337,11 @@ cdef double eval_code(Plan* P, Ctx* C, int64_t pc, int64_t end) noexcept nogil:
             continue
         elif op < OP_WHERE:
             sp -= 1
-            x = st[sp - 1]
-            y = st[sp]
-            if op == OP_ADD:
-                x = x + y
-            elif op == OP_SUB:
-                x = x - y
-            elif op == OP_MUL:
-                x = x * y
-            elif op == OP_DIV:
-                x = 0.0 if x == 0.0 else x / y
-            elif op == OP_MAX:
-                x = x if x >= y or x != x else y
-            elif op == OP_MIN:
-                x = x if x <= y or x != x else y
-            elif op == OP_LT:
-                x = 1.0 if x < y else 0.0
-            elif op == OP_LE:
-                x = 1.0 if x <= y else 0.0
-            elif op == OP_GT:
-                x = 1.0 if x > y else 0.0
-            elif op == OP_GE:
-                x = 1.0 if x >= y else 0.0
-            elif op == OP_EQ:
-                x = 1.0 if x == y else 0.0
-            elif op == OP_NE:
-                x = 1.0 if x != y else 0.0
-            st[sp - 1] = x
+            st[sp - 1] = _binary(op, st[sp - 1], st[sp])
             pc += 1
             continue
         else:
-            x = st[sp - 1]
-            if op == OP_NEG:
-                x = -x
-            elif op == OP_ABS:
-                x = fabs(x)
-            elif op == OP_SQRT:
-                x = sqrt(x)
-            elif op == OP_EXP:
-                x = exp(x)
-            elif op == OP_LOG:
-                x = log(x)
-            elif op == OP_TANH:
-                x = tanh(x)
-            elif op == OP_SIGMOID:
-                if x >= 0:
-                    x = 1.0 / (1.0 + exp(-x))
-                else:
-                    y = exp(x)
-                    x = y / (1.0 + y)
-            elif op == OP_RELU:
-                x = x if x > 0.0 else 0.0
-            st[sp - 1] = x
+            st[sp - 1] = _unary(op, st[sp - 1])
             pc += 1
     return st[0]
 
@@ -469,6 +472,101 @@ cdef inline void bref_split(Plan* P, Ctx* C, int64_t r, int64_t v,
             base[0] += P.term_stride[k] * C.ival[P.term_var[k]]
 
 
+ctypedef struct VDesc:
+    # one operand of a fiber block: element e is p[e * inc] (inc 0 = broadcast)
+    const double* p
+    int64_t inc
+
+
+cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexcept nogil:
+    """d[e] = a[e] op b[e] over a block (d may alias a's row)."""
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef const double* y = b.p
+    cdef int64_t ai = a.inc, bi = b.inc
+    cdef double u, w
+    if ai == 1 and bi == 1 and op <= OP_MUL:
+        if op == OP_ADD:
+            for e in range(n):
+                d[e] = x[e] + y[e]
+        elif op == OP_SUB:
+            for e in range(n):
+                d[e] = x[e] - y[e]
+        else:
+            for e in range(n):
+                d[e] = x[e] * y[e]
+    elif ai + bi == 1 and (op == OP_ADD or op == OP_MUL):
+        # one broadcast operand (both ops commute bitwise)
+        if ai == 0:
+            u = x[0]
+            x = y
+        else:
+            u = y[0]
+        if op == OP_ADD:
+            for e in range(n):
+                d[e] = x[e] + u
+        else:
+            for e in range(n):
+                d[e] = x[e] * u
+    elif op == OP_ADD:
+        for e in range(n):
+            d[e] = x[e * ai] + y[e * bi]
+    elif op == OP_SUB:
+        for e in range(n):
+            d[e] = x[e * ai] - y[e * bi]
+    elif op == OP_MUL:
+        for e in range(n):
+            d[e] = x[e * ai] * y[e * bi]
+    elif op == OP_DIV:
+        for e in range(n):
+            u = x[e * ai]
+            d[e] = 0.0 if u == 0.0 else u / y[e * bi]
+    else:
+        for e in range(n):
+            d[e] = _binary(op, x[e * ai], y[e * bi])
+
+
+cdef inline void _axpy_rows(double* d, VDesc a, VDesc b, int64_t n) noexcept nogil:
+    """d[e] += a[e] * b[e] with the strides resolved, so the compiler
+    vectorises the common shapes (a scalar times a dense row: SpMM's axpy)."""
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef const double* y = b.p
+    cdef double u
+    if a.inc == 0 and b.inc == 1:
+        u = x[0]
+        for e in range(n):
+            d[e] += u * y[e]
+    elif a.inc == 1 and b.inc == 0:
+        u = y[0]
+        for e in range(n):
+            d[e] += x[e] * u
+    elif a.inc == 1 and b.inc == 1:
+        for e in range(n):
+            d[e] += x[e] * y[e]
+    else:
+        u = x[0] * y[0]
+        for e in range(n):
+            d[e] += u
+
+
+cdef inline void _vun(int64_t op, VDesc a, double* d, int64_t n) noexcept nogil:
+    cdef int64_t e
+    cdef const double* x = a.p
+    cdef int64_t ai = a.inc
+    cdef double u
+    if op == OP_NEG:
+        for e in range(n):
+            d[e] = -x[e * ai]
+    elif op == OP_RELU:
+        for e in range(n):
+            u = x[e * ai]
+            d[e] = u if u > 0.0 else 0.0
+    else:
+        for e in range(n):
+            d[e] = _unary(op, x[e * ai])
+
+
 cdef void flush_block(Plan* P, Ctx* C, int64_t node, int64_t n) noexcept nogil:
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t v = P.loop_var[lid]
@@ -488,6 +586,9 @@ cdef void flush_block(Plan* P, Ctx* C, int64_t node, int64_t n) noexcept nogil:
     cdef int64_t* pos
     cdef int64_t* code = P.code
     cdef int64_t* dst
+    cdef VDesc va, vb
+    va.inc = 1
+    vb.inc = 1
     while c < end:
         s = P.node_arg[c]
         c = P.node_end[c]
@@ -541,77 +642,13 @@ cdef void flush_block(Plan* P, Ctx* C, int64_t node, int64_t n) noexcept nogil:
             elif op < OP_WHERE:
                 sp -= 1
                 d = C.vst + (sp - 1) * BLK
-                b = d + BLK
-                if op == OP_ADD:
-                    for e in range(n):
-                        d[e] = d[e] + b[e]
-                elif op == OP_SUB:
-                    for e in range(n):
-                        d[e] = d[e] - b[e]
-                elif op == OP_MUL:
-                    for e in range(n):
-                        d[e] = d[e] * b[e]
-                elif op == OP_DIV:
-                    for e in range(n):
-                        d[e] = 0.0 if d[e] == 0.0 else d[e] / b[e]
-                elif op == OP_MAX:
-                    for e in range(n):
-                        if not (d[e] >= b[e] or d[e] != d[e]):
-                            d[e] = b[e]
-                elif op == OP_MIN:
-                    for e in range(n):
-                        if not (d[e] <= b[e] or d[e] != d[e]):
-                            d[e] = b[e]
-                elif op == OP_LT:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] < b[e] else 0.0
-                elif op == OP_LE:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] <= b[e] else 0.0
-                elif op == OP_GT:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] > b[e] else 0.0
-                elif op == OP_GE:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] >= b[e] else 0.0
-                elif op == OP_EQ:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] == b[e] else 0.0
-                elif op == OP_NE:
-                    for e in range(n):
-                        d[e] = 1.0 if d[e] != b[e] else 0.0
+                va.p = d
+                vb.p = d + BLK
+                _vbin(op, va, vb, d, n)
             else:
                 d = C.vst + (sp - 1) * BLK
-                if op == OP_NEG:
-                    for e in range(n):
-                        d[e] = -d[e]
-                elif op == OP_ABS:
-                    for e in range(n):
-                        d[e] = fabs(d[e])
-                elif op == OP_SQRT:
-                    for e in range(n):
-                        d[e] = sqrt(d[e])
-                elif op == OP_EXP:
-                    for e in range(n):
-                        d[e] = exp(d[e])
-                elif op == OP_LOG:
-                    for e in range(n):
-                        d[e] = log(d[e])
-                elif op == OP_TANH:
-                    for e in range(n):
-                        d[e] = tanh(d[e])
-                elif op == OP_SIGMOID:
-                    for e in range(n):
-                        x = d[e]
-                        if x >= 0:
-                            d[e] = 1.0 / (1.0 + exp(-x))
-                        else:
-                            x = exp(x)
-                            d[e] = x / (1.0 + x)
-                elif op == OP_RELU:
-                    for e in range(n):
-                        if not (d[e] > 0.0):
-                            d[e] = 0.0
+                va.p = d
+                _vun(op, va, d, n)
         # ---- apply to the target, in iteration order
         d = C.vst
         tk = P.stmt_tkind[s]
@@ -718,131 +755,6 @@ cdef bint loop_range(Plan* P, Ctx* C, int64_t node, int64_t* lo, int64_t* hi) no
         lo[0] = P.lev_pos[L][p]
         hi[0] = P.lev_pos[L][p + 1]
     return True
-
-
-ctypedef struct VDesc:
-    # one operand of a fiber block: element e is p[e * inc] (inc 0 = broadcast)
-    const double* p
-    int64_t inc
-
-
-cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexcept nogil:
-    """d[e] = a[e] op b[e] over a block (d may alias a's row)."""
-    cdef int64_t e
-    cdef const double* x = a.p
-    cdef const double* y = b.p
-    cdef int64_t ai = a.inc, bi = b.inc
-    cdef double u, w
-    if ai == 1 and bi == 1 and op <= OP_MUL:
-        if op == OP_ADD:
-            for e in range(n):
-                d[e] = x[e] + y[e]
-        elif op == OP_SUB:
-            for e in range(n):
-                d[e] = x[e] - y[e]
-        else:
-            for e in range(n):
-                d[e] = x[e] * y[e]
-    elif ai + bi == 1 and (op == OP_ADD or op == OP_MUL):
-        # one broadcast operand (both ops commute bitwise)
-        if ai == 0:
-            u = x[0]
-            x = y
-        else:
-            u = y[0]
-        if op == OP_ADD:
-            for e in range(n):
-                d[e] = x[e] + u
-        else:
-            for e in range(n):
-                d[e] = x[e] * u
-    elif op == OP_ADD:
-        for e in range(n):
-            d[e] = x[e * ai] + y[e * bi]
-    elif op == OP_SUB:
-        for e in range(n):
-            d[e] = x[e * ai] - y[e * bi]
-    elif op == OP_MUL:
-        for e in range(n):
-            d[e] = x[e * ai] * y[e * bi]
-    elif op == OP_DIV:
-        for e in range(n):
-            u = x[e * ai]
-            d[e] = 0.0 if u == 0.0 else u / y[e * bi]
-    else:
-        for e in range(n):
-            u = x[e * ai]
-            w = y[e * bi]
-            if op == OP_MAX:
-                d[e] = u if u >= w or u != u else w
-            elif op == OP_MIN:
-                d[e] = u if u <= w or u != u else w
-            elif op == OP_LT:
-                d[e] = 1.0 if u < w else 0.0
-            elif op == OP_LE:
-                d[e] = 1.0 if u <= w else 0.0
-            elif op == OP_GT:
-                d[e] = 1.0 if u > w else 0.0
-            elif op == OP_GE:
-                d[e] = 1.0 if u >= w else 0.0
-            elif op == OP_EQ:
-                d[e] = 1.0 if u == w else 0.0
-            else:
-                d[e] = 1.0 if u != w else 0.0
-
-
-cdef inline void _axpy_rows(double* d, VDesc a, VDesc b, int64_t n) noexcept nogil:
-    """d[e] += a[e] * b[e] with the strides resolved, so the compiler
-    vectorises the common shapes (a scalar times a dense row: SpMM's axpy)."""
-    cdef int64_t e
-    cdef const double* x = a.p
-    cdef const double* y = b.p
-    cdef double u
-    if a.inc == 0 and b.inc == 1:
-        u = x[0]
-        for e in range(n):
-            d[e] += u * y[e]
-    elif a.inc == 1 and b.inc == 0:
-        u = y[0]
-        for e in range(n):
-            d[e] += x[e] * u
-    elif a.inc == 1 and b.inc == 1:
-        for e in range(n):
-            d[e] += x[e] * y[e]
-    else:
-        u = x[0] * y[0]
-        for e in range(n):
-            d[e] += u
-
-
-cdef inline void _vun(int64_t op, VDesc a, double* d, int64_t n) noexcept nogil:
-    cdef int64_t e
-    cdef const double* x = a.p
-    cdef int64_t ai = a.inc
-    cdef double u
-    for e in range(n):
-        u = x[e * ai]
-        if op == OP_NEG:
-            u = -u
-        elif op == OP_ABS:
-            u = fabs(u)
-        elif op == OP_SQRT:
-            u = sqrt(u)
-        elif op == OP_EXP:
-            u = exp(u)
-        elif op == OP_LOG:
-            u = log(u)
-        elif op == OP_TANH:
-            u = tanh(u)
-        elif op == OP_SIGMOID:
-            if u >= 0:
-                u = 1.0 / (1.0 + exp(-u))
-            else:
-                u = exp(u)
-                u = u / (1.0 + u)
-        elif op == OP_RELU:
-            u = u if u > 0.0 else 0.0
-        d[e] = u
 
 
 cdef inline VDesc _vload_level(Plan* P, Ctx* C, int64_t* levs, int64_t nl, bint first, int64_t r,
