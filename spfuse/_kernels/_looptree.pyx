@@ -526,6 +526,35 @@ cdef inline void _vbin(int64_t op, VDesc a, VDesc b, double* d, int64_t n) noexc
             d[e] = _binary(op, x[e * ai], y[e * bi])
 
 
+cdef inline int _vop(int64_t op, VDesc* st, int sp, double* rows, int64_t width, double* sc,
+                     int64_t n) noexcept nogil:
+    """Apply a where / binary / unary op code to the top of a vector stack
+    (slot ``k``'s vector lives in ``rows + k * width``, a broadcast result in
+    ``sc[k]``, apart from the rows it may be combined into); the new depth."""
+    cdef int64_t k, e
+    cdef double* row
+    cdef VDesc c
+    if op == OP_WHERE:
+        sp -= 2
+        c = st[sp - 1]
+        k = n if (c.inc or st[sp].inc or st[sp + 1].inc) else 1
+        row = rows + (sp - 1) * width if k > 1 else &sc[sp - 1]
+        for e in range(k):
+            row[e] = st[sp].p[e * st[sp].inc] if c.p[e * c.inc] != 0.0 else st[sp + 1].p[e * st[sp + 1].inc]
+    elif op < OP_WHERE:
+        sp -= 1
+        k = n if (st[sp - 1].inc or st[sp].inc) else 1
+        row = rows + (sp - 1) * width if k > 1 else &sc[sp - 1]
+        _vbin(op, st[sp - 1], st[sp], row, k)
+    else:
+        k = n if st[sp - 1].inc else 1
+        row = rows + (sp - 1) * width if k > 1 else &sc[sp - 1]
+        _vun(op, st[sp - 1], row, k)
+    st[sp - 1].p = row
+    st[sp - 1].inc = 1 if k > 1 else 0
+    return sp
+
+
 cdef inline void _axpy_rows(double* d, VDesc a, VDesc b, int64_t n) noexcept nogil:
     """d[e] += a[e] * b[e] with the strides resolved, so the compiler
     vectorises the common shapes (a scalar times a dense row: SpMM's axpy)."""
@@ -860,29 +889,7 @@ cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
                 pc += 2
                 continue
             pc += 1
-            if op == OP_WHERE:
-                sp -= 2
-                fa = st[sp - 1]
-                k = n if (fa.inc or st[sp].inc or st[sp + 1].inc) else 1
-                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
-                for e in range(k):
-                    row[e] = st[sp].p[e * st[sp].inc] if fa.p[e * fa.inc] != 0.0 \
-                        else st[sp + 1].p[e * st[sp + 1].inc]
-                st[sp - 1].p = row
-                st[sp - 1].inc = 1 if k > 1 else 0
-            elif op < OP_WHERE:
-                sp -= 1
-                k = n if (st[sp - 1].inc or st[sp].inc) else 1
-                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
-                _vbin(op, st[sp - 1], st[sp], row, k)
-                st[sp - 1].p = row
-                st[sp - 1].inc = 1 if k > 1 else 0
-            else:
-                k = n if st[sp - 1].inc else 1
-                row = C.vst + (sp - 1) * BLK if k > 1 else &sc[sp - 1]
-                _vun(op, st[sp - 1], row, k)
-                st[sp - 1].p = row
-                st[sp - 1].inc = 1 if k > 1 else 0
+            sp = _vop(op, st, sp, C.vst, BLK, sc, n)
         if fused:
             fa = st[0]
             fb = st[1]
@@ -1127,25 +1134,7 @@ cdef VDesc _sw_eval(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n,
             pc += 2
             continue
         pc += 1
-        if op == OP_WHERE:
-            sp -= 2
-            c = st[sp - 1]
-            k = n if (c.inc or st[sp].inc or st[sp + 1].inc) else 1
-            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
-            for e in range(k):
-                row[e] = st[sp].p[e * st[sp].inc] if c.p[e * c.inc] != 0.0 \
-                    else st[sp + 1].p[e * st[sp + 1].inc]
-        elif op < OP_WHERE:
-            sp -= 1
-            k = n if (st[sp - 1].inc or st[sp].inc) else 1
-            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
-            _vbin(op, st[sp - 1], st[sp], row, k)
-        else:
-            k = n if st[sp - 1].inc else 1
-            row = stack + (sp - 1) * SW if k > 1 else &sc[sp - 1]
-            _vun(op, st[sp - 1], row, k)
-        st[sp - 1].p = row
-        st[sp - 1].inc = 1 if k > 1 else 0
+        sp = _vop(op, st, sp, stack, SW, sc, n)
     return st[0]
 
 
