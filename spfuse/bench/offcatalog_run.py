@@ -23,9 +23,9 @@ checked call (at the largest thread count) stands in for the median, marked
 
 >>> import io
 >>> buf = io.StringIO()
->>> res = run_offcatalog("tiny", programs="AT-x,row-sums", threads=[1], repeat=1, out=buf, progress=False)
->>> sorted({r["peer"] for r in res["records"]})[:3]
-['graphblas', 'scipy', 'spfuse']
+>>> res = run_offcatalog("tiny", programs="AT-SpMV,row-sums", threads=[1], repeat=1, out=buf, progress=False)
+>>> {"scipy", "spfuse", "spfuse~1"} <= {r["peer"] for r in res["records"] if r["status"] == "ok"}
+True
 >>> "no cliff" in buf.getvalue()
 True
 """
@@ -77,15 +77,17 @@ def _library_peer(name: str, programs: list) -> Optional[peers_mod.Peer]:
     return peers_mod.Peer(name, peers_mod._version(mod), impls, threads=peers_mod.blas_limits, threads_note=note)
 
 
-def build_peers(programs: list, libraries: Optional[list] = None) -> tuple[list, list[str]]:
+def build_peers(programs: list, libraries: Optional[list] = None,
+                call_limit: Optional[float] = None) -> tuple[list, list[str]]:
     """spfuse (as written), one peer per further spelling index, then the importable libraries.
 
-    Returns the peers and notes on libraries that are not installed.
+    ``call_limit``: seconds after which a spfuse spelling's first call is
+    stopped.  Returns the peers and notes on libraries that are not installed.
     """
     width = max((len(p.spellings) for p in programs), default=1)
     out = []
     for idx in range(width):
-        impls = {p.name: p.spellings[idx].impl(p.program) for p in programs if idx < len(p.spellings)}
+        impls = {p.name: p.spellings[idx].impl(p.program, call_limit) for p in programs if idx < len(p.spellings)}
         out.append(peers_mod.Peer(spelling_peer(idx), spfuse.__version__, impls, threads=spfuse.threads,
                                   threads_note="OpenMP prange, spfuse.threads(n)", is_spfuse=idx == 0,
                                   fusion="auto" if idx == 0 else None))
@@ -139,20 +141,31 @@ def engine_of(line: str) -> str:
     return line[:40]
 
 
+def _stopped_after(rec) -> Optional[float]:
+    """The call limit a record's call was stopped at (None: not stopped)."""
+    if rec is None or rec.status != "skip" or not rec.note.startswith(offcatalog.CallTimeout.PREFIX):
+        return None
+    return float(rec.note.split()[2])
+
+
 def _time_of(rec) -> tuple[Optional[float], bool]:
-    """(seconds, single-call?) of a record: its median, or the checked call of a ``slow`` one."""
+    """(seconds, single-call?) of a record: its median, the checked call of a ``slow`` one, or the limit
+    a stopped call ran into (a lower bound)."""
     if rec is None:
         return None, False
     if rec.status == "ok" and rec.median is not None:
         return rec.median, False
     if rec.status == "slow" and rec.first_call:
         return rec.first_call, True
-    return None, False
+    stopped = _stopped_after(rec)
+    return (stopped, True) if stopped is not None else (None, False)
 
 
 def _fmt(t: Optional[float], single: bool, rec=None) -> str:
     if t is None:
         return "-" if rec is None else ("MISMATCH!" if rec.status == "MISMATCH" else rec.status)
+    if _stopped_after(rec) is not None:
+        return ">" + report.fmt_time(t)
     return report.fmt_time(t) + ("(1)" if single else "")
 
 
@@ -216,9 +229,9 @@ def _cliff_rows(programs, by, threads, engines):
             row.append(engines.get((p.name, i), "-"))
             rows.append(row)
         verdict = {n: (None if n not in worst else worst[n] <= CLIFF_LIMIT) for n in threads}
-        rows.append(["", "  worst/best"] + sum([[_ratio_text(worst.get(n)),
-                                                 {True: "pass", False: "FAIL", None: "-"}[verdict[n]]]
-                                                for n in threads], []) + [""])
+        verdicts = [cell for n in threads
+                    for cell in (_ratio_text(worst.get(n)), {True: "pass", False: "FAIL", None: "-"}[verdict[n]])]
+        rows.append(["", "  worst/best", *verdicts, ""])
         summary.append({"program": p.name, "spellings": [s.label for s in p.spellings],
                         "worst_over_best": {str(n): worst.get(n) for n in threads},
                         "within_limit": {str(n): verdict[n] for n in threads}})
@@ -228,12 +241,13 @@ def _cliff_rows(programs, by, threads, engines):
 def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads: Optional[list[int]] = None,
                    repeat: Optional[int] = None, out: TextIO = sys.stdout, progress: bool = True,
                    json_path: Optional[str] = None, call_budget: Optional[float] = None,
-                   peers: Optional[list[str]] = None) -> dict:
+                   peers: Optional[list[str]] = None, call_limit: Optional[float] = None) -> dict:
     """Run the off-catalogue suite at ``size`` and print its tables; returns everything measured as a dict.
 
     ``programs``: comma-separated names (default all); ``peers``: libraries
     to run (default every importable one of :data:`~spfuse.bench.offcatalog.LIBRARIES`);
-    ``call_budget`` overrides the size's seconds per call.
+    ``call_budget`` overrides the size's seconds per call (slower: one call,
+    not timed further), ``call_limit`` its seconds after which a spfuse call is stopped.
     """
     from spfuse.bench.runner import Progress, _default_threads
     if size not in offcatalog.SIZES:
@@ -245,10 +259,14 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
         if not call_budget > 0:
             raise ValueError(f"call budget must be > 0 seconds, got {call_budget}")
         sz = dataclasses.replace(sz, call_budget=call_budget)
+    if call_limit is not None:
+        if not call_limit > 0:
+            raise ValueError(f"call limit must be > 0 seconds, got {call_limit}")
+        sz = dataclasses.replace(sz, call_limit=call_limit)
     progs = offcatalog.select_programs(programs)
     threads = threads or _default_threads()
     repeat = repeat or sz.repeat
-    peer_list, notes = build_peers(progs, peers)
+    peer_list, notes = build_peers(progs, peers, sz.call_limit)
     libs = [p.name for p in peer_list if not p.name.startswith("spfuse")]
     inputs = offcatalog.make_inputs(sz, [p.input for p in progs])
 
@@ -277,7 +295,7 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"spfuse {spfuse.__version__} bench --suite offcatalog --size {size}: {len(progs)} programs, threads {threads}, "
       f"median of up to {repeat} rounds (case budget {sz.case_budget:g} s), interleaved, each timed call after an "
-      f"untimed one; call budget {sz.call_budget:g} s")
+      f"untimed one; call budget {sz.call_budget:g} s, spfuse calls stopped after {sz.call_limit:g} s")
     w(report.machine_line())
     if load_before is not None:
         w("load average (1/5/15 min): before " + " ".join(f"{x:.2f}" for x in load_before) + ", after "
@@ -288,7 +306,8 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
         w(f"note: {note}")
     w("inputs: " + "; ".join(i.describe() for i in inputs.values()))
     w("cells: median time; peer cells add peer/spfuse (>1: spfuse faster); (1) = over the call budget, the single "
-      "checked call at the largest thread count stands in for the median; ratio = best peer / spfuse")
+      "checked call at the largest thread count stands in for the median; >T = stopped at the call limit T (a lower "
+      "bound); ratio = best peer / spfuse")
 
     peer_summary = []
     head = ["program", "kind", "spfuse"] + libs + ["best peer", "ratio", "target", "spfuse ran as"]
@@ -310,7 +329,7 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
     cliff_rows, cliff_summary = _cliff_rows(progs, by, threads, engines)
     w()
     w(f"== no cliff: every spelling within {CLIFF_LIMIT:g}x of the fastest spelling in spfuse ==")
-    head = ["program", "spelling"] + sum([[f"{n}t", f"{n}t /best"] for n in threads], []) + ["ran as"]
+    head = ["program", "spelling", *(c for n in threads for c in (f"{n}t", f"{n}t /best")), "ran as"]
     w(report._grid(head, cliff_rows))
     fails = [s["program"] for s in cliff_summary if any(v is False for v in s["within_limit"].values())]
     w(f"programs with a cliff (> {CLIFF_LIMIT:g}x): {len(fails)} of {len(cliff_summary)}"
@@ -336,7 +355,7 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
     w()
     w(f"wall time {elapsed:.1f} s")
     res = {"meta": {"suite": "offcatalog", "size": size, "threads": threads, "repeat": repeat,
-                    "call_budget": sz.call_budget, "case_budget": sz.case_budget,
+                    "call_budget": sz.call_budget, "call_limit": sz.call_limit, "case_budget": sz.case_budget,
                     "load_before": load_before, "load_after": load_after, "wall_seconds": elapsed,
                     "peers": {p.name: p.version for p in peer_list if not p.name.startswith("spfuse~")},
                     "notes": notes, "inputs": {k: i.describe() for k, i in inputs.items()},
