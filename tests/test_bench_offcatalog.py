@@ -108,7 +108,7 @@ def test_report_tables_and_json(tiny_run):
     ratios = [s["ratio"] for s in data["peer_summary"]]
     assert len(ratios) == len(offcatalog.PROGRAMS) and all(r > 0 for r in ratios)
     for c in data["cliff_summary"]:
-        assert c["worst_over_best"]["1"] >= 1.0
+        assert c["worst_over_best"] >= 1.0 and min(c["over_best"]) == 1.0
 
 
 def test_a_wrong_peer_is_a_mismatch():
@@ -126,19 +126,56 @@ def test_a_call_over_the_limit_is_stopped_and_reported():
     sz = dataclasses.replace(TINY, call_limit=1e-4)
     peer_list, _ = offcatalog_run.build_peers([prog], libraries=["scipy"], call_limit=sz.call_limit)
     recs = harness.run_case(inp, prog.kernel, sz, [1], 1, peer_list=peer_list, check_budget=False)
-    by = {r.peer: r for r in recs}
-    assert by["spfuse"].status == "skip" and by["spfuse"].note.startswith("stopped after")
-    assert offcatalog_run._time_of(by["spfuse"]) == (1e-4, True)
-    assert offcatalog_run._fmt(1e-4, True, by["spfuse"]).startswith(">")
-    assert by["scipy"].status == "ok"  # checked against itself: spfuse gave no reference
+    by = {r.peer: r.as_dict() for r in recs}
+    assert by["spfuse"]["status"] == "skip" and by["spfuse"]["note"].startswith("stopped after")
+    assert offcatalog_run._measure(by["spfuse"]) == (1e-4, "bound")
+    assert offcatalog_run._fmt((1e-4, "bound")) == ">100us"
+    assert by["scipy"]["status"] == "ok"  # checked against itself: spfuse gave no reference
     assert spfuse.evaluate(prog.program, **prog.kernel.operands(inp, TINY)) is not None  # runs again
 
 
-def test_slow_record_uses_its_single_call():
-    rec = harness.Record("i", "synthetic", "k", "spfuse", 1, "slow", first_call=2.5)
-    assert offcatalog_run._time_of(rec) == (2.5, True)
-    assert offcatalog_run._fmt(2.5, True, rec) == "2.5s(1)"
-    assert offcatalog_run._time_of(harness.Record("i", "synthetic", "k", "x", 1, "error")) == (None, False)
+def _res(times: dict, hows: dict) -> dict:
+    """A hand-made run of one program with two spellings and one peer, at 1 thread."""
+    def rec(peer, t, how):
+        status = {"median": "ok", "single": "slow", "bound": "skip"}[how]
+        return {"kernel": "P", "peer": peer, "threads": 1, "status": status,
+                "median": t if how == "median" else None, "first_call": t if how == "single" else None,
+                "note": f"stopped after {t:g} s (call limit)" if how == "bound" else ""}
+    prog = {"name": "P", "kind": "k", "peers": {"scipy": "how"},
+            "spellings": [{"peer": "spfuse", "label": "as written", "program": "x", "execution": "generic"},
+                          {"peer": "spfuse~1", "label": "other", "program": "y", "execution": "template kernel 't'"}]}
+    return {"meta": {"threads": [1]}, "programs": [prog],
+            "records": [rec(p, times[p], hows[p]) for p in times]}
+
+
+def test_summaries_with_medians_single_calls_and_bounds():
+    res = _res({"spfuse": 2.0, "spfuse~1": 1.0, "scipy": 1.0}, {"spfuse": "median", "spfuse~1": "median",
+                                                               "scipy": "single"})
+    (ps,), (cs,) = offcatalog_run.peer_summary(res), offcatalog_run.cliff_summary(res)
+    assert ps["ratio"] == 0.5 and ps["ratio_side"] == "" and ps["meets_target"] is False
+    assert cs["over_best"] == [2.0, 1.0] and cs["within_limit"] is False
+    # spfuse stopped at 30 s: its ratio is an upper bound, the cliff a lower bound
+    res = _res({"spfuse": 30.0, "spfuse~1": 1.0, "scipy": 1.0}, {"spfuse": "bound", "spfuse~1": "median",
+                                                                "scipy": "median"})
+    (ps,), (cs,) = offcatalog_run.peer_summary(res), offcatalog_run.cliff_summary(res)
+    assert ps["ratio_side"] == "<" and ps["meets_target"] is False
+    assert cs["sides"] == [">", ""] and cs["within_limit"] is False
+    # every spelling stopped: nothing is known about the cliff
+    res = _res({"spfuse": 30.0, "spfuse~1": 30.0, "scipy": 1.0}, {"spfuse": "bound", "spfuse~1": "bound",
+                                                                 "scipy": "median"})
+    (cs,) = offcatalog_run.cliff_summary(res)
+    assert cs["over_best"] == [None, None] and cs["within_limit"] is None
+    res = _res({"spfuse": 1.2, "spfuse~1": 1.0, "scipy": 3.0}, {h: "median" for h in ("spfuse", "spfuse~1",
+                                                                                         "scipy")})
+    (ps,), (cs,) = offcatalog_run.peer_summary(res), offcatalog_run.cliff_summary(res)
+    assert ps["meets_target"] is True and cs["within_limit"] is True
+
+
+def test_a_saved_run_renders_again(tiny_run, capsys):
+    _, text, path = tiny_run
+    assert offcatalog_run.main([str(path)]) == 0
+    again = capsys.readouterr().out
+    assert again.split("== no cliff")[1].split("wall time")[0] == text.split("== no cliff")[1].split("wall time")[0]
 
 
 def test_build_peers_rejects_unknown_library():

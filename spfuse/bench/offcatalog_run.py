@@ -41,8 +41,8 @@ from typing import Optional, TextIO
 import spfuse
 from spfuse.bench import harness, offcatalog, peers as peers_mod, report
 
-__all__ = ["run_offcatalog", "build_peers", "execution_line", "engine_of", "spelling_peer", "CLIFF_LIMIT",
-           "TARGETS"]
+__all__ = ["run_offcatalog", "render", "peer_summary", "cliff_summary", "build_peers", "execution_line",
+           "engine_of", "spelling_peer", "main", "CLIFF_LIMIT", "TARGETS", "GEOMEAN_TARGET"]
 
 #: No-cliff criterion: every spelling within this factor of the fastest.
 CLIFF_LIMIT = 1.5
@@ -141,32 +141,68 @@ def engine_of(line: str) -> str:
     return line[:40]
 
 
-def _stopped_after(rec) -> Optional[float]:
+def _stopped_after(rec: Optional[dict]) -> Optional[float]:
     """The call limit a record's call was stopped at (None: not stopped)."""
-    if rec is None or rec.status != "skip" or not rec.note.startswith(offcatalog.CallTimeout.PREFIX):
+    if rec is None or rec["status"] != "skip" or not rec["note"].startswith(offcatalog.CallTimeout.PREFIX):
         return None
-    return float(rec.note.split()[2])
+    return float(rec["note"].split()[2])
 
 
-def _time_of(rec) -> tuple[Optional[float], bool]:
-    """(seconds, single-call?) of a record: its median, the checked call of a ``slow`` one, or the limit
-    a stopped call ran into (a lower bound)."""
+def _measure(rec: Optional[dict]) -> tuple[Optional[float], str]:
+    """``(seconds, how)`` of a record (a dict of :meth:`Record.as_dict`).
+
+    ``how`` is ``median``; ``single`` (over the call budget: the checked
+    call); ``bound`` (stopped at the call limit: a lower bound); or, with
+    no time, the status to print.
+
+    >>> _measure({"status": "slow", "median": None, "first_call": 2.5, "note": ""})
+    (2.5, 'single')
+    >>> _measure({"status": "skip", "median": None, "first_call": None, "note": "stopped after 30 s (call limit)"})
+    (30.0, 'bound')
+    """
     if rec is None:
-        return None, False
-    if rec.status == "ok" and rec.median is not None:
-        return rec.median, False
-    if rec.status == "slow" and rec.first_call:
-        return rec.first_call, True
+        return None, "-"
+    if rec["status"] == "ok" and rec["median"] is not None:
+        return rec["median"], "median"
+    if rec["status"] == "slow" and rec["first_call"]:
+        return rec["first_call"], "single"
     stopped = _stopped_after(rec)
-    return (stopped, True) if stopped is not None else (None, False)
+    if stopped is not None:
+        return stopped, "bound"
+    return None, "MISMATCH!" if rec["status"] == "MISMATCH" else rec["status"]
 
 
-def _fmt(t: Optional[float], single: bool, rec=None) -> str:
+def _fmt(m: tuple) -> str:
+    t, how = m
     if t is None:
-        return "-" if rec is None else ("MISMATCH!" if rec.status == "MISMATCH" else rec.status)
-    if _stopped_after(rec) is not None:
-        return ">" + report.fmt_time(t)
-    return report.fmt_time(t) + ("(1)" if single else "")
+        return how
+    return (">" if how == "bound" else "") + report.fmt_time(t) + ("(1)" if how == "single" else "")
+
+
+def _ratio(num: tuple, den: tuple) -> tuple[Optional[float], str]:
+    """``num / den`` of two measures and its side: ``""`` exact, ``">"`` a lower, ``"<"`` an upper bound.
+
+    >>> _ratio((2.0, "median"), (1.0, "median")), _ratio((30.0, "bound"), (1.0, "median"))
+    ((2.0, ''), (30.0, '>'))
+    >>> _ratio((1.0, "median"), (30.0, "bound")), _ratio((30.0, "bound"), (30.0, "bound"))
+    ((0.03333333333333333, '<'), (None, ''))
+    """
+    (a, ha), (b, hb) = num, den
+    if a is None or b is None or not b or (ha == "bound" and hb == "bound"):
+        return None, ""
+    return a / b, ">" if ha == "bound" else "<" if hb == "bound" else ""
+
+
+def _ratio_text(r: tuple) -> str:
+    return "-" if r[0] is None else f"{r[1]}{r[0]:.3g}x"
+
+
+def _at_least(r: tuple, limit: float) -> Optional[bool]:
+    """Is the ratio ``r`` >= ``limit``? None when a bound leaves it open."""
+    x, side = r
+    if x is None or (side == "<" and x >= limit) or (side == ">" and x < limit):
+        return None
+    return x >= limit
 
 
 def _geomean(xs: list) -> Optional[float]:
@@ -174,68 +210,162 @@ def _geomean(xs: list) -> Optional[float]:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def _ratio_text(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.3g}x"
+def _verdict(ok: Optional[bool], yes: str = "pass", no: str = "FAIL") -> str:
+    return {True: yes, False: no, None: "-"}[ok]
 
 
-def _peer_rows(programs, by, n, libs, engines):
-    """Rows of the peer table at ``n`` threads and the per-program summary dicts."""
-    rows, summary = [], []
-    target = TARGETS.get(n, TARGETS[1])
-    for p in programs:
-        g = by.get((p.name, n), {})
-        t_spf, single = _time_of(g.get("spfuse"))
-        row = [p.name, p.kind, _fmt(t_spf, single, g.get("spfuse"))]
-        best, best_name = None, "-"
-        for lib in libs:
-            rec = g.get(lib)
-            t, one = _time_of(rec)
-            if lib not in p.peers:
-                row.append("")
-                continue
-            ratio = t / t_spf if t is not None and t_spf else None
-            row.append(_fmt(t, one, rec) + (f" {ratio:.2g}x" if ratio else ""))
-            if t is not None and (best is None or t < best):
-                best, best_name = t, lib
-        ratio = best / t_spf if best is not None and t_spf else None
-        ok = None if ratio is None else ratio >= target
-        row += [best_name, _ratio_text(ratio), {True: "ok", False: "BEHIND", None: "-"}[ok],
-                engines.get((p.name, 0), "-")]
-        rows.append(row)
-        summary.append({"program": p.name, "kind": p.kind, "threads": n, "spfuse": t_spf, "spfuse_single_call": single,
-                        "best_peer": best_name if best is not None else None, "best_peer_time": best,
-                        "ratio": ratio, "meets_target": ok, "target": target})
-    return rows, summary
+def _index(res: dict) -> dict:
+    by: dict = {}
+    for r in res["records"]:
+        by.setdefault((r["kernel"], r["threads"]), {})[r["peer"]] = r
+    return by
 
 
-def _cliff_rows(programs, by, threads, engines):
-    rows, summary = [], []
-    for p in programs:
-        per_thread = {}
-        for n in threads:
-            g = by.get((p.name, n), {})
-            ts = [_time_of(g.get(spelling_peer(i))) for i in range(len(p.spellings))]
-            got = [t for t, _ in ts if t is not None]
-            per_thread[n] = (ts, min(got) if got else None)
-        worst = {}
-        for i, s in enumerate(p.spellings):
-            row = [p.name if i == 0 else "", s.label]
-            for n in threads:
-                (t, one), best = per_thread[n][0][i], per_thread[n][1]
-                r = t / best if t is not None and best else None
-                if r is not None:
-                    worst[n] = max(worst.get(n, 0.0), r)
-                row += [_fmt(t, one, by.get((p.name, n), {}).get(spelling_peer(i))), _ratio_text(r)]
-            row.append(engines.get((p.name, i), "-"))
+def _libraries(res: dict) -> list[str]:
+    peers = {r["peer"] for r in res["records"]}
+    return [lib for lib in offcatalog.LIBRARIES if lib in peers]
+
+
+def peer_summary(res: dict) -> list[dict]:
+    """Per program and thread count: spfuse, the best peer, ``best peer / spfuse`` and the issue's target."""
+    by, libs, out = _index(res), _libraries(res), []
+    for n in res["meta"]["threads"]:
+        target = TARGETS.get(n, TARGETS[1])
+        for p in res["programs"]:
+            g = by.get((p["name"], n), {})
+            spf = _measure(g.get("spfuse"))
+            timed = [(lib, _measure(g.get(lib))) for lib in libs if lib in p["peers"]]
+            timed = [(lib, m) for lib, m in timed if m[0] is not None]
+            best_name, best = min(timed, key=lambda x: x[1][0]) if timed else (None, (None, "-"))
+            ratio = _ratio(best, spf)
+            out.append({"program": p["name"], "kind": p["kind"], "threads": n, "spfuse": spf[0], "spfuse_how": spf[1],
+                        "peers": {lib: {"time": m[0], "how": m[1]} for lib, m in timed}, "best_peer": best_name,
+                        "best_peer_time": best[0], "ratio": ratio[0], "ratio_side": ratio[1], "target": target,
+                        "meets_target": _at_least(ratio, target)})
+    return out
+
+
+def cliff_summary(res: dict) -> list[dict]:
+    """Per program and thread count: each spelling over the fastest, the worst, and ``<= CLIFF_LIMIT``."""
+    by, out = _index(res), []
+    for p in res["programs"]:
+        for n in res["meta"]["threads"]:
+            g = by.get((p["name"], n), {})
+            ms = [_measure(g.get(s["peer"])) for s in p["spellings"]]
+            got = [m for m in ms if m[0] is not None]
+            best = min(got, key=lambda m: (m[0], m[1] == "bound")) if got else (None, "-")
+            ratios = [_ratio(m, best) for m in ms]
+            known = [r for r in ratios if r[0] is not None]
+            worst = max(known, key=lambda r: r[0]) if known else (None, "")
+            if any(_at_least(r, CLIFF_LIMIT * (1 + 1e-12)) for r in known):
+                ok = False
+            elif known and len(known) == len(ratios) and all(side == "" for _, side in known):
+                ok = True
+            else:
+                ok = None
+            out.append({"program": p["name"], "threads": n, "spellings": [s["label"] for s in p["spellings"]],
+                        "times": [m[0] for m in ms], "hows": [m[1] for m in ms],
+                        "over_best": [r[0] for r in ratios], "sides": [r[1] for r in ratios],
+                        "worst_over_best": worst[0], "worst_side": worst[1], "within_limit": ok})
+    return out
+
+
+def render(res: dict, out: Optional[TextIO] = None) -> None:
+    """Print the tables of a run (the dict :func:`run_offcatalog` returns, or its JSON) to ``out`` (stdout)."""
+    out = out or sys.stdout
+    w = lambda s="": print(s, file=out)  # noqa: E731
+    meta, programs = res["meta"], res["programs"]
+    threads, libs = meta["threads"], _libraries(res)
+    w(f"spfuse {meta.get('spfuse_version', '?')} bench --suite offcatalog --size {meta['size']}: {len(programs)} "
+      f"programs, threads {threads}, median of up to {meta['repeat']} rounds (case budget {meta['case_budget']:g} s), "
+      f"interleaved, each timed call after an untimed one; call budget {meta['call_budget']:g} s, spfuse calls "
+      f"stopped after {meta['call_limit']:g} s")
+    if meta.get("machine"):
+        w(meta["machine"])
+    if meta.get("load_before"):
+        w("load average (1/5/15 min): before " + " ".join(f"{x:.2f}" for x in meta["load_before"]) + ", after "
+          + " ".join(f"{x:.2f}" for x in meta["load_after"]) + "  (shared machine: other processes use the cores)")
+    notes = meta.get("peer_threads", {})
+    w("peers: " + "; ".join(f"{name} {version}" + (f" ({notes[name]})" if name in notes else "")
+                            for name, version in meta["peers"].items()))
+    for note in meta.get("notes", []):
+        w(f"note: {note}")
+    w("inputs: " + "; ".join(meta["inputs"].values()))
+    w("cells: median time; peer cells add peer/spfuse (>1: spfuse faster); (1) = over the call budget: the single "
+      "checked call, at the largest thread count, stands in for the median at every thread count; >T = stopped at "
+      "the call limit T (a lower bound; ratios against it read <x or >x); ratio = best peer / spfuse")
+
+    engines = {(p["name"], i): engine_of(s["execution"]) for p in programs for i, s in enumerate(p["spellings"])}
+    summ, by = peer_summary(res), _index(res)
+    for n in threads:
+        target = TARGETS.get(n, TARGETS[1])
+        rows, cells = [], [s for s in summ if s["threads"] == n]
+        for s, p in zip(cells, programs):
+            spf = (s["spfuse"], s["spfuse_how"])
+            row = [p["name"], p["kind"], _fmt(spf)]
+            for lib in libs:
+                if lib not in p["peers"]:
+                    row.append("")
+                    continue
+                m = _measure(by.get((p["name"], n), {}).get(lib))
+                r = _ratio(m, spf)
+                row.append(_fmt(m) + (f" {r[1]}{r[0]:.2g}x" if r[0] is not None else ""))
+            row += [s["best_peer"] or "-", _ratio_text((s["ratio"], s["ratio_side"])),
+                    _verdict(s["meets_target"], "ok", "BEHIND"), engines.get((p["name"], 0), "-")]
             rows.append(row)
-        verdict = {n: (None if n not in worst else worst[n] <= CLIFF_LIMIT) for n in threads}
-        verdicts = [cell for n in threads
-                    for cell in (_ratio_text(worst.get(n)), {True: "pass", False: "FAIL", None: "-"}[verdict[n]])]
+        w()
+        w(f"== off-catalogue vs best peer, {n} thread{'s' if n > 1 else ''} (target: ratio >= {target:g} "
+          f"in every cell, geomean >= {GEOMEAN_TARGET:g}) ==")
+        w(report._grid(["program", "kind", "spfuse", *libs, "best peer", "ratio", "target", "spfuse ran as"], rows))
+        ratios = [s["ratio"] for s in cells if s["ratio"]]
+        bounds = sum(1 for s in cells if s["ratio"] and s["ratio_side"])
+        gm = _geomean(ratios)
+        missing = [s["program"] for s in cells if not s["ratio"]]
+        w(f"geomean best peer / spfuse: {'-' if gm is None else ('<=' if bounds else '') + f'{gm:.3g}x'} over "
+          f"{len(ratios)} programs ({_verdict(None if gm is None or (bounds and gm >= GEOMEAN_TARGET) else gm >= GEOMEAN_TARGET)})"
+          + (f", {bounds} of them upper bounds (spfuse stopped at the call limit)" if bounds else "")
+          + f"; below {target:g}x: {sum(1 for s in cells if s['meets_target'] is False)}; spfuse faster: "
+          f"{sum(1 for s in cells if s['ratio'] and s['ratio'] > 1 and s['ratio_side'] != '<')}"
+          + (f"; no ratio: {', '.join(missing)}" if missing else ""))
+
+    cl = cliff_summary(res)
+    rows, fails = [], []
+    for p in programs:
+        per = {c["threads"]: c for c in cl if c["program"] == p["name"]}
+        for i, s in enumerate(p["spellings"]):
+            row = [p["name"] if i == 0 else "", s["label"]]
+            for n in threads:
+                c = per[n]
+                row += [_fmt((c["times"][i], c["hows"][i])), _ratio_text((c["over_best"][i], c["sides"][i]))]
+            rows.append(row + [engines.get((p["name"], i), "-")])
+        verdicts = [cell for n in threads for cell in
+                    (_ratio_text((per[n]["worst_over_best"], per[n]["worst_side"])), _verdict(per[n]["within_limit"]))]
         rows.append(["", "  worst/best", *verdicts, ""])
-        summary.append({"program": p.name, "spellings": [s.label for s in p.spellings],
-                        "worst_over_best": {str(n): worst.get(n) for n in threads},
-                        "within_limit": {str(n): verdict[n] for n in threads}})
-    return rows, summary
+        if any(per[n]["within_limit"] is False for n in threads):
+            fails.append(p["name"])
+    w()
+    w(f"== no cliff: every spelling within {CLIFF_LIMIT:g}x of the fastest spelling in spfuse ==")
+    w(report._grid(["program", "spelling", *(c for n in threads for c in (f"{n}t", f"{n}t /best")), "ran as"], rows))
+    w(f"programs with a cliff (> {CLIFF_LIMIT:g}x): {len(fails)} of {len(programs)}"
+      + (f": {', '.join(fails)}" if fails else ""))
+
+    w()
+    generic = [p["name"] for p in programs if engines[(p["name"], 0)] == "generic interpreter"]
+    w(f"how spfuse ran them (explain()'s execution line): as written, {len(generic)} of {len(programs)} programs on "
+      f"the generic interpreter; {sum(1 for e in engines.values() if e == 'generic interpreter')} of {len(engines)} "
+      "spellings")
+    for p in programs:
+        for s in p["spellings"]:
+            w(f"  {p['name']} [{s['label']}]: {s['program']}")
+            w(f"      {s['execution']}")
+    bad = [r for r in res["records"] if r["status"] in ("MISMATCH", "error", "unsupported", "skip")]
+    if bad:
+        w()
+        w("not timed:")
+        for line in dict.fromkeys(f"  {r['kernel']} {r['peer']}: {r['status']}: {r['note']}" for r in bad):
+            w(line)
+    w()
+    w(f"wall time {meta['wall_seconds']:.1f} s")
 
 
 def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads: Optional[list[int]] = None,
@@ -267,11 +397,10 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
     threads = threads or _default_threads()
     repeat = repeat or sz.repeat
     peer_list, notes = build_peers(progs, peers, sz.call_limit)
-    libs = [p.name for p in peer_list if not p.name.startswith("spfuse")]
     inputs = offcatalog.make_inputs(sz, [p.input for p in progs])
 
     bar = Progress(len(progs), progress)
-    records, engines, lines = [], {}, {}
+    records, lines = [], {}
     try:
         for p in progs:
             bar.step(p.name)
@@ -280,95 +409,47 @@ def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads:
             ops = p.kernel.operands(inp, sz)
             for i, s in enumerate(p.spellings):
                 try:
-                    line = execution_line(s.program or p.program, s.adapt(ops))
-                except Exception as e:
-                    line = f"explain failed: {harness._short(e)}"
-                lines[(p.name, i)], engines[(p.name, i)] = line, engine_of(line)
+                    lines[(p.name, i)] = execution_line(s.program or p.program, s.adapt(ops))
+                except Exception as e:  # an operand change that fails is a table entry
+                    lines[(p.name, i)] = f"explain failed: {harness._short(e)}"
             bar.advance()
     finally:
         bar.close()
-    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
-
-    by: dict = {}
-    for r in records:
-        by.setdefault((r.kernel, r.threads), {})[r.peer] = r
-    w = lambda s="": print(s, file=out)  # noqa: E731
-    w(f"spfuse {spfuse.__version__} bench --suite offcatalog --size {size}: {len(progs)} programs, threads {threads}, "
-      f"median of up to {repeat} rounds (case budget {sz.case_budget:g} s), interleaved, each timed call after an "
-      f"untimed one; call budget {sz.call_budget:g} s, spfuse calls stopped after {sz.call_limit:g} s")
-    w(report.machine_line())
-    if load_before is not None:
-        w("load average (1/5/15 min): before " + " ".join(f"{x:.2f}" for x in load_before) + ", after "
-          + " ".join(f"{x:.2f}" for x in load_after) + "  (shared machine: other processes use the cores)")
-    w("peers: " + "; ".join(f"{p.name} {p.version} ({p.threads_note})" for p in peer_list
-                            if not p.name.startswith("spfuse~")))
-    for note in notes:
-        w(f"note: {note}")
-    w("inputs: " + "; ".join(i.describe() for i in inputs.values()))
-    w("cells: median time; peer cells add peer/spfuse (>1: spfuse faster); (1) = over the call budget, the single "
-      "checked call at the largest thread count stands in for the median; >T = stopped at the call limit T (a lower "
-      "bound); ratio = best peer / spfuse")
-
-    peer_summary = []
-    head = ["program", "kind", "spfuse"] + libs + ["best peer", "ratio", "target", "spfuse ran as"]
-    for n in threads:
-        rows, summ = _peer_rows(progs, by, n, libs, engines)
-        peer_summary += summ
-        target = TARGETS.get(n, TARGETS[1])
-        w()
-        w(f"== off-catalogue vs best peer, {n} thread{'s' if n > 1 else ''} (target: ratio >= {target:g} "
-          f"in every cell, geomean >= {GEOMEAN_TARGET:g}) ==")
-        w(report._grid(head, rows))
-        ratios = [s["ratio"] for s in summ if s["ratio"]]
-        gm = _geomean(ratios)
-        behind = sum(1 for s in summ if s["meets_target"] is False)
-        w(f"geomean best peer / spfuse: {_ratio_text(gm)} over {len(ratios)} programs "
-          f"({'pass' if gm and gm >= GEOMEAN_TARGET else 'FAIL'}); below {target:g}x: {behind} of {len(ratios)}; "
-          f"spfuse faster: {sum(1 for x in ratios if x > 1)} of {len(ratios)}")
-
-    cliff_rows, cliff_summary = _cliff_rows(progs, by, threads, engines)
-    w()
-    w(f"== no cliff: every spelling within {CLIFF_LIMIT:g}x of the fastest spelling in spfuse ==")
-    head = ["program", "spelling", *(c for n in threads for c in (f"{n}t", f"{n}t /best")), "ran as"]
-    w(report._grid(head, cliff_rows))
-    fails = [s["program"] for s in cliff_summary if any(v is False for v in s["within_limit"].values())]
-    w(f"programs with a cliff (> {CLIFF_LIMIT:g}x): {len(fails)} of {len(cliff_summary)}"
-      + (f": {', '.join(fails)}" if fails else ""))
-
-    w()
-    generic = sorted({k[0] for k, e in engines.items() if e == "generic interpreter" and k[1] == 0})
-    spell_generic = sum(1 for e in engines.values() if e == "generic interpreter")
-    w(f"how spfuse ran them (explain()'s execution line): as written, {len(generic)} of {len(progs)} programs on the "
-      f"generic interpreter; {spell_generic} of {len(engines)} spellings")
-    for p in progs:
-        for i, s in enumerate(p.spellings):
-            w(f"  {p.name} [{s.label}]: {s.program or p.program}")
-            w(f"      {lines[(p.name, i)]}")
-
-    bad = [r for r in records if r.status in ("MISMATCH", "error", "unsupported", "skip")]
-    if bad:
-        w()
-        w("not timed:")
-        for r in dict.fromkeys(f"  {r.kernel} {r.peer}: {r.status}: {r.note}" for r in bad):
-            w(r)
-    elapsed = time.perf_counter() - t0
-    w()
-    w(f"wall time {elapsed:.1f} s")
+    shown = [p for p in peer_list if not p.name.startswith("spfuse~")]
     res = {"meta": {"suite": "offcatalog", "size": size, "threads": threads, "repeat": repeat,
                     "call_budget": sz.call_budget, "call_limit": sz.call_limit, "case_budget": sz.case_budget,
-                    "load_before": load_before, "load_after": load_after, "wall_seconds": elapsed,
-                    "peers": {p.name: p.version for p in peer_list if not p.name.startswith("spfuse~")},
-                    "notes": notes, "inputs": {k: i.describe() for k, i in inputs.items()},
+                    "load_before": load_before, "load_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+                    "wall_seconds": time.perf_counter() - t0, "spfuse_version": spfuse.__version__,
+                    "machine": report.machine_line(), "peers": {p.name: p.version for p in shown},
+                    "peer_threads": {p.name: p.threads_note for p in shown}, "notes": notes,
+                    "inputs": {k: i.describe() for k, i in inputs.items()},
                     "spfuse": spfuse.config_info() if hasattr(spfuse, "config_info") else {}},
            "programs": [{"name": p.name, "kind": p.kind, "input": p.input, "program": p.program,
                          "peers": {lib: impl.how for lib, impl in p.peers.items()},
                          "spellings": [{"peer": spelling_peer(i), "label": s.label, "program": s.program or p.program,
                                         "execution": lines[(p.name, i)]} for i, s in enumerate(p.spellings)]}
                         for p in progs],
-           "records": [r.as_dict() for r in records], "peer_summary": peer_summary, "cliff_summary": cliff_summary}
+           "records": [r.as_dict() for r in records]}
+    res["peer_summary"], res["cliff_summary"] = peer_summary(res), cliff_summary(res)
+    render(res, out)
     if json_path:
         import json
         with open(json_path, "w") as f:
             json.dump(res, f, indent=1, default=str)
-        w(f"JSON written to {json_path}")
+        print(f"JSON written to {json_path}", file=out)
     return res
+
+
+def main(argv=None) -> int:
+    """``python -m spfuse.bench.offcatalog_run FILE.json``: print the tables of a saved run again."""
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(prog="python -m spfuse.bench.offcatalog_run", description=main.__doc__)
+    ap.add_argument("json", help="a file written by spfuse bench --suite offcatalog --json FILE")
+    with open(ap.parse_args(argv).json) as f:
+        render(json.load(f))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
