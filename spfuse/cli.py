@@ -5,6 +5,7 @@
     spfuse bench --size small --kernels SpMV,SDDMM --threads 1,2 --json out.json --plot out.png
     spfuse bench --fusion-study --size medium     # auto vs max vs none (spfuse.bench.fusion)
     spfuse bench --tiling                         # SpMM tiled vs untiled (spfuse.bench.tiling)
+    spfuse bench --suite offcatalog --size medium --threads 1,2   # issue 14 (spfuse.bench.offcatalog)
 
 ``spfuse explain`` prints what :func:`spfuse.compile` plans for a program,
 on example operands built from ``--shape`` (random, seeded) so the report
@@ -121,7 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "peer; report median times and peer/spfuse ratios (>1: spfuse faster).")
     b.add_argument("--size", choices=_SIZES, default="small", metavar="{small,medium,large}",
                    help="input size (small finishes in about a minute on 2 cores)")
-    b.add_argument("--kernels", help="comma-separated kernel names (default: all), e.g. SpMV,SDDMM")
+    b.add_argument("--suite", choices=("catalogue", "offcatalog"), default="catalogue",
+                   help="catalogue: the kernels of design.md section 4; offcatalog: everyday programs outside it, "
+                        "with the no-cliff ratios of their equivalent spellings (sizes small and medium)")
+    b.add_argument("--kernels", help="comma-separated kernel names (default: all), e.g. SpMV,SDDMM "
+                                     "(with --suite offcatalog: program names, e.g. AT-SpMV,GCN)")
+    b.add_argument("--call-budget", type=float, metavar="SECONDS",
+                   help="--suite offcatalog: a call slower than this is reported with its single call, not timed "
+                        "further (default: the size's)")
     b.add_argument("--threads", type=_int_list, help="comma-separated thread counts (default: 1 and all cores)")
     b.add_argument("--repeat", type=_positive, help="timed calls per peer (median reported)")
     b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, numpy, "
@@ -173,6 +181,11 @@ def _bench(args, out) -> int:
                          progress=not args.no_progress, json_path=args.json)
         return 0
     peers = [s.strip() for s in args.peers.split(",")] if args.peers else None
+    if args.suite == "offcatalog":
+        from spfuse.bench.offcatalog_run import run_offcatalog
+        run_offcatalog(args.size, args.kernels, args.threads, args.repeat, out=out, progress=not args.no_progress,
+                       json_path=args.json, call_budget=args.call_budget, peers=peers)
+        return 0
     run_benchmark(size=args.size, kernels=args.kernels, threads=args.threads, repeat=args.repeat,
                   data=args.data, json_path=args.json, plot_path=args.plot, peers=peers, out=out,
                   progress=not args.no_progress, planning=not args.no_planning)

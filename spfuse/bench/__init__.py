@@ -14,10 +14,14 @@ The pieces, one idea per module:
 * :mod:`spfuse.bench.fusion` — auto vs max vs none on every kernel
   (``--fusion-study``);
 * :mod:`spfuse.bench.tiling` — SpMM with the planner's ``k`` tile vs
-  untiled (``--tiling``).
+  untiled (``--tiling``);
+* :mod:`spfuse.bench.offcatalog` — programs outside the catalogue, their
+  peers and their equivalent spfuse spellings (issue 14), run and reported
+  by :mod:`spfuse.bench.offcatalog_run` (``--suite offcatalog``).
 
 ``python -m spfuse bench`` (see :mod:`spfuse.cli`) drives them.
 """
 from __future__ import annotations
 
-__all__ = ["suite", "peers", "harness", "stream", "report", "budget", "fusion", "tiling"]
+__all__ = ["suite", "peers", "harness", "stream", "report", "budget", "fusion", "tiling", "offcatalog",
+           "offcatalog_run"]

@@ -21,7 +21,7 @@ import scipy.sparse as sp
 
 import spfuse
 
-__all__ = ["Size", "SIZES", "Input", "BenchKernel", "KERNELS", "KERNELS_BY_NAME", "select_kernels",
+__all__ = ["Size", "SIZES", "Input", "BenchKernel", "KERNELS", "KERNELS_BY_NAME", "select_kernels", "select_by_name",
            "synthetic_inputs", "builtin_inputs", "data_dir_inputs", "uniform_matrix", "powerlaw_matrix",
            "random_tensor"]
 
@@ -103,7 +103,7 @@ def powerlaw_matrix(n: int, m: int, row_nnz: int, seed: int, sigma: float = 1.6)
 
 
 def random_tensor(shape: tuple, nnz: int, seed: int) -> spfuse.Tensor:
-    """A seeded sparse 3-tensor in CSF with about ``nnz`` uniformly placed entries."""
+    """A seeded sparse tensor (of any order: ``len(shape)``) in CSF with about ``nnz`` uniformly placed entries."""
     rng = np.random.default_rng(seed)
     coords = np.stack([rng.integers(0, s, nnz) for s in shape])
     return spfuse.Tensor.from_coo(coords, rng.random(nnz), shape, format="csf")
@@ -244,18 +244,27 @@ KERNELS = [
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 
 
+def select_by_name(spec: Optional[str], by_name: dict, what: str = "kernel") -> list:
+    """Entries of ``by_name`` named in a comma-separated ``spec`` (case-insensitive); all when ``None``.
+
+    >>> select_by_name("b, A", {"A": 1, "B": 2})
+    [2, 1]
+    """
+    if not spec:
+        return list(by_name.values())
+    lower = {k.lower(): k for k in by_name}
+    out = []
+    for name in (s.strip() for s in spec.split(",") if s.strip()):
+        if name.lower() not in lower:
+            raise ValueError(f"unknown {what} {name!r}; known: {', '.join(by_name)}")
+        out.append(by_name[lower[name.lower()]])
+    return out
+
+
 def select_kernels(spec: Optional[str]) -> list[BenchKernel]:
     """Kernels named in a comma-separated ``spec`` (case-insensitive); all when ``None``.
 
     >>> [k.name for k in select_kernels("spmv,SDDMM")]
     ['SpMV', 'SDDMM']
     """
-    if not spec:
-        return list(KERNELS)
-    lower = {k.lower(): k for k in KERNELS_BY_NAME}
-    out = []
-    for name in (s.strip() for s in spec.split(",") if s.strip()):
-        if name.lower() not in lower:
-            raise ValueError(f"unknown kernel {name!r}; known: {', '.join(KERNELS_BY_NAME)}")
-        out.append(KERNELS_BY_NAME[lower[name.lower()]])
-    return out
+    return select_by_name(spec, KERNELS_BY_NAME)
