@@ -20,7 +20,6 @@ from spfuse.errors import IndexCheckFailed, ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
-from spfuse.frontend.einsum import einsum_to_program
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
@@ -438,25 +437,30 @@ def evaluate(program: str, /, *, out_format: Optional[str] = None, fusion: str =
     return _run(_parse(program), operands, out_format, fusion, num_threads)
 
 
-def einsum(subscripts: str, /, *operands: Any, out_format: Optional[str] = None, fusion: str = "auto",
-           num_threads: Optional[int] = None):
-    """``numpy.einsum`` semantics over sparse and dense operands.
+def einsum(*operands: Any, out: Optional[np.ndarray] = None, dtype: Any = None, order: str = "K",
+           casting: str = "safe", optimize: Any = False, out_format: Optional[str] = None, fusion: str = "auto",
+           num_threads: Optional[int] = None) -> Any:
+    """``numpy.einsum`` over sparse and dense operands: same calls, same answers.
+
+    ``einsum(subscripts, *operands, ...)`` or the interleaved form
+    ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``; ellipsis,
+    size-1 broadcasting, diagonals, and numpy's ``out``, ``dtype``,
+    ``order``, ``casting`` and ``optimize`` (accepted; spfuse's planner
+    chooses the contraction order).  Errors are numpy's exception classes
+    with numpy's wording.  Results come back in the caller's world (see
+    :func:`evaluate`); see :mod:`spfuse.numpy_einsum` for the dtype rules.
 
     >>> import numpy as np, scipy.sparse as sp, spfuse
     >>> A = sp.csr_array(np.array([[1.0, 2.0], [0.0, 3.0]]))
     >>> spfuse.einsum("ij,j->i", A, np.array([1.0, 1.0]))
     array([3., 3.])
+    >>> spfuse.einsum(np.ones((2, 2, 3)), [Ellipsis, 1], np.arange(3.0), [1], [Ellipsis])
+    array([[3., 3.],
+           [3., 3.]])
     """
-    if not isinstance(subscripts, str):
-        raise TypeError(f"subscripts must be a str, got {type(subscripts).__name__}")
-    ndims = [np.ndim(o) if not hasattr(o, "shape") else len(o.shape) for o in operands]
-    program, names = _einsum_program(subscripts, tuple(ndims))
-    return _run(program, dict(zip(names, operands)), out_format, fusion, num_threads)
-
-
-@functools.lru_cache(maxsize=256)
-def _einsum_program(subscripts: str, ndims: tuple):
-    return einsum_to_program(subscripts, ndims)
+    from spfuse.numpy_einsum import einsum_call
+    return einsum_call(operands, _run, out=out, dtype=dtype, order=order, casting=casting, optimize=optimize,
+                       out_format=out_format, fusion=fusion, num_threads=num_threads)
 
 
 def describe_execution(plan: Plan) -> str:

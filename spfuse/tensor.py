@@ -46,12 +46,13 @@ import scipy.sparse as sp
 
 from spfuse import validation as V
 from spfuse.formats import COMPRESSED, DENSE, Format, as_format
+from spfuse.interop import from_pydata, is_pydata
 
 __all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "ORIGINS"]
 
 #: Values of :attr:`Tensor.origin`: the world an operand came from, so results
 #: can be returned in the caller's flavour.
-ORIGINS = ("sparray", "spmatrix", "numpy", None)
+ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 
 FormatLike = Union[str, Format]
 
@@ -923,8 +924,9 @@ def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
 def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = None) -> Tensor:
     """The engine's single entry point: anything an operand may be → a validated canonical Tensor.
 
-    Accepts a :class:`Tensor`, a ``scipy.sparse`` array/matrix, a numpy
-    array, a Python/numpy scalar or nested lists.  ``format`` converts the
+    Accepts a :class:`Tensor`, a ``scipy.sparse`` array/matrix (N-d
+    ``coo_array`` too), a pydata ``sparse`` COO/GCXS array, a numpy array, a
+    Python/numpy scalar or nested lists.  ``format`` converts the
     result; errors name the operand.
 
     >>> import numpy as np, scipy.sparse as sp
@@ -945,6 +947,8 @@ def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = No
         pass
     elif sp.issparse(obj):
         t = Tensor.from_scipy(obj, name=name)
+    elif is_pydata(obj):
+        t = from_pydata(obj, name=name)
     elif obj is None or isinstance(obj, (str, bytes, dict, set)):
         raise V.wrong_type(name, "unsupported operand type",
                            "a numpy array, scipy.sparse array/matrix, spfuse.Tensor or real scalar",
