@@ -21,6 +21,7 @@ from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
+from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
 from spfuse.tensor import Tensor, as_tensor
@@ -211,16 +212,24 @@ def _has_diagonal(program: Program) -> bool:
 
 
 def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
+    """The sparse world results go back to: scipy (array before matrix), else pydata (COO before GCXS)."""
     origins = {t.origin for t in tensors.values()}
-    if "sparray" in origins:
-        return "sparray"
-    if "spmatrix" in origins:
-        return "spmatrix"
+    for flavour in ("sparray", "spmatrix", *PYDATA_ORIGINS):
+        if flavour in origins:
+            return flavour
     return None
+
+
+def _same_sparse_world(tensors: Mapping[str, Tensor]) -> bool:
+    """Whether every operand came from scipy.sparse, or every operand from pydata sparse."""
+    origins = {t.origin for t in tensors.values()}
+    return bool(origins) and (origins <= {"sparray", "spmatrix"} or origins <= set(PYDATA_ORIGINS))
 
 
 def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavour: Optional[str], dtype):
     """A result in the caller's world (or the forced ``out_format``)."""
+    if flavour in PYDATA_ORIGINS and out_format is None and isinstance(value, Tensor) and value.ndim >= 1:
+        return to_pydata(value.astype(dtype) if value.dtype != dtype else value, flavour.split(".")[1])
     if isinstance(value, np.ndarray):
         value = value.astype(dtype, copy=False)
         if out_format in (None, "dense"):
@@ -242,6 +251,8 @@ def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavou
         return value
     if value.ndim <= 1 and out_format is None:
         return value.todense()
+    if flavour == "sparray" and out_format in (None, "coo"):
+        return to_scipy_coo(value)  # N-d scipy in -> N-d coo_array out
     if out_format in ("csr", "csc", "coo"):
         raise ValueError(f"out_format={out_format!r} needs a 2-D result, got {value.ndim}-D")
     return value.asformat("csf") if out_format == "csf" else value
@@ -338,7 +349,7 @@ class _Dispatch:
         self.template = _template(plan)
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
-        self.all_scipy = bool(tensors) and all(t.origin in ("sparray", "spmatrix") for t in tensors.values())
+        self.all_sparse = _same_sparse_world(tensors)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -357,9 +368,10 @@ class _Dispatch:
         results = {}
         for name in plan.results:
             value = raw[name]
-            if (self.all_scipy and self.out_format is None and isinstance(value, np.ndarray)
-                    and value.ndim == 2):
-                value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr")  # scipy in -> scipy out
+            if (self.all_sparse and self.out_format is None and isinstance(value, np.ndarray)
+                    and (value.ndim == 2 or (value.ndim > 2 and self.flavour != "spmatrix"))):
+                # sparse in -> sparse out (scipy: 2-d CSR/CSC, N-d coo_array; pydata: its type)
+                value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
             results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
 
@@ -368,12 +380,13 @@ def _owned(result, tensors: Mapping[str, Tensor]):
     """``result`` with writable arrays of its own: a kernel's fresh output is
     handed over (made writable), an array shared with an operand (SDDMM keeps
     B's pattern) is copied, so changing the result never changes an input."""
-    if not (sp.issparse(result) and result.format in ("csr", "csc")):
+    attrs = _ARRAY_ATTRS.get(getattr(result, "format", None))
+    if attrs is None or not (sp.issparse(result) or is_pydata(result)):
         return result
     inputs = None
-    for attr in ("data", "indices", "indptr"):
+    for attr in attrs:
         arr = getattr(result, attr)
-        if arr.flags.writeable:
+        if not isinstance(arr, np.ndarray) or arr.flags.writeable:  # (scipy's coords: a tuple of fresh arrays)
             continue
         if inputs is None:  # buffers of the sparse operands (dense ones are never shared)
             inputs = {id(_root(a)) for t in tensors.values() if not t.format.is_dense
@@ -386,6 +399,11 @@ def _owned(result, tensors: Mapping[str, Tensor]):
         except ValueError:
             setattr(result, attr, arr.copy())
     return result
+
+
+#: array attributes of the sparse containers results come back in (scipy and pydata alike)
+_ARRAY_ATTRS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"),
+                "gcxs": ("data", "indices", "indptr"), "coo": ("data", "coords")}
 
 
 def _root(a: np.ndarray) -> np.ndarray:

@@ -137,7 +137,7 @@ def _parse_cached(subscripts: str, ndims: tuple[int, ...]) -> EinsumLabels:
         raise ProgramError(
             f"{'more' if more else 'fewer'} operands provided to einstein sum function than specified in the "
             f"subscripts string ({len(ndims)} given, the subscripts name {len(terms)})",
-            text, len(text) if more else terms[len(ndims)][1] - 1)
+            text, terms[-1][1] + len(terms[-1][0]) if more else terms[len(ndims)][1] - 1)
     parsed = []
     for n, ((term, start), nd) in enumerate(zip(terms, ndims)):
         labels, ellipsis = _term_labels(text, term, start, f"operand {n}")
