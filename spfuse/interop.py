@@ -20,6 +20,7 @@ one of its arrays.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -77,8 +78,13 @@ def from_pydata(obj: Any, name: str = "operand"):
     origin = f"pydata.{kind}"
     shape = tuple(int(s) for s in obj.shape)
     if kind == "GCXS" and len(shape) == 2 and tuple(obj.compressed_axes) in ((0,), (1,)):
-        make = Tensor.from_csr if tuple(obj.compressed_axes) == (0,) else Tensor.from_csc
-        t = make(obj.data, obj.indices, obj.indptr, shape, name=name)
+        fmt = "csr" if tuple(obj.compressed_axes) == (0,) else "csc"
+        # the arrays wrapped as they are (int64 indices too) when valid and canonical, as for scipy CSR
+        view = SimpleNamespace(data=obj.data, indices=obj.indices, indptr=obj.indptr, shape=shape, format=fmt)
+        t = Tensor._fast_compressed(view, origin)
+        if t is None:  # unusual dtypes, unsorted or invalid: the validating constructor copies or words it
+            make = Tensor.from_csr if fmt == "csr" else Tensor.from_csc
+            t = make(obj.data, obj.indices, obj.indptr, shape, name=name)
     else:
         coo = obj if kind == "COO" else obj.tocoo()
         coords = np.asarray(coo.coords).reshape(len(shape), -1)
