@@ -9,6 +9,7 @@ the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import Any, Mapping, Optional, Union
 
@@ -570,13 +571,41 @@ class Kernel:
         infos = self._infos(operands)
         return {m: try_plan(self.program, infos, m) for m in FUSION_STRATEGIES}
 
-    def explain(self, **operands: Any) -> str:
-        """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given)."""
+    def explain(self, *, picture: Optional[Union[str, "os.PathLike[str]"]] = None, **operands: Any) -> str:
+        """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given).
+
+        ``picture="plan.svg"`` (or ``.png``, ``.pdf``) also draws the index
+        trees before and after fusion, the temporaries and the kernel
+        (:mod:`spfuse.explain_picture`; needs the ``plot`` extra).
+
+        >>> import spfuse
+        >>> print(spfuse.compile("y[i] = A[i,j] * x[j]", A="csr").explain().splitlines()[0][:33])
+        spfuse plan  (fusion='auto', plan
+        """
         from spfuse.explain import explain_plans
         plans = self.plans(**operands)
         if isinstance(plans[self.fusion], UnsupportedError):
             raise plans[self.fusion]
-        return explain_plans(plans, self.fusion, describe_execution(plans[self.fusion]))
+        execution = describe_execution(plans[self.fusion])
+        if picture is not None:
+            from spfuse.explain_picture import draw_plan
+            draw_plan(plans[self.fusion], picture, execution)
+        return explain_plans(plans, self.fusion, execution)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the kernel as its explain() report.
+
+        >>> import spfuse
+        >>> spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")._repr_html_()[:40]
+        '<div class="spfuse-kernel"><b>spfuse.Ker'
+        """
+        import html
+        try:
+            body = self.explain()
+        except UnsupportedError as exc:
+            body = f"not plannable with fusion={self.fusion!r}: {exc}"
+        return (f'<div class="spfuse-kernel"><b>{html.escape(repr(self))}</b>'
+                f"<pre>{html.escape(body)}</pre></div>")
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())

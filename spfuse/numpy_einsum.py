@@ -197,7 +197,7 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: Optional[n
     >>> from spfuse.api import _run
     >>> einsum_call(["i,i", np.arange(3), np.arange(3)], _run)
     np.int64(5)
-    >>> einsum_call([np.ones((2, 3)), [0, 1], np.ones(3), [1], [0]], _run, dtype=np.float32)
+    >>> einsum_call([np.ones((2, 3)), [0, 1], np.ones(3), [1], [0]], _run, dtype=np.float32, casting="same_kind")
     array([3., 3.], dtype=float32)
     """
     want_dtype, order = _check_keywords(out, dtype, order, casting)
