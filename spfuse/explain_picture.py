@@ -14,7 +14,7 @@ Only ``matplotlib.figure`` is used (no pyplot state, no display needed).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Any
 
 from spfuse.ir.tree import Loop, Root
 
@@ -25,7 +25,7 @@ _SPARSE_LOOP_COLOUR = "#fde2c8"
 _LEAF_COLOUR = "#e3f1df"
 
 
-def tree_layout(root: Root) -> list[tuple[Any, float, int, Optional[int]]]:
+def tree_layout(root: Root) -> list[tuple[Any, float, int, int | None]]:
     """Nodes of an index tree with positions: ``(node, x, depth, parent_index)``.
 
     Leaves take successive x positions; a loop sits above the middle of its
@@ -39,10 +39,10 @@ def tree_layout(root: Root) -> list[tuple[Any, float, int, Optional[int]]]:
     >>> [(type(n).__name__, x, d, p) for n, x, d, p in tree_layout(t)]
     [('Loop', 0.0, 0, None), ('Compute', 0.0, 1, 0)]
     """
-    placed: list[tuple[Any, float, int, Optional[int]]] = []
+    placed: list[tuple[Any, float, int, int | None]] = []
     next_leaf = [0.0]
 
-    def place(node, depth: int, parent: Optional[int]) -> float:
+    def place(node, depth: int, parent: int | None) -> float:
         me = len(placed)
         placed.append((node, 0.0, depth, parent))
         children = getattr(node, "children", ()) if isinstance(node, Loop) else ()
@@ -69,7 +69,7 @@ def _draw_tree(ax: Any, root: Root, title: str) -> None:
         return
     width = max(x for _, x, _, _ in nodes) + 1
     depth = max(d for _, _, d, _ in nodes) + 1
-    for node, x, d, parent in nodes:
+    for _, x, d, parent in nodes:
         if parent is not None:
             _, px, pd, _ = nodes[parent]
             ax.plot([px, x], [-pd, -d], color="#777777", linewidth=0.8, zorder=1)
@@ -84,7 +84,7 @@ def _draw_tree(ax: Any, root: Root, title: str) -> None:
     ax.set_ylim(-depth + 0.4, 0.6)
 
 
-def _temporaries_text(plan: Any, execution: Optional[str]) -> str:
+def _temporaries_text(plan: Any, execution: str | None) -> str:
     lines = ["temporaries (before → after dimension reduction):"]
     if plan.temporaries:
         for t in plan.temporaries.values():
@@ -110,7 +110,7 @@ def _temporaries_text(plan: Any, execution: Optional[str]) -> str:
     return "\n".join(lines)
 
 
-def draw_plan(plan: Any, path: Union[str, "os.PathLike[str]"], execution: Optional[str] = None) -> str:
+def draw_plan(plan: Any, path: str | os.PathLike[str], execution: str | None = None) -> str:
     """Draw ``plan`` (a :class:`~spfuse.planner.Plan`) to ``path``; the format follows the suffix.
 
     Returns ``path`` as a string.  Raises ``ImportError`` with the install
@@ -134,7 +134,7 @@ def draw_plan(plan: Any, path: Union[str, "os.PathLike[str]"], execution: Option
     with matplotlib.rc_context({"svg.fonttype": "none", "font.family": "DejaVu Sans"}):
         fig = Figure(figsize=(sum(widths) * 1.1, 1.6 + 0.9 * (depth + 1)))
         axes = fig.subplots(1, 3, gridspec_kw={"width_ratios": widths})
-        for ax, (tree, title) in zip(axes, trees):
+        for ax, (tree, title) in zip(axes[:2], trees, strict=True):
             _draw_tree(ax, tree, title)
         axes[2].axis("off")
         axes[2].set_title("temporaries and kernel", fontsize=10)

@@ -21,7 +21,7 @@ one of its arrays.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -32,7 +32,7 @@ __all__ = ["is_pydata", "pydata_kind", "from_pydata", "to_pydata", "to_scipy_coo
 PYDATA_ORIGINS = ("pydata.COO", "pydata.GCXS")
 
 
-def pydata_kind(obj: Any) -> Optional[str]:
+def pydata_kind(obj: Any) -> str | None:
     """``"COO"`` or ``"GCXS"`` for a pydata ``sparse`` array, else None (no import of ``sparse``).
 
     >>> import sparse

@@ -29,14 +29,20 @@ operands' strides; values are the same).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from spfuse.errors import ProgramError, UnsupportedError
-from spfuse.frontend.einsum import (EinsumLabels, broadcast_labels, labels_to_program, parse_subscripts,
-                                    subscripts_from_sublists)
+from spfuse.frontend.einsum import (
+    EinsumLabels,
+    broadcast_labels,
+    labels_to_program,
+    parse_subscripts,
+    subscripts_from_sublists,
+)
 from spfuse.interop import is_pydata
 from spfuse.tensor import Tensor, as_tensor
 
@@ -48,7 +54,7 @@ ORDERS = ("C", "F", "A", "K")
 _EXACT_FLOAT64 = 2 ** 53
 
 
-def _check_keywords(out: Any, dtype: Any, order: Any, casting: Any) -> tuple[Optional[np.dtype], str]:
+def _check_keywords(out: Any, dtype: Any, order: Any, casting: Any) -> tuple[np.dtype | None, str]:
     if not (isinstance(order, str) and order.upper() in ORDERS):
         raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
     if casting not in CASTINGS:
@@ -187,9 +193,9 @@ def _dense(value: Any) -> np.ndarray:
     return np.asarray(value)
 
 
-def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: Optional[np.ndarray] = None,
+def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: np.ndarray | None = None,
                 dtype: Any = None, order: str = "K", casting: str = "safe", optimize: Any = False,
-                out_format: Optional[str] = None, fusion: str = "auto", num_threads: Optional[int] = None) -> Any:
+                out_format: str | None = None, fusion: str = "auto", num_threads: int | None = None) -> Any:
     """``numpy.einsum(*args, ...)`` evaluated by ``run(program, operands, out_format, fusion, num_threads)``.
 
     The body of :func:`spfuse.einsum`; see the module docstring.
@@ -233,11 +239,11 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: Optional[n
     program, names = labels_to_program(labels)
     # numpy casts every operand to the result dtype first (dtype=..., casting="unsafe" truncates)
     operands = [o.astype(result) if d != result and not isinstance(o, Tensor) else o
-                for o, (_, d) in zip(operands, shapes_dtypes)]
-    operands = [_drop_axes(o, axes, name) for name, o, axes in zip(names, operands, dropped)]
+                for o, (_, d) in zip(operands, shapes_dtypes, strict=True)]
+    operands = [_drop_axes(o, axes, name) for name, o, axes in zip(names, operands, dropped, strict=True)]
     if result.kind in "biu":
         _check_exact(operands, labels, extents, result)
-    ready = {name: _cast(o, computed, name) for name, o in zip(names, operands)}
+    ready = {name: _cast(o, computed, name) for name, o in zip(names, operands, strict=True)}
     value = run(program, ready, out_format, fusion, num_threads)
     value = _as_result_dtype(value, result, computed)
     if out is not None:

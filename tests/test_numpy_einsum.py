@@ -189,7 +189,7 @@ def broadcast_cases(draw):
         shape = [1 if draw(st.integers(0, 4)) == 0 else extent[c] for c in term]
         # a diagonal needs one extent per label on the operand
         first = {}
-        shape = [first.setdefault(c, s) for c, s in zip(term, shape)]
+        shape = [first.setdefault(c, s) for c, s in zip(term, shape, strict=True)]
         if nb and draw(st.booleans()):
             k = draw(st.integers(0, nb))
             pos = draw(st.integers(0, len(term)))

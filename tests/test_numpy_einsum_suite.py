@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-
 from numpy_einsum_suite import format_summary, run_suite
+
 from spfuse.errors import UnsupportedError
 
 #: result dtypes spfuse refuses for now (the kernels are real float32/float64;

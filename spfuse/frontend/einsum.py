@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Program
@@ -139,7 +140,7 @@ def _parse_cached(subscripts: str, ndims: tuple[int, ...]) -> EinsumLabels:
             f"subscripts string ({len(ndims)} given, the subscripts name {len(terms)})",
             text, terms[-1][1] + len(terms[-1][0]) if more else terms[len(ndims)][1] - 1)
     parsed = []
-    for n, ((term, start), nd) in enumerate(zip(terms, ndims)):
+    for n, ((term, start), nd) in enumerate(zip(terms, ndims, strict=True)):
         labels, ellipsis = _term_labels(text, term, start, f"operand {n}")
         if len(labels) > nd:
             raise ProgramError(f"einstein sum subscripts string contains too many subscripts for operand {n} "
@@ -223,9 +224,9 @@ def broadcast_labels(labels: EinsumLabels, shapes: Sequence[Sequence[int]]
 [original->remapped]: (2,)->(2,) (3,)->(3,) (label 'i' has extents 2 and 3)
     """
     extents: dict[str, int] = {}
-    for n, (term, shape) in enumerate(zip(labels.inputs, shapes)):
+    for n, (term, shape) in enumerate(zip(labels.inputs, shapes, strict=True)):
         mine: dict[str, int] = {}
-        for c, e in zip(term, shape):
+        for c, e in zip(term, shape, strict=True):
             if mine.setdefault(c, e) != e:
                 raise ProgramError(f"dimensions in operand {n} for collapsing index {_shown(c)!r} don't match "
                                    f"({mine[c]} != {e})")
@@ -238,12 +239,12 @@ def broadcast_labels(labels: EinsumLabels, shapes: Sequence[Sequence[int]]
                 raise ProgramError("operands could not be broadcast together with remapped shapes "
                                    f"[original->remapped]: {remapped} (label {_shown(c)!r} has extents "
                                    f"{have} and {e})")
-    dropped = tuple(tuple(a for a, (c, e) in enumerate(zip(term, shape)) if e == 1 and extents[c] != 1)
-                    for term, shape in zip(labels.inputs, shapes))
+    dropped = tuple(tuple(a for a, (c, e) in enumerate(zip(term, shape, strict=True)) if e == 1 and extents[c] != 1)
+                    for term, shape in zip(labels.inputs, shapes, strict=True))
     if not any(dropped):
         return labels, dropped, extents
     inputs = tuple(tuple(c for a, c in enumerate(term) if a not in drop)
-                   for term, drop in zip(labels.inputs, dropped))
+                   for term, drop in zip(labels.inputs, dropped, strict=True))
     return EinsumLabels(inputs, labels.output), dropped, extents
 
 
@@ -305,7 +306,7 @@ def labels_to_program(labels: EinsumLabels) -> tuple[Program, list[str]]:
     def access(name: str, idx: Sequence[str]) -> str:
         return f"{name}[{', '.join(idx)}]" if idx else name
 
-    rhs = " * ".join(access(name, term) for name, term in zip(names, labels.inputs))
+    rhs = " * ".join(access(name, term) for name, term in zip(names, labels.inputs, strict=True))
     return parse_program(f"{access(OUTPUT_NAME, labels.output)} = {rhs}"), names
 
 
