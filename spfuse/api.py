@@ -381,7 +381,7 @@ def _owned(result, tensors: Mapping[str, Tensor]):
     """``result`` with writable arrays of its own: a kernel's fresh output is
     handed over (made writable), an array shared with an operand (SDDMM keeps
     B's pattern) is copied, so changing the result never changes an input."""
-    attrs = _ARRAY_ATTRS.get(getattr(result, "format", None))
+    attrs = _ARRAY_ATTRS.get(str(getattr(result, "format", "")))
     if attrs is None or not (sp.issparse(result) or is_pydata(result)):
         return result
     inputs = None

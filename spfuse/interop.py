@@ -108,7 +108,7 @@ def to_pydata(t: Any, kind: str) -> Any:
     """
     import sparse
 
-    from spfuse.tensor import Tensor
+    from spfuse.tensor import CompressedLevel, Tensor
 
     if isinstance(t, np.ndarray):
         return sparse.COO.from_numpy(t) if kind == "COO" else sparse.GCXS.from_numpy(t)
@@ -116,6 +116,7 @@ def to_pydata(t: Any, kind: str) -> Any:
         raise TypeError(f"expected a spfuse.Tensor or numpy array, got {type(t).__name__}")
     if kind == "GCXS" and t.ndim == 2 and t.format.name in ("csr", "csc"):
         lv = t.levels[1]
+        assert isinstance(lv, CompressedLevel)  # CSR/CSC: (dense, compressed)
         axis = (0,) if t.format.name == "csr" else (1,)
         return sparse.GCXS((t.values, lv.crd, lv.pos), shape=t.shape,
                            compressed_axes=axis)

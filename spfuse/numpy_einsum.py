@@ -55,6 +55,7 @@ _EXACT_FLOAT64 = 2 ** 53
 
 
 def _check_keywords(out: Any, dtype: Any, order: Any, casting: Any) -> tuple[np.dtype | None, str]:
+    """numpy's checks of einsum's keyword arguments, in numpy's words."""
     if not (isinstance(order, str) and order.upper() in ORDERS):
         raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
     if casting not in CASTINGS:
@@ -221,8 +222,9 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: np.ndarray
     labels = parse_subscripts(subscripts, [len(s) for s in shapes])
     labels, dropped, extents = broadcast_labels(labels, shapes)
     result = np.result_type(*[d for _, d in shapes_dtypes]) if want_dtype is None else want_dtype
+    rule: Any = casting  # one of CASTINGS (checked above); numpy's stubs want the Literal
     for n, (_, d) in enumerate(shapes_dtypes):
-        if not np.can_cast(d, result, casting):
+        if not np.can_cast(d, result, rule):
             raise TypeError(f"Iterator operand {n} dtype could not be cast from dtype('{d}') to dtype('{result}') "
                             f"according to the rule '{casting}'")
     out_shape = tuple(extents[c] for c in labels.output)
@@ -232,7 +234,7 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: np.ndarray
                              f"should have {len(out_shape)}")
         if out.shape != out_shape:
             raise ValueError(f"out parameter has shape {out.shape} but the einsum result has shape {out_shape}")
-        if not np.can_cast(result, out.dtype, casting):
+        if not np.can_cast(result, out.dtype, rule):
             raise TypeError(f"Iterator requested dtype could not be cast from dtype('{result}') to "
                             f"dtype('{out.dtype}'), the out operand dtype, according to the rule '{casting}'")
     computed = compute_dtype(result)
