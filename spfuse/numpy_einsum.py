@@ -28,16 +28,18 @@ operands' strides; values are the same).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from spfuse.errors import ProgramError, UnsupportedError
+from spfuse.frontend.ast import Program
 from spfuse.frontend.einsum import (
-    EinsumLabels,
     broadcast_labels,
     labels_to_program,
     parse_subscripts,
@@ -67,10 +69,6 @@ def _check_keywords(out: Any, dtype: Any, order: Any, casting: Any) -> tuple[np.
 
 def _is_operand(obj: Any) -> bool:
     return isinstance(obj, (np.ndarray, Tensor)) or sp.issparse(obj) or is_pydata(obj)
-
-
-def _shape_dtype(obj: Any) -> tuple[tuple[int, ...], np.dtype]:
-    return tuple(int(s) for s in obj.shape), np.dtype(obj.dtype)
 
 
 def compute_dtype(result: np.dtype, what: str = "einsum") -> np.dtype:
@@ -112,9 +110,12 @@ def _max_abs(obj: Any) -> float:
     return float(max(abs(int(vals.max())), abs(int(vals.min()))))
 
 
-def _check_exact(operands: Sequence[Any], labels: EinsumLabels, extents: dict, result: np.dtype) -> None:
-    """Refuse an integer/bool einsum whose float64 evaluation might not be exact."""
-    terms = math.prod(extents[c] for c in {c for t in labels.inputs for c in t} - set(labels.output))
+def _check_exact(operands: Sequence[Any], terms: int, result: np.dtype) -> None:
+    """Refuse an integer/bool einsum whose float64 evaluation might not be exact.
+
+    ``terms`` products are summed per output element; with every operand's
+    magnitude bounded by ``max(1, max|operand|)``, so is every partial sum of
+    any association order."""
     bound = float(terms)
     for obj in operands:
         bound *= max(1.0, _max_abs(obj))
@@ -122,6 +123,37 @@ def _check_exact(operands: Sequence[Any], labels: EinsumLabels, extents: dict, r
         raise UnsupportedError(f"einsum: {result} operands whose result could reach {bound:.3g} in magnitude "
                                "are not supported yet (spfuse computes integers in float64, exact only below "
                                "2**53)")
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """Everything an einsum call decides from its subscripts, shapes and dtypes (cached)."""
+
+    program: Program
+    names: list
+    dropped: tuple          # per operand: the size-1 axes that broadcast (dropped before the run)
+    out_shape: tuple
+    result: np.dtype        # numpy's result dtype
+    computed: np.dtype      # the dtype the kernels compute in
+    recast: bool            # some operand is not of the result dtype
+    terms: int              # products summed per output element
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(subscripts: str, shapes: tuple, dtypes: tuple, want_dtype: np.dtype | None, casting: str) -> _Resolved:
+    labels = parse_subscripts(subscripts, [len(s) for s in shapes])
+    labels, dropped, extents = broadcast_labels(labels, shapes)
+    result = np.result_type(*dtypes) if want_dtype is None else want_dtype
+    rule: Any = casting
+    for n, d in enumerate(dtypes):
+        if not np.can_cast(d, result, rule):
+            raise TypeError(f"Iterator operand {n} dtype could not be cast from dtype('{d}') to dtype('{result}') "
+                            f"according to the rule '{casting}'")
+    computed = compute_dtype(result)
+    program, names = labels_to_program(labels)
+    summed = {c for t in labels.inputs for c in t} - set(labels.output)
+    return _Resolved(program, names, dropped if any(dropped) else (), tuple(extents[c] for c in labels.output),
+                     result, computed, any(d != result for d in dtypes), math.prod(extents[c] for c in summed))
 
 
 def _drop_axes(obj: Any, axes: tuple[int, ...], name: str) -> Any:
@@ -217,35 +249,30 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: np.ndarray
     else:
         subscripts, operands = subscripts_from_sublists(args)
     operands = given = [o if _is_operand(o) else np.asarray(o) for o in operands]
-    shapes_dtypes = [_shape_dtype(o) for o in operands]
-    shapes = [s for s, _ in shapes_dtypes]
-    labels = parse_subscripts(subscripts, [len(s) for s in shapes])
-    labels, dropped, extents = broadcast_labels(labels, shapes)
-    result = np.result_type(*[d for _, d in shapes_dtypes]) if want_dtype is None else want_dtype
-    rule: Any = casting  # one of CASTINGS (checked above); numpy's stubs want the Literal
-    for n, (_, d) in enumerate(shapes_dtypes):
-        if not np.can_cast(d, result, rule):
-            raise TypeError(f"Iterator operand {n} dtype could not be cast from dtype('{d}') to dtype('{result}') "
-                            f"according to the rule '{casting}'")
-    out_shape = tuple(extents[c] for c in labels.output)
+    shapes = tuple(tuple(int(e) for e in o.shape) for o in operands)
+    dtypes = tuple(np.dtype(o.dtype) for o in operands)
+    call = _resolve(subscripts, shapes, dtypes, want_dtype, casting)
+    result, computed = call.result, call.computed
     if out is not None:
-        if out.ndim != len(out_shape):
+        if out.ndim != len(call.out_shape):
             raise ValueError(f"out parameter does not have the correct number of dimensions, has {out.ndim} but "
-                             f"should have {len(out_shape)}")
-        if out.shape != out_shape:
-            raise ValueError(f"out parameter has shape {out.shape} but the einsum result has shape {out_shape}")
+                             f"should have {len(call.out_shape)}")
+        if out.shape != call.out_shape:
+            raise ValueError(f"out parameter has shape {out.shape} but the einsum result has shape {call.out_shape}")
+        rule: Any = casting  # one of CASTINGS (checked above); numpy's stubs want the Literal
         if not np.can_cast(result, out.dtype, rule):
             raise TypeError(f"Iterator requested dtype could not be cast from dtype('{result}') to "
                             f"dtype('{out.dtype}'), the out operand dtype, according to the rule '{casting}'")
-    computed = compute_dtype(result)
-    program, names = labels_to_program(labels)
-    # numpy casts every operand to the result dtype first (dtype=..., casting="unsafe" truncates)
-    operands = [o.astype(result) if d != result and not isinstance(o, Tensor) else o
-                for o, (_, d) in zip(operands, shapes_dtypes, strict=True)]
-    operands = [_drop_axes(o, axes, name) for name, o, axes in zip(names, operands, dropped, strict=True)]
+    if call.recast:
+        # numpy casts every operand to the result dtype first (dtype=..., casting="unsafe" truncates)
+        operands = [o.astype(result) if d != result and not isinstance(o, Tensor) else o
+                    for o, d in zip(operands, dtypes, strict=True)]
+    if call.dropped:
+        operands = [_drop_axes(o, axes, name) for name, o, axes in zip(call.names, operands, call.dropped, strict=True)]
     if result.kind in "biu":
-        _check_exact(operands, labels, extents, result)
-    ready = {name: _cast(o, computed, name) for name, o in zip(names, operands, strict=True)}
+        _check_exact(operands, call.terms, result)
+    ready = {name: _cast(o, computed, name) for name, o in zip(call.names, operands, strict=True)}
+    program = call.program
     value = run(program, ready, out_format, fusion, num_threads)
     value = _as_result_dtype(value, result, computed)
     if out is not None:
