@@ -252,7 +252,7 @@ def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavou
         return value
     if value.ndim <= 1 and out_format is None:
         return value.todense()
-    if flavour == "sparray" and out_format in (None, "coo"):
+    if flavour == "sparray" and out_format is None:
         return to_scipy_coo(value)  # N-d scipy in -> N-d coo_array out
     if out_format in ("csr", "csc", "coo"):
         raise ValueError(f"out_format={out_format!r} needs a 2-D result, got {value.ndim}-D")
@@ -596,8 +596,8 @@ class Kernel:
         """Jupyter shows the kernel as its explain() report.
 
         >>> import spfuse
-        >>> spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")._repr_html_()[:40]
-        '<div class="spfuse-kernel"><b>spfuse.Ker'
+        >>> spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")._repr_html_()[:47]
+        '<div class="spfuse-kernel"><b>&lt;spfuse.Kernel'
         """
         import html
         try:

@@ -144,3 +144,12 @@ def test_other_numpy_calls_raise_a_clear_type_error(call):
 def test_asarray_still_densifies_explicitly():
     t = Tensor.from_numpy(np.eye(2), "csr")
     np.testing.assert_array_equal(np.asarray(t), np.eye(2))
+
+
+def test_forced_out_format_keeps_its_rules(rng):
+    """out_format wins over the operands' world: 'coo' on a 1-d result is an error, as before."""
+    A = sp.csr_array(_random(rng, (3, 4)))
+    with pytest.raises(ValueError, match="needs a 2-D result"):
+        spfuse.evaluate("y[i] = A[i,j]", A=A, out_format="coo")
+    X = sp.coo_array(_random(rng, (2, 3, 4)))
+    assert isinstance(spfuse.evaluate("Y[i,j,k] = X[i,j,k] * 2", X=X, out_format="csf"), Tensor)
