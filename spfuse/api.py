@@ -9,6 +9,7 @@ the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from typing import Any, Mapping, Optional, Union
 
@@ -20,8 +21,8 @@ from spfuse.errors import IndexCheckFailed, ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
 from spfuse.frontend.check import check_program
-from spfuse.frontend.einsum import einsum_to_program
 from spfuse.frontend.parser import parse_program
+from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
 from spfuse.tensor import Tensor, as_tensor
@@ -212,16 +213,24 @@ def _has_diagonal(program: Program) -> bool:
 
 
 def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
+    """The sparse world results go back to: scipy (array before matrix), else pydata (COO before GCXS)."""
     origins = {t.origin for t in tensors.values()}
-    if "sparray" in origins:
-        return "sparray"
-    if "spmatrix" in origins:
-        return "spmatrix"
+    for flavour in ("sparray", "spmatrix", *PYDATA_ORIGINS):
+        if flavour in origins:
+            return flavour
     return None
+
+
+def _same_sparse_world(tensors: Mapping[str, Tensor]) -> bool:
+    """Whether every operand came from scipy.sparse, or every operand from pydata sparse."""
+    origins = {t.origin for t in tensors.values()}
+    return bool(origins) and (origins <= {"sparray", "spmatrix"} or origins <= set(PYDATA_ORIGINS))
 
 
 def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavour: Optional[str], dtype):
     """A result in the caller's world (or the forced ``out_format``)."""
+    if flavour in PYDATA_ORIGINS and out_format is None and isinstance(value, Tensor) and value.ndim >= 1:
+        return to_pydata(value.astype(dtype) if value.dtype != dtype else value, flavour.split(".")[1])
     if isinstance(value, np.ndarray):
         value = value.astype(dtype, copy=False)
         if out_format in (None, "dense"):
@@ -243,6 +252,8 @@ def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavou
         return value
     if value.ndim <= 1 and out_format is None:
         return value.todense()
+    if flavour == "sparray" and out_format is None:
+        return to_scipy_coo(value)  # N-d scipy in -> N-d coo_array out
     if out_format in ("csr", "csc", "coo"):
         raise ValueError(f"out_format={out_format!r} needs a 2-D result, got {value.ndim}-D")
     return value.asformat("csf") if out_format == "csf" else value
@@ -339,7 +350,7 @@ class _Dispatch:
         self.template = _template(plan)
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
-        self.all_scipy = bool(tensors) and all(t.origin in ("sparray", "spmatrix") for t in tensors.values())
+        self.all_sparse = _same_sparse_world(tensors)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -358,9 +369,10 @@ class _Dispatch:
         results = {}
         for name in plan.results:
             value = raw[name]
-            if (self.all_scipy and self.out_format is None and isinstance(value, np.ndarray)
-                    and value.ndim == 2):
-                value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr")  # scipy in -> scipy out
+            if (self.all_sparse and self.out_format is None and isinstance(value, np.ndarray)
+                    and (value.ndim == 2 or (value.ndim > 2 and self.flavour != "spmatrix"))):
+                # sparse in -> sparse out (scipy: 2-d CSR/CSC, N-d coo_array; pydata: its type)
+                value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
             results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
 
@@ -369,12 +381,13 @@ def _owned(result, tensors: Mapping[str, Tensor]):
     """``result`` with writable arrays of its own: a kernel's fresh output is
     handed over (made writable), an array shared with an operand (SDDMM keeps
     B's pattern) is copied, so changing the result never changes an input."""
-    if not (sp.issparse(result) and result.format in ("csr", "csc")):
+    attrs = _ARRAY_ATTRS.get(str(getattr(result, "format", "")))
+    if attrs is None or not (sp.issparse(result) or is_pydata(result)):
         return result
     inputs = None
-    for attr in ("data", "indices", "indptr"):
+    for attr in attrs:
         arr = getattr(result, attr)
-        if arr.flags.writeable:
+        if not isinstance(arr, np.ndarray) or arr.flags.writeable:  # (scipy's coords: a tuple of fresh arrays)
             continue
         if inputs is None:  # buffers of the sparse operands (dense ones are never shared)
             inputs = {id(_root(a)) for t in tensors.values() if not t.format.is_dense
@@ -387,6 +400,11 @@ def _owned(result, tensors: Mapping[str, Tensor]):
         except ValueError:
             setattr(result, attr, arr.copy())
     return result
+
+
+#: array attributes of the sparse containers results come back in (scipy and pydata alike)
+_ARRAY_ATTRS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"),
+                "gcxs": ("data", "indices", "indptr"), "coo": ("data", "coords")}
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -438,25 +456,30 @@ def evaluate(program: str, /, *, out_format: Optional[str] = None, fusion: str =
     return _run(_parse(program), operands, out_format, fusion, num_threads)
 
 
-def einsum(subscripts: str, /, *operands: Any, out_format: Optional[str] = None, fusion: str = "auto",
-           num_threads: Optional[int] = None):
-    """``numpy.einsum`` semantics over sparse and dense operands.
+def einsum(*operands: Any, out: Optional[np.ndarray] = None, dtype: Any = None, order: str = "K",
+           casting: str = "safe", optimize: Any = False, out_format: Optional[str] = None, fusion: str = "auto",
+           num_threads: Optional[int] = None) -> Any:
+    """``numpy.einsum`` over sparse and dense operands: same calls, same answers.
+
+    ``einsum(subscripts, *operands, ...)`` or the interleaved form
+    ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``; ellipsis,
+    size-1 broadcasting, diagonals, and numpy's ``out``, ``dtype``,
+    ``order``, ``casting`` and ``optimize`` (accepted; spfuse's planner
+    chooses the contraction order).  Errors are numpy's exception classes
+    with numpy's wording.  Results come back in the caller's world (see
+    :func:`evaluate`); see :mod:`spfuse.numpy_einsum` for the dtype rules.
 
     >>> import numpy as np, scipy.sparse as sp, spfuse
     >>> A = sp.csr_array(np.array([[1.0, 2.0], [0.0, 3.0]]))
     >>> spfuse.einsum("ij,j->i", A, np.array([1.0, 1.0]))
     array([3., 3.])
+    >>> spfuse.einsum(np.ones((2, 2, 3)), [Ellipsis, 1], np.arange(3.0), [1], [Ellipsis])
+    array([[3., 3.],
+           [3., 3.]])
     """
-    if not isinstance(subscripts, str):
-        raise TypeError(f"subscripts must be a str, got {type(subscripts).__name__}")
-    ndims = [np.ndim(o) if not hasattr(o, "shape") else len(o.shape) for o in operands]
-    program, names = _einsum_program(subscripts, tuple(ndims))
-    return _run(program, dict(zip(names, operands)), out_format, fusion, num_threads)
-
-
-@functools.lru_cache(maxsize=256)
-def _einsum_program(subscripts: str, ndims: tuple):
-    return einsum_to_program(subscripts, ndims)
+    from spfuse.numpy_einsum import einsum_call
+    return einsum_call(operands, _run, out=out, dtype=dtype, order=order, casting=casting, optimize=optimize,
+                       out_format=out_format, fusion=fusion, num_threads=num_threads)
 
 
 def describe_execution(plan: Plan) -> str:
@@ -548,13 +571,41 @@ class Kernel:
         infos = self._infos(operands)
         return {m: try_plan(self.program, infos, m) for m in FUSION_STRATEGIES}
 
-    def explain(self, **operands: Any) -> str:
-        """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given)."""
+    def explain(self, *, picture: Optional[Union[str, "os.PathLike[str]"]] = None, **operands: Any) -> str:
+        """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given).
+
+        ``picture="plan.svg"`` (or ``.png``, ``.pdf``) also draws the index
+        trees before and after fusion, the temporaries and the kernel
+        (:mod:`spfuse.explain_picture`; needs the ``plot`` extra).
+
+        >>> import spfuse
+        >>> print(spfuse.compile("y[i] = A[i,j] * x[j]", A="csr").explain().splitlines()[0][:33])
+        spfuse plan  (fusion='auto', plan
+        """
         from spfuse.explain import explain_plans
         plans = self.plans(**operands)
         if isinstance(plans[self.fusion], UnsupportedError):
             raise plans[self.fusion]
-        return explain_plans(plans, self.fusion, describe_execution(plans[self.fusion]))
+        execution = describe_execution(plans[self.fusion])
+        if picture is not None:
+            from spfuse.explain_picture import draw_plan
+            draw_plan(plans[self.fusion], picture, execution)
+        return explain_plans(plans, self.fusion, execution)
+
+    def _repr_html_(self) -> str:
+        """Jupyter shows the kernel as its explain() report.
+
+        >>> import spfuse
+        >>> spfuse.compile("y[i] = A[i,j] * x[j]", A="csr")._repr_html_()[:47]
+        '<div class="spfuse-kernel"><b>&lt;spfuse.Kernel'
+        """
+        import html
+        try:
+            body = self.explain()
+        except UnsupportedError as exc:
+            body = f"not plannable with fusion={self.fusion!r}: {exc}"
+        return (f'<div class="spfuse-kernel"><b>{html.escape(repr(self))}</b>'
+                f"<pre>{html.escape(body)}</pre></div>")
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())

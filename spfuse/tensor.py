@@ -46,12 +46,13 @@ import scipy.sparse as sp
 
 from spfuse import validation as V
 from spfuse.formats import COMPRESSED, DENSE, Format, as_format
+from spfuse.interop import from_pydata, is_pydata
 
 __all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "ORIGINS"]
 
 #: Values of :attr:`Tensor.origin`: the world an operand came from, so results
 #: can be returned in the caller's flavour.
-ORIGINS = ("sparray", "spmatrix", "numpy", None)
+ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 
 FormatLike = Union[str, Format]
 
@@ -841,6 +842,53 @@ class Tensor:
         out = self.todense()
         return out if dtype is None else out.astype(dtype, copy=False)
 
+    # -- the numpy protocols ----------------------------------------------------
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """numpy functions on a Tensor: ``np.einsum`` runs :func:`spfuse.einsum`; ``np.shape``,
+        ``np.ndim``, ``np.size`` and ``np.transpose`` answer from the tensor; any other numpy
+        function raises ``TypeError`` naming what to call instead (numpy's functions would
+        otherwise densify a sparse tensor silently).
+
+        >>> t = Tensor.from_numpy([[0.0, 2.0], [3.0, 0.0]], "csr")
+        >>> np.einsum("ij,j->i", t, np.ones(2)), np.shape(t), np.transpose(t).format.name
+        (array([2., 3.]), (2, 2), 'csc')
+        >>> np.sum(t)
+        Traceback (most recent call last):
+          ...
+        TypeError: numpy.sum is not implemented for spfuse.Tensor (it would densify the tensor silently)
+          Hint: use spfuse.einsum / spfuse.evaluate (e.g. spfuse.evaluate("s = A[i,j]", A=t)), or densify \
+explicitly: numpy.sum(t.todense(), ...)
+        """
+        if func is np.einsum:
+            from spfuse.api import einsum
+            return einsum(*args, **kwargs)
+        if func in _ARRAY_FUNCTION_ATTRS and len(args) == 1 and not kwargs:
+            return getattr(args[0], _ARRAY_FUNCTION_ATTRS[func])
+        if func is np.transpose and isinstance(args[0], Tensor):
+            return args[0].transpose(*args[1:], **kwargs)
+        raise TypeError(f"numpy.{func.__name__} is not implemented for spfuse.Tensor (it would densify the tensor "
+                        "silently)\n  Hint: use spfuse.einsum / spfuse.evaluate (e.g. spfuse.evaluate(\"s = A[i,j]\", "
+                        f"A=t)), or densify explicitly: numpy.{func.__name__}(t.todense(), ...)")
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """numpy ufuncs (``np.add``, ``t * 2`` with an ndarray, ...) are refused with a ``TypeError``:
+        element-wise arithmetic is written as a program, which keeps sparsity.
+
+        >>> t = Tensor.from_numpy([[0.0, 2.0]], "csr")
+        >>> np.exp(t)
+        Traceback (most recent call last):
+          ...
+        TypeError: numpy ufunc exp is not implemented for spfuse.Tensor
+          Hint: write it as a program, e.g. spfuse.evaluate("C[i,j] = exp(A[i,j])", A=t), or densify \
+explicitly: numpy.exp(t.todense())
+        """
+        example = {"add": "A[i,j] + B[i,j]", "multiply": "A[i,j] * B[i,j]", "subtract": "A[i,j] - B[i,j]",
+                   "divide": "A[i,j] / B[i,j]", "true_divide": "A[i,j] / B[i,j]"}.get(
+            ufunc.__name__, f"{ufunc.__name__}(A[i,j])")
+        raise TypeError(f"numpy ufunc {ufunc.__name__} is not implemented for spfuse.Tensor\n  Hint: write it as "
+                        f"a program, e.g. spfuse.evaluate(\"C[i,j] = {example}\", A=t), or densify explicitly: "
+                        f"numpy.{ufunc.__name__}(t.todense())")
+
     def _scipy_compressed(self, cls: Any) -> Any:
         data, indices, indptr = self._values, self._levels[1].crd, self._levels[1].pos
         attrs = _scipy_direct_attrs(cls)
@@ -889,6 +937,10 @@ class Tensor:
         return t._scipy_compressed(cls)
 
 
+#: numpy functions a Tensor answers from its own attributes
+_ARRAY_FUNCTION_ATTRS = {np.shape: "shape", np.ndim: "ndim", np.size: "size"}
+
+
 @functools.lru_cache(maxsize=None)
 def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
     """The instance attributes a canonical ``cls`` (scipy CSR/CSC) object
@@ -923,8 +975,9 @@ def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
 def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = None) -> Tensor:
     """The engine's single entry point: anything an operand may be → a validated canonical Tensor.
 
-    Accepts a :class:`Tensor`, a ``scipy.sparse`` array/matrix, a numpy
-    array, a Python/numpy scalar or nested lists.  ``format`` converts the
+    Accepts a :class:`Tensor`, a ``scipy.sparse`` array/matrix (N-d
+    ``coo_array`` too), a pydata ``sparse`` COO/GCXS array, a numpy array, a
+    Python/numpy scalar or nested lists.  ``format`` converts the
     result; errors name the operand.
 
     >>> import numpy as np, scipy.sparse as sp
@@ -945,6 +998,8 @@ def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = No
         pass
     elif sp.issparse(obj):
         t = Tensor.from_scipy(obj, name=name)
+    elif is_pydata(obj):
+        t = from_pydata(obj, name=name)
     elif obj is None or isinstance(obj, (str, bytes, dict, set)):
         raise V.wrong_type(name, "unsupported operand type",
                            "a numpy array, scipy.sparse array/matrix, spfuse.Tensor or real scalar",

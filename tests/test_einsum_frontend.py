@@ -98,17 +98,21 @@ def test_random_einsum_matches_numpy(case):
 
 
 ERRORS = [
-    ("ij...,j->i", [2, 1], "ellipsis", "..."),
-    ("ij,j->i", [2], "subscripts name 2 operand(s) but 1 were given", ",j"),
-    ("ij->i", [2, 1], "subscripts name 1 operand(s) but 2 were given", "->"),
-    ("ij,j->k", [2, 1], "output label 'k' does not appear in any input", "k"),
-    ("ij,j->ii", [2, 1], "output label 'i' is repeated", "i", 2),
-    ("ij,jk->ik", [2, 3], "operand 1 has 3 dimension(s) but its subscripts 'jk' give 2", "jk"),
-    ("i,,j->ij", [1, 1, 1], "operand 1 has 1 dimension(s) but its subscripts '' give 0", ",j"),  # caret where the empty term starts
-    ("i1,j->ij", [2, 1], "invalid character '1'", "1"),
+    ("ij,j->i", [2], "fewer operands provided to einstein sum function than specified", ",j"),
+    ("ij->i", [2, 1], "more operands provided to einstein sum function than specified", "->i"),
+    ("ij,j->k", [2, 1], "output subscript 'k' which never appeared in an input", "k"),
+    ("ij,j->ii", [2, 1], "includes output subscript 'i' multiple times", "i", 2),
+    ("ij,jk->ik", [2, 3], "operand has more dimensions than subscripts given", "jk"),
+    ("ij,jk->ik", [2, 1], "contains too many subscripts for operand 1", "jk"),
+    ("i,,j->ij", [1, 1, 1], "operand has more dimensions than subscripts given", ",j"),  # caret where the empty term starts
+    ("i1,j->ij", [2, 1], "invalid subscript '1' in einstein sum subscripts string", "1"),
     ("ij,j->i->i", [2, 1], "more than one '->'", "-", 1),
-    ("ij,j->i!", [2, 1], "invalid character '!' in einsum output", "!"),
+    ("ij,j->i!", [2, 1], "invalid subscript '!'", "!"),
     ("ij", [], "at least one operand", "ij"),
+    ("i..,j", [2, 1], "a '.' that is not part of an ellipsis ('...') in operand 0", "."),
+    ("i......,j", [2, 1], "more than one ellipsis ('...') in operand 0", "...", 1),
+    ("...i,j->i", [2, 1], "output has more dimensions than subscripts given", "i", 1),
+    ("i,j->..i", [1, 1], "not part of an ellipsis ('...') in the output", "."),
 ]
 
 
