@@ -1172,13 +1172,82 @@ cdef inline void _sw_segmented(double* dst0, int64_t stride, const int64_t* rid,
         dst[0] = x
 
 
+cdef inline bint _sw_lazy(Plan* P, Ctx* C, Sweep* W, int64_t pc, const double** p,
+                          const int64_t** idx) noexcept nogil:
+    """A fiber load the gather-dot leaf reads in place: the driver's values
+    (``p[e]``) or a dense vector over the fiber's coordinates (``p[crd[e]]``)."""
+    cdef int64_t r, L, k
+    if P.code[pc] != OP_LOAD_ACC:
+        return False
+    r = P.code[pc + 1]
+    L = P.acc_last[r]
+    k = find_level(W.levs_f, W.nl_f, L)
+    if k == 0:
+        p[0] = P.acc_vals[r] + W.q0
+        idx[0] = NULL
+        return True
+    if k > 0 and P.lev_parent[L] < 0:
+        p[0] = P.acc_vals[r]
+        idx[0] = W.crd
+        return True
+    return False
+
+
+cdef bint _sw_gather_dot(Plan* P, Ctx* C, Sweep* W, int64_t s, int64_t n, double* dst0,
+                         int64_t stride) noexcept nogil:
+    """``T[row] += a * b`` over the chunk with ``a``, ``b`` read in place
+    (the driver's values, a dense vector gathered by the coordinates): the
+    SpMV leaf, one pass and no materialised product.  False when the
+    statement is not of that shape."""
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef const double* a
+    cdef const double* b
+    cdef const int64_t* ia
+    cdef const int64_t* ib
+    cdef const int64_t* rid = W.rowid
+    cdef int64_t e = 0, r
+    cdef double x
+    cdef double* dst
+    if (P.stmt_clen[s] != 5 or P.code[pc + 4] != OP_MUL or not _sw_lazy(P, C, W, pc, &a, &ia)
+            or not _sw_lazy(P, C, W, pc + 2, &b, &ib)):
+        return False
+    if ia != NULL:                       # the gathered operand second
+        a, b, ia, ib = b, a, ib, ia
+    if ia != NULL:
+        return False
+    while e < n:
+        r = rid[e]
+        dst = dst0 + stride * r
+        x = dst[0]
+        if ib != NULL:
+            while e < n and rid[e] == r:
+                x += a[e] * b[ib[e]]
+                e += 1
+        else:
+            while e < n and rid[e] == r:
+                x += a[e] * b[e]
+                e += 1
+        dst[0] = x
+    return True
+
+
 cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n) noexcept nogil:
     cdef double sc[STACK_SIZE]
-    cdef VDesc v = _sw_eval(P, C, W, fiber, s, n, sc)
+    cdef VDesc v
     cdef int64_t aop = P.stmt_op[s]
     cdef int64_t r = P.stmt_target[s]
     cdef int64_t rs, base, so, sf, e
     cdef double* buf
+    if fiber and aop == A_SUM and P.stmt_tkind[s] == T_BUF:
+        rs = P.buf_rslot[P.bref_buf[r]]
+        if rs >= 0:
+            if _sw_gather_dot(P, C, W, s, n, C.sw_t + rs * SW, 1):
+                return
+        else:
+            base = _sw_terms(P, C, r, W.vo, W.vf, &so, &sf)
+            if sf == 0 and _sw_gather_dot(P, C, W, s, n, C.buf[P.bref_buf[r]] + base + so * W.r0, so):
+                return
+    v = _sw_eval(P, C, W, fiber, s, n, sc)
     if P.stmt_tkind[s] == T_PATTERN:            # the fiber driver's pattern
         buf = C.buf[P.pat_buf[r]] + W.q0
         for e in range(n):
@@ -1205,7 +1274,7 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
 cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
     """A fiber loop over all the batch's rows, SW positions at a time."""
     cdef int64_t lid = P.node_arg[node]
-    cdef int64_t Ld, pb, qa, qb, q, r = 0, c, end = P.node_end[node]
+    cdef int64_t Ld, pb, qa, qb, q, e, r = 0, c, end = P.node_end[node]
     cdef int64_t* pos
     cdef int64_t* rid = C.sw_rowid
     W.vf = P.loop_var[lid]
@@ -1222,10 +1291,16 @@ cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
         qb = pos[pb + W.nr]
         if qb - qa > SW:
             qb = qa + SW
-        for q in range(qa, qb):
+        q = qa
+        while q < qb:                  # rows' runs of positions (empty rows skipped)
             while pos[pb + r + 1] <= q:
                 r += 1
-            rid[q - qa] = r
+            e = pos[pb + r + 1]
+            if e > qb:
+                e = qb
+            while q < e:
+                rid[q - qa] = r
+                q += 1
         W.q0 = qa
         W.crd = P.lev_crd[Ld] + qa
         W.rowid = rid
