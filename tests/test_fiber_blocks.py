@@ -296,3 +296,43 @@ def test_cached_lowering_keeps_no_operand_alive():
         del A
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(0, 60), n=st.integers(1, 300), K=st.integers(1, 70),
+       density=st.sampled_from([0.0, 0.01, 0.1, 0.9]), seed=st.integers(0, 2**31 - 1))
+def test_sweep_over_a_fixed_fiber(m, n, K, density, seed):
+    """A sweep whose fiber is fixed outside it (for i: for k: for j ∈ B_i:
+    T[j] += C[i,k]*D[k,j], the order SDDMM-like programs get): the (k, j)
+    pairs are listed k-major, bitwise the per-element walk; values against numpy."""
+    rng = np.random.default_rng(seed)
+    B = rand_csr(m, n, density, rng)
+    C, D = rng.standard_normal((m, K)), rng.standard_normal((K, n))
+    b = LoopTreeBuilder()
+    i, k, j = b.var("i", m), b.var("k", K), b.var("j", n)
+    bb, cc, dd = b.access(B, (i, j)), b.access(C, (i, k)), b.access(D, (k, j))
+    T = b.buffer((n,), "T", private=True)
+    out = b.pattern_output(bb, name="out")
+    with b.loop(i):
+        with b.loop(j, intersect=[bb]):
+            b.statement(T[j], "assign", const(0.0))
+        with b.loop(k):
+            with b.loop(j, intersect=[bb]):
+                b.statement(T[j], "sum", cc * dd)
+        with b.loop(j, intersect=[bb]):
+            b.statement(out, "assign", bb * unary("exp", T[j]))
+    got = both_threads(b.build())["out"]
+    rows = np.repeat(np.arange(m), np.diff(B.indptr))
+    ref = B.data * np.exp(np.einsum("pk,kp->p", C[rows], D[:, B.indices]))
+    np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+def test_sddmm_like_programs_through_fixed_fiber_sweeps():
+    rng = np.random.default_rng(9)
+    B = sp.random_array((300, 200), density=0.03, format="csr", rng=rng)
+    C, D, e = rng.standard_normal((300, 16)), rng.standard_normal((16, 200)), rng.standard_normal(200)
+    Bd = B.toarray()
+    got = spfuse.evaluate("A[i,j] = B[i,j] * exp(C[i,k] * D[k,j])", B=B, C=C, D=D)
+    np.testing.assert_allclose(got.toarray(), Bd * np.exp(C @ D), rtol=1e-12)
+    got = spfuse.evaluate("A[i,j] = B[i,j] * (C[i,k] * D[k,j] + e[j])", B=B, C=C, D=D, e=e)
+    np.testing.assert_allclose(got.toarray(), Bd * (C @ D + e), rtol=1e-12, atol=1e-14)

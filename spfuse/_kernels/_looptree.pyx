@@ -1007,6 +1007,7 @@ ctypedef struct Sweep:
     int64_t nl_f
     int64_t q0          # first driver position of the chunk
     const int64_t* crd  # driver coordinates from q0
+    const int64_t* posv # driver positions when the fiber is not contiguous (NULL: q0, q0+1, ...)
     const int64_t* rowid
 
 
@@ -1079,7 +1080,11 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
     vals = P.acc_vals[r]
     k = find_level(W.levs_f, W.nl_f, L) if fiber else -1
     if k == 0:                                   # the fiber's driver
-        d.p = vals + W.q0
+        if W.posv == NULL:
+            d.p = vals + W.q0
+        else:
+            for e in range(n):
+                row[e] = vals[W.posv[e]]
         return d
     if k > 0:                                    # a dense level located by the fiber loop
         par = P.lev_parent[L]
@@ -1183,8 +1188,12 @@ cdef inline bint _sw_lazy(Plan* P, Ctx* C, Sweep* W, int64_t pc, const double** 
     L = P.acc_last[r]
     k = find_level(W.levs_f, W.nl_f, L)
     if k == 0:
-        p[0] = P.acc_vals[r] + W.q0
-        idx[0] = NULL
+        if W.posv == NULL:
+            p[0] = P.acc_vals[r] + W.q0
+            idx[0] = NULL
+        else:
+            p[0] = P.acc_vals[r]
+            idx[0] = W.posv
         return True
     if k > 0 and P.lev_parent[L] < 0:
         p[0] = P.acc_vals[r]
@@ -1249,9 +1258,14 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
                 return
     v = _sw_eval(P, C, W, fiber, s, n, sc)
     if P.stmt_tkind[s] == T_PATTERN:            # the fiber driver's pattern
-        buf = C.buf[P.pat_buf[r]] + W.q0
-        for e in range(n):
-            apply_op(buf + e, aop, v.p[e * v.inc])
+        buf = C.buf[P.pat_buf[r]]
+        if W.posv == NULL:
+            buf += W.q0
+            for e in range(n):
+                apply_op(buf + e, aop, v.p[e * v.inc])
+        else:
+            for e in range(n):
+                apply_op(buf + W.posv[e], aop, v.p[e * v.inc])
         return
     rs = P.buf_rslot[P.bref_buf[r]]
     if rs >= 0:
@@ -1271,45 +1285,86 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
             apply_op(buf + so * W.rowid[e] + sf * W.crd[e], aop, v.p[e * v.inc])
 
 
+cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    cdef int64_t c = node + 1
+    C.work += n
+    while c < P.node_end[node]:
+        _sw_statement(P, C, W, True, P.node_arg[c], n)
+        c = P.node_end[c]
+
+
 cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
-    """A fiber loop over all the batch's rows, SW positions at a time."""
+    """A fiber loop over all the batch's rows, SW positions at a time.
+
+    The fiber is a row's when its driver's parent level is located by the
+    row loop (positions of consecutive rows are consecutive); otherwise it
+    is one fiber fixed outside the sweep, visited once per row (the
+    positions of the (row, position) pairs are listed)."""
     cdef int64_t lid = P.node_arg[node]
-    cdef int64_t Ld, pb, qa, qb, q, e, r = 0, c, end = P.node_end[node]
+    cdef int64_t Ld, par, pb, qa, qb, q, e, f0, L, t, total, n, r = 0
     cdef int64_t* pos
+    cdef const int64_t* crd
     cdef int64_t* rid = C.sw_rowid
+    cdef int64_t* posv = C.sw_rowid + SW
+    cdef int64_t* crdv = C.sw_rowid + 2 * SW
     W.vf = P.loop_var[lid]
     W.nl_f = P.loop_nlev[lid]
     W.levs_f = P.loop_levs + P.loop_lev_start[lid]
+    W.rowid = rid
+    W.posv = NULL
     Ld = W.levs_f[0]
-    pb = C.base[P.lev_parent[Ld]]
+    par = P.lev_parent[Ld]
+    pos = P.lev_pos[Ld]
+    crd = P.lev_crd[Ld]
+    if par >= 0 and find_level(W.levs_o, W.nl_o, par) >= 0:
+        pb = C.base[par]
+        if pb < 0:
+            return
+        pb += W.r0
+        qa = pos[pb]
+        while qa < pos[pb + W.nr]:
+            qb = pos[pb + W.nr]
+            if qb - qa > SW:
+                qb = qa + SW
+            q = qa
+            while q < qb:                  # rows' runs of positions (empty rows skipped)
+                while pos[pb + r + 1] <= q:
+                    r += 1
+                e = pos[pb + r + 1]
+                if e > qb:
+                    e = qb
+                while q < e:
+                    rid[q - qa] = r
+                    q += 1
+            W.q0 = qa
+            W.crd = crd + qa
+            _sw_fiber_statements(P, C, W, node, qb - qa)
+            qa = qb
+        return
+    pb = 0 if par < 0 else C.curpos[par]
     if pb < 0:
         return
-    pb += W.r0
-    pos = P.lev_pos[Ld]
-    qa = pos[pb]
-    while qa < pos[pb + W.nr]:
-        qb = pos[pb + W.nr]
-        if qb - qa > SW:
-            qb = qa + SW
-        q = qa
-        while q < qb:                  # rows' runs of positions (empty rows skipped)
-            while pos[pb + r + 1] <= q:
+    f0 = pos[pb]
+    L = pos[pb + 1] - f0
+    total = L * W.nr
+    t = 0
+    q = 0
+    while t < total:
+        n = total - t if total - t < SW else SW
+        for e in range(n):
+            rid[e] = r
+            posv[e] = f0 + q
+            crdv[e] = crd[f0 + q]
+            q += 1
+            if q == L:
+                q = 0
                 r += 1
-            e = pos[pb + r + 1]
-            if e > qb:
-                e = qb
-            while q < e:
-                rid[q - qa] = r
-                q += 1
-        W.q0 = qa
-        W.crd = P.lev_crd[Ld] + qa
-        W.rowid = rid
-        C.work += qb - qa
-        c = node + 1
-        while c < end:
-            _sw_statement(P, C, W, True, P.node_arg[c], qb - qa)
-            c = P.node_end[c]
-        qa = qb
+        W.q0 = f0
+        W.crd = crdv
+        W.posv = posv
+        _sw_fiber_statements(P, C, W, node, n)
+        t += n
+    W.posv = NULL
 
 
 cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept nogil:
@@ -1327,15 +1382,17 @@ cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept
     W.vf = -1
     W.nl_f = 0
     W.levs_f = NULL
+    W.posv = NULL
     for k in range(W.nl_o):
         seek_setup(P, C, W.levs_o[k])
     c = node + 1
-    while c < end:                     # the first fiber sizes the batches
+    while c < end:                     # the first row's fiber sizes the batches
         if P.node_kind[c] == N_LOOP:
             Ld = P.loop_levs[P.loop_lev_start[P.node_arg[c]]]
-            pb = C.base[P.lev_parent[Ld]]
-            pos = P.lev_pos[Ld]
-            break
+            if P.lev_parent[Ld] >= 0 and find_level(W.levs_o, W.nl_o, P.lev_parent[Ld]) >= 0:
+                pb = C.base[P.lev_parent[Ld]]
+                pos = P.lev_pos[Ld]
+                break
         c = P.node_end[c]
     W.r0 = lo
     while W.r0 < hi:
@@ -1721,8 +1778,10 @@ def _sweep_loops(keep, private):
             else:
                 fl = node_arg[c]
                 mine_f = [int(L) for L in levs[start[fl]:start[fl] + nlev[fl]]]
+                # the driver's parent: located by this loop (a row's fiber) or
+                # bound outside it (one fiber, visited once per row)
                 ok = (bool(keep["loop_fiber"][fl]) and keep["loop_mode"][fl] == M_INTERSECT
-                      and kind[mine_f[0]] == L_COMPRESSED and int(parent[mine_f[0]]) in mine_o)
+                      and kind[mine_f[0]] == L_COMPRESSED)
                 cc = c + 1
                 while ok and cc < node_end[c]:
                     s = node_arg[cc]
@@ -1993,7 +2052,7 @@ cdef class _Program:
                     if C.blk_i == NULL or C.vst == NULL:
                         raise MemoryError()
                 if self.any_sweep:
-                    C.sw_rowid = <int64_t*>malloc(SW * sizeof(int64_t))
+                    C.sw_rowid = <int64_t*>malloc(3 * SW * sizeof(int64_t))
                     C.sw_q = <double*>malloc(2 * SW * self.max_stack * sizeof(double))
                     C.sw_r = C.sw_q + SW * self.max_stack if C.sw_q != NULL else NULL
                     C.sw_t = <double*>malloc(SW * (self.n_rslots + 1) * sizeof(double))
