@@ -13,8 +13,11 @@ A result scattered into with *no* output loop above its compressed level
 (``y[j] = A[i,j]*x[i]``, a CSC SpMV, column sums, ``AᵀX``) would need a
 workspace as large as the result itself: the workspace *is* the result, so
 it is stored dense (when it fits :data:`DENSE_SCATTER_MAX` elements) instead
-of emitting one coordinate per product and sorting them afterwards.
-Lowering stores every result the way this pass decides.
+of emitting one coordinate per product and sorting them afterwards.  So is
+a result scattered row by row (``A[i,k] = X[i,j,k]*c[j]``) that is no larger
+than :data:`DENSE_FILL` times the stored entries of the sparse inputs: it
+will be mostly full, and a dense array is smaller than the coordinate
+stream.  Lowering stores every result the way this pass decides.
 """
 from __future__ import annotations
 
@@ -25,8 +28,11 @@ from spfuse.ir.tree import paths_to_computes
 
 __all__ = ["FormatDecision", "infer_formats", "NAMED", "DENSE_SCATTER_MAX"]
 
-#: Largest result (elements) stored dense because it is scattered into as a whole.
+#: Largest result (elements) stored dense because it is scattered into.
 DENSE_SCATTER_MAX = 1 << 25
+#: A row-wise scattered result is stored dense up to this many elements per
+#: stored input entry.
+DENSE_FILL = 4
 
 NAMED = {
     ("dense", "dense"): "dense", ("dense", "compressed"): "csr", ("compressed", "compressed"): "dcsr",
@@ -55,7 +61,7 @@ class FormatDecision:
         return "(" + ",".join(self.levels) + ")"
 
 
-def infer_formats(tree, ops, results, shapes=None) -> dict[str, FormatDecision]:
+def infer_formats(tree, ops, results, shapes=None, stored: int = 0) -> dict[str, FormatDecision]:
     """Decide the storage of every result of the planned ``tree``.
 
     >>> from spfuse.frontend.parser import parse_program
@@ -76,7 +82,7 @@ def infer_formats(tree, ops, results, shapes=None) -> dict[str, FormatDecision]:
         dims = sorted(range(len(op.out_indices)), key=lambda d: by_index[op.out_indices[d]][0])
         levels = tuple("dense" if by_index[op.out_indices[d]][1].mask.is_true else "compressed" for d in dims)
         workspace = None
-        whole_scatter = False
+        whole_scatter = row_scatter = False
         for d in dims:
             depth, loop = by_index[op.out_indices[d]]
             if loop.mask.is_true:
@@ -85,6 +91,7 @@ def infer_formats(tree, ops, results, shapes=None) -> dict[str, FormatDecision]:
             if scatter:
                 outer = [op.out_indices[e] for e in dims if by_index[op.out_indices[e]][0] < depth]
                 whole_scatter = whole_scatter or not outer
+                row_scatter = True
                 workspace = (f"dense workspace over {op.out_indices[d]}"
                              + (f" per {','.join(outer)}" if outer else "")
                              + f" (scattered under the reduction over {','.join(scatter)})")
@@ -92,10 +99,13 @@ def infer_formats(tree, ops, results, shapes=None) -> dict[str, FormatDecision]:
         reason = ("every index iterates densely" if not sparse else
                   f"{', '.join(sparse)} iterate{'s' if len(sparse) == 1 else ''} a sparse mask")
         shape = (shapes or {}).get(op.out)
-        if whole_scatter and shape is not None and None not in shape and _size(shape) <= DENSE_SCATTER_MAX:
+        if (row_scatter and shape is not None and None not in shape and _size(shape) <= DENSE_SCATTER_MAX
+                and (whole_scatter or _size(shape) <= DENSE_FILL * stored)):
             levels, workspace = ("dense",) * len(levels), None
             reason = (f"scattered into as a whole under the reduction over "
-                      f"{','.join(op.reduced)}: the dense workspace is the result")
+                      f"{','.join(op.reduced)}: the dense workspace is the result" if whole_scatter else
+                      f"scattered into row by row, and no larger than {DENSE_FILL}x the {stored} stored "
+                      "input entries: stored dense")
         out[op.out] = FormatDecision(op.out, levels, tuple(dims), workspace, reason)
     return out
 
