@@ -111,6 +111,12 @@ def classify(program: Program, input_dims: Mapping[str, Sequence]) -> Classifica
                     raise UnsupportedError(
                         f"index {idx!r} of {stmt.target.name!r} joins two differently partitioned axes "
                         f"({other!r} and {d!r}); give them the same chunks")
+        by_dim: dict = {}
+        for idx, d in index_dims.items():
+            if by_dim.setdefault(d, idx) != idx:
+                raise UnsupportedError(
+                    f"indices {by_dim[d]!r} and {idx!r} of {stmt.target.name!r} index the same partitioned "
+                    "axes (an operand used twice with a partitioned axis?); pass a second copy of it")
         target = stmt.target
         out_dims = tuple(index_dims.get(i) for i in target.indices)
         contracted = tuple(dict.fromkeys(d for i, d in index_dims.items() if i not in target.indices))

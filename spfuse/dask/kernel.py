@@ -43,7 +43,7 @@ import spfuse
 from spfuse.dask import classify as C
 from spfuse.dask.blocks import CellRunner, CellSlices, like_meta, pick, run_cell
 from spfuse.dask.combine import add_partials
-from spfuse.dask.partition import block_info, from_scipy, from_tensor
+from spfuse.dask.partition import block_info, from_scipy, from_tensor, with_meta
 from spfuse.errors import OperandTypeError, ProgramError
 from spfuse.frontend.ast import iter_accesses
 from spfuse.frontend.check import result_shapes
@@ -89,11 +89,6 @@ class Layout:
 
 def _bounds_of(chunks: tuple) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(chunks))).astype(np.int64)
-
-
-def _label(chunks: tuple):
-    """A dimension label: the chunking itself, so equally chunked axes share a dimension."""
-    return ("blocks", tuple(int(c) for c in chunks))
 
 
 class DaskKernel:
@@ -150,75 +145,80 @@ class DaskKernel:
                 raise ValueError(f"operand {name!r} has unknown chunk sizes; call compute_chunk_sizes() first")
             shapes[name] = tuple(obj.shape)
         result_shapes(program, shapes)  # shape/arity checks with spfuse's messages
-        index_dims = self._index_dims(operands)
-        ops = tuple(self._conform(name, operands[name], index_dims) for name in program.inputs)
+        dims = self._partition_dims(operands)
+        ops = tuple(self._conform(name, operands[name], dims[name]) for name in program.inputs)
         cls = C.classify(program, {o.name: o.dims for o in ops})
-        bounds = {d: _bounds_of(d[1]) for o in ops for d in o.dims if d is not None}
+        bounds = {d: _bounds_of(d[2]) for o in ops for d in o.dims if d is not None}
         grid = tuple(bounds)
         cells = self._cells(ops, cls, bounds, grid)
         return Layout(ops, bounds, cls, cells, grid)
 
-    def _index_dims(self, operands: Mapping[str, Any]) -> list[dict]:
-        """Per statement, index -> dimension label from the partitioned input axes.
+    def _partition_dims(self, operands: Mapping[str, Any]) -> dict[str, list]:
+        """The dimension label of every input axis (``None``: not partitioned).
 
-        Sparse row blocks define dimensions first; a chunked axis of a dense
-        dask array joins the sparse dimension of its index, or defines one."""
-        per_stmt = []
+        Axes joined by an index in some statement (through temporaries too)
+        form one class; a class is a dimension when one of its axes is
+        chunked.  Sparse row blocks are authoritative (two must agree); a
+        class with only dense chunked axes takes the first one's chunks."""
+        parent: dict = {}
+
+        def find(node):
+            while parent.setdefault(node, node) != node:
+                node = parent[node]
+            return node
+
         for stmt in self.program.statements:
-            found: dict[str, Any] = {}
-            accs = [a for a in iter_accesses(stmt.value) if a.name in operands]
-            for a in accs:  # sparse leading axes first: their chunks are authoritative
-                obj = operands[a.name]
-                if isinstance(obj, da.Array) and _is_sparse_block(obj._meta) and len(obj.chunks[0]) > 1:
-                    lab = _label(obj.chunks[0])
-                    if found.setdefault(a.indices[0], lab) != lab:
-                        raise ValueError(f"sparse operands joined by index {a.indices[0]!r} have different "
-                                         "row chunks; build them with the same chunks")
-            for a in accs:
-                obj = operands[a.name]
-                if isinstance(obj, da.Array) and not _is_sparse_block(obj._meta):
-                    for idx, cs in zip(a.indices, obj.chunks):
-                        if len(cs) > 1:
-                            found.setdefault(idx, _label(cs))
-            per_stmt.append(found)
-        return per_stmt
+            groups: dict[str, list] = {}
+            for acc in [*iter_accesses(stmt.value), stmt.target]:
+                for axis, idx in enumerate(acc.indices):
+                    groups.setdefault(idx, []).append((acc.name, axis))
+            for nodes in groups.values():
+                for node in nodes[1:]:
+                    parent[find(node)] = find(nodes[0])
+        sources: dict = {}
+        for name in self.program.inputs:
+            obj = operands[name]
+            if not isinstance(obj, da.Array):
+                continue
+            sparse = _is_sparse_block(obj._meta)
+            for axis, cs in enumerate(obj.chunks):
+                if len(cs) > 1:
+                    rank = 0 if sparse and axis == 0 else 1
+                    sources.setdefault(find((name, axis)), []).append((rank, name, tuple(cs)))
+        labels = {}
+        for k, (root, found) in enumerate(sources.items()):
+            found.sort(key=lambda f: f[0])
+            sparse_chunks = {cs for rank, _, cs in found if rank == 0}
+            if len(sparse_chunks) > 1:
+                names = ", ".join(n for rank, n, _ in found if rank == 0)
+                raise ValueError(f"sparse operands {names} are joined by an index but have different row "
+                                 "chunks; build them with the same chunks")
+            labels[root] = ("dim", k, found[0][2])
+        return {name: [labels.get(find((name, axis))) for axis in range(len(operands[name].shape))]
+                for name in self.program.inputs}
 
-    def _conform(self, name: str, obj: Any, index_dims: list[dict]) -> OperandLayout:
+    def _conform(self, name: str, obj: Any, dims: list) -> OperandLayout:
         """``obj`` as a dask array whose partitioned axes follow their dimension."""
-        dims: list = [None] * len(obj.shape)
-        for stmt, found in zip(self.program.statements, index_dims):
-            for a in iter_accesses(stmt.value):
-                if a.name != name:
-                    continue
-                for axis, idx in enumerate(a.indices):
-                    d = found.get(idx)
-                    if d is not None and dims[axis] not in (None, d):
-                        raise ValueError(f"operand {name!r} axis {axis} is used with two different partitions")
-                    if d is not None:
-                        dims[axis] = d
         if isinstance(obj, da.Array):
             sparse = _is_sparse_block(obj._meta)
             if sparse and obj.ndim and any(len(c) > 1 for c in obj.chunks[1:]):
                 raise ValueError(f"sparse operand {name!r} must be chunked along axis 0 only (row blocks), "
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")
-            if sparse and obj.ndim and len(obj.chunks[0]) > 1 and dims[0] != _label(obj.chunks[0]):
-                raise ValueError(f"sparse operand {name!r} is row-partitioned but its rows are not joined "
-                                 "to a partitioned index of the program")
             arr = obj
             if not sparse:
-                target = tuple(d[1] if d is not None else -1 for d in dims)
+                target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape))
                 if target != obj.chunks:
                     arr = obj.rechunk(target)
         elif sp.issparse(obj) or (isinstance(obj, Tensor) and not obj.format.is_dense):
             sparse = True
-            rows = dims[0][1] if dims and dims[0] is not None else (obj.shape[0],) if obj.ndim else ()
+            rows = dims[0][2] if dims and dims[0] is not None else (obj.shape[0],) if obj.ndim else ()
             arr = (from_scipy(obj, chunks=rows) if sp.issparse(obj) else from_tensor(obj, chunks=rows))
         else:
             sparse = False
             dense = obj.todense() if isinstance(obj, Tensor) else np.asarray(obj)
-            arr = da.from_array(dense, chunks=tuple(d[1] if d is not None else -1 for d in dims),
+            arr = da.from_array(dense, chunks=tuple(d[2] if d is not None else -1 for d in dims),
                                 name=f"spfuse-dense-{name}-{dask.base.tokenize(dense)}")
-        blocked = tuple(d is not None and len(cs) == len(d[1]) for d, cs in zip(dims, arr.chunks))
+        blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks))
         return OperandLayout(name, arr, sparse, tuple(dims), blocked)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
@@ -303,7 +303,15 @@ class DaskKernel:
         return out[results[0]] if len(results) == 1 else out
 
     def _metas(self, lay: Layout) -> dict:
-        """Each result's meta: the kernel run once on 1-extent operands with every entry stored."""
+        """Each result's meta (the kind every block is returned in).
+
+        The single-node engine's result kind can depend on the data (a tiny
+        N-d problem may come back as a Tensor where a large one comes back
+        dense), so one kind is fixed here, on the client: the kernel runs
+        once on 1-extent operands with every entry stored; a scipy result
+        stays scipy (scipy in, scipy out); a Tensor result whose planned
+        format ends in a dense level (rows of a dense matrix, as MTTKRP's)
+        becomes numpy; anything else keeps the kind the kernel gave."""
         tiny = {}
         for o in lay.operands:
             meta = o.array._meta
@@ -318,8 +326,12 @@ class DaskKernel:
         out = self.kernel(**tiny)
         if len(lay.classification.results) == 1:
             out = {self.program.results[0]: out}
+        plan = self.kernel.plans(**tiny)[self.kernel.fusion]
         metas = {}
         for r, v in out.items():
+            decision = plan.formats.get(r) if hasattr(plan, "formats") else None
+            if isinstance(v, Tensor) and decision is not None and decision.levels[-1:] == ("dense",):
+                v = v.todense()
             if isinstance(v, Tensor):
                 metas[r] = Tensor.from_coo(np.zeros((v.ndim, 0), np.int64), np.zeros(0, v.dtype),
                                            (0,) * v.ndim, format=v.format)
@@ -335,7 +347,7 @@ class DaskKernel:
         rl = lay.classification.results[rname]
         out_axes = [(lay.grid.index(d) if d is not None else None) for d in rl.out_dims]
         con_axes = [lay.grid.index(d) for d in rl.contracted_dims]
-        chunks = tuple(d[1] if d is not None else (s,) for d, s in zip(rl.out_dims, shape))
+        chunks = tuple(d[2] if d is not None else (s,) for d, s in zip(rl.out_dims, shape))
         name = f"spfuse-{rname}-{cell_name.rsplit('-', 1)[1]}"
         cells = set(lay.cells)
         ncon = [len(lay.bounds[d]) - 1 for d in rl.contracted_dims]
@@ -356,12 +368,13 @@ class DaskKernel:
         # declared dependency on the cell layer: culling keeps the cells this result reads
         g = HighLevelGraph({**graph.layers, name: layer}, {**graph.dependencies, name: {cell_name}})
         if not con_axes:
-            return da.Array(g, name, chunks, meta=meta)
+            return with_meta(da.Array(g, name, chunks, meta=meta), meta)
         partials = da.Array(g, name, chunks + tuple((1,) * n for n in ncon), meta=extra[0])
         axes = tuple(range(len(shape), len(shape) + len(con_axes)))
-        return da.reduction(partials, _identity, add_partials, axis=axes, keepdims=False,
+        total = da.reduction(partials, _identity, add_partials, axis=axes, keepdims=False,
                             combine=add_partials, concatenate=False, split_every=self.split_every,
                             dtype=meta.dtype, meta=meta, name=f"spfuse-sum-{rname}")
+        return with_meta(total, meta)
 
 
 def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:

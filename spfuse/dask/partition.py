@@ -36,7 +36,7 @@ from dask.highlevelgraph import HighLevelGraph
 from spfuse.tensor import Tensor, as_tensor
 
 __all__ = ["balanced_boundaries", "from_scipy", "from_tensor", "from_mtx", "from_npz", "block_info",
-           "BlockInfo", "slice_block"]
+           "BlockInfo", "slice_block", "with_meta"]
 
 Chunks = Union[None, int, Sequence[int]]
 
@@ -158,9 +158,23 @@ def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, pref
     layer = {(name, b) + rest: blk for b, blk in enumerate(blocks)}
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     chunks = (tuple(np.diff(bounds).tolist()),) + tuple((s,) for s in shape[1:])
-    arr = da.Array(graph, name, chunks, meta=meta)
+    arr = with_meta(da.Array(graph, name, chunks, meta=meta), meta)
     _remember(name, BlockInfo(tuple(_block_meta(b)[0] for b in blocks),
                               tuple(_block_meta(b)[1] for b in blocks)))
+    return arr
+
+
+def with_meta(arr: "da.Array", meta: Any) -> "da.Array":
+    """``arr`` with ``meta`` as its meta as given: Dask turns a meta it cannot
+    slice (a :class:`spfuse.Tensor`) into an empty numpy array otherwise.
+
+    >>> import numpy as np, dask.array as da
+    >>> t = Tensor.from_numpy(np.zeros((0, 2)), "csr")
+    >>> type(with_meta(da.zeros((0, 2)), t)._meta).__name__
+    'Tensor'
+    """
+    if isinstance(meta, Tensor):
+        arr._meta = meta
     return arr
 
 
