@@ -354,3 +354,80 @@ def test_tensor_blocks_travel_between_processes(client, rng):
     fut = client.scatter(X)
     assert client.submit(lambda t: t.nnz, fut).result() == X.nnz
     assert client.submit(lambda t: t.__dask_tokenize__()[1], fut).result() == (5, 5, 5)
+
+
+# -- strategies for a contracted partitioned index --------------------------------------------------
+@pytest.mark.parametrize("strategy", ["reduce", "gather", "auto"])
+def test_gather_and_reduce_strategies_agree(run, rng, strategy):
+    A = power_law(rng, 60, 50, hub_row=7)
+    B = sp.random_array((50, 9), density=0.3, format="csr", rng=2)
+    dA, dB = sfd.from_scipy(A, chunks=(20, 0, 40)), sfd.from_scipy(B, chunks=(13, 7, 30))
+    assert_same(run(sfd.evaluate(SPGEMM, A=dA, B=dB, strategy=strategy)), spfuse.evaluate(SPGEMM, A=A, B=B))
+    C, D, E = rng.random((60, 3)), rng.random((50, 3)), rng.random((50, 4))
+    dops = dict(B=dA, C=C, D=da.from_array(D, chunks=((13, 7, 30), 3)), E=da.from_array(E, chunks=((13, 7, 30), 4)))
+    got = run(sfd.evaluate(SDDMM_SPMM, strategy=strategy, **dops))
+    assert_same(got, spfuse.evaluate(SDDMM_SPMM, B=A, C=C, D=D, E=E))
+
+
+def test_gather_fetches_only_touched_rows(rng):
+    """A block-diagonal A touches one B block per row block: one row task each, no sum."""
+    A = sp.csr_array(sp.block_diag([sp.random_array((10, 10), density=0.3, rng=k) for k in range(3)]))
+    B = rng.random((30, 4))
+    y = sfd.evaluate(SPMM, A=sfd.from_scipy(A, chunks=(10,) * 3), B=da.from_array(B, chunks=(10, 4)),
+                     strategy="gather")
+    names = [k[0] if isinstance(k, tuple) else k for k in dict(y.__dask_graph__())]
+    assert sum(n.startswith("spfuse-rows-") for n in names) == 3
+    assert not any(n.startswith("spfuse-sum-") for n in names)
+    np.testing.assert_allclose(y.compute(scheduler="sync"), A @ B)
+
+
+def test_gather_is_refused_where_it_does_not_apply(operands):
+    with pytest.raises(UnsupportedError, match="gather"):
+        sfd.evaluate(SPMM, A=sfd.from_scipy(operands["A"], chunks=3), B=operands["B"], strategy="gather")
+    with pytest.raises(ValueError, match="strategy"):
+        sfd.compile(SPMM, strategy="fastest")
+
+
+# -- communication cost model ----------------------------------------------------------------------
+def test_cost_counts_a_broadcast_once_per_worker(rng):
+    A = sp.random_array((400, 400), density=0.02, format="csr", rng=3)
+    B = rng.random((400, 16))
+    for nworkers in (2, 4, 8):
+        c = sfd.cost(SPMM, nworkers=nworkers, A=sfd.from_scipy(A, chunks=(50,) * 8), B=B)
+        for w in range(1, nworkers):  # every worker but B's gets B once (+ the plan, ~1 kB)
+            assert 0 <= c.per_worker[w] - B.nbytes < 4096
+
+
+def test_cost_prefers_gathering_touched_rows_for_a_banded_matrix(rng):
+    """Each row block of a band matrix touches a few rows of its neighbours'
+    blocks: gathering those rows beats shipping blocks and partial results."""
+    A = sp.csr_array(sp.diags([rng.random(400 - abs(k)) for k in range(-3, 4)], list(range(-3, 4))))
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 32)), chunks=(100, 32)))
+    gather = sfd.compile(SPMM, strategy="gather").cost(nworkers=4, **ops)
+    reduce = sfd.compile(SPMM, strategy="reduce").cost(nworkers=4, **ops)
+    assert gather.total < reduce.total
+    k = sfd.compile(SPMM)
+    assert k.choose_strategy(k.layout(**ops)) == "gather"
+    np.testing.assert_allclose(k(**ops).compute(scheduler="sync"), A @ ops["B"].compute())
+
+
+def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng):
+    """SpMM with B broadcast: B moves once to the other worker, the result
+    blocks move to the worker that joins them; measured from the workers'
+    transfer logs (loose bound: Dask may steal a task)."""
+    A = sp.random_array((4000, 4000), density=0.002, format="csr", rng=5)
+    dA = client.persist(sfd.from_scipy(A, chunks=(1000,) * 4))
+    B = rng.random((4000, 16))
+    distributed = pytest.importorskip("distributed")
+    with client.as_current():
+        distributed.wait(dA)
+    sfd.partition._remember(dA.name, sfd.block_info(sfd.from_scipy(A, chunks=(1000,) * 4)))
+    addrs = sorted(client.scheduler_info()["workers"])
+    keys = list(dask.core.flatten(dA.__dask_keys__()))
+    placement = {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items()}
+    predicted = sfd.cost(SPMM, nworkers=2, placement=placement, A=dA, B=B).total
+    before = sfd.measured_transfers(client)
+    client.compute(sfd.evaluate(SPMM, A=dA, B=B)).result()
+    after = sfd.measured_transfers(client)
+    measured = sum(after.values()) - sum(before.values())
+    assert abs(predicted - measured) <= 0.25 * measured, (predicted, measured)

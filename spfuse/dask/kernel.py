@@ -29,6 +29,7 @@ they concatenate along the contracted index.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -43,14 +44,21 @@ import spfuse
 from spfuse.dask import classify as C
 from spfuse.dask.blocks import CellRunner, CellSlices, like_meta, pick, run_cell
 from spfuse.dask.combine import add_partials
+from spfuse.dask.gather import distinct_columns, gather_spec, run_gathered, take_rows
 from spfuse.dask.partition import block_info, from_scipy, from_tensor, with_meta
-from spfuse.errors import OperandTypeError, ProgramError
+from spfuse.errors import OperandTypeError, ProgramError, UnsupportedError
 from spfuse.frontend.ast import iter_accesses
 from spfuse.frontend.check import result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor
 
-__all__ = ["DaskKernel", "compile", "evaluate", "Layout"]
+__all__ = ["DaskKernel", "compile", "evaluate", "Layout", "STRATEGIES"]
+
+#: How a sum over a partitioned index is computed: ``"reduce"`` (one partial
+#: per touching block pair, tree-summed), ``"gather"`` (each row block fetches
+#: the rows of the other operands it touches; no partials), ``"auto"`` (the
+#: communication cost model picks).
+STRATEGIES = ("auto", "reduce", "gather")
 
 
 def _is_sparse_block(obj: Any) -> bool:
@@ -104,7 +112,10 @@ class DaskKernel:
     """
 
     def __init__(self, program: str, *, fusion: str = "auto", out_format: Optional[str] = None,
-                 num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True):
+                 num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
+                 strategy: str = "auto"):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
         if not isinstance(program, str):
             raise TypeError(f"program must be a str, got {type(program).__name__}")
         if not isinstance(split_every, int) or split_every < 2:
@@ -114,6 +125,7 @@ class DaskKernel:
         self.kernel = spfuse.compile(program, fusion=fusion, out_format=out_format, num_threads=num_threads)
         self.split_every = split_every
         self.prune = prune
+        self.strategy = strategy
 
     def __repr__(self) -> str:
         return f"<spfuse.dask.DaskKernel {self.text!r} fusion={self.kernel.fusion!r}>"
@@ -273,34 +285,120 @@ class DaskKernel:
     def __call__(self, **operands: Any):
         """The program's result(s) as lazy dask arrays (a dict when several)."""
         lay = self.layout(**operands)
+        return self._build(lay, self.choose_strategy(lay))[0]
+
+    def cost(self, *, nworkers: int = 2, placement: Optional[Mapping] = None, **operands: Any):
+        """The communication cost model's prediction for a call (see :func:`spfuse.dask.cost`).
+
+        >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+        >>> A = sfd.from_scipy(sp.csr_array(np.eye(8)), chunks=2)
+        >>> sfd.compile("y[i] = A[i,j] * x[j]").cost(A=A, x=np.ones(8)).per_worker[0]  # y's second half
+        32
+        """
+        from spfuse.dask.cost import predict_bytes
+        lay = self.layout(**operands)
+        return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers)
+
+    def _build(self, lay: Layout, strategy: str):
+        """The result arrays of ``lay`` under ``strategy``, and the results' metas."""
         metas = self._metas(lay)
         results = tuple(lay.classification.results)
         runner = CellRunner(self.kernel, tuple(o.name for o in lay.operands), results,
                             tuple(metas[r] for r in results))
-        token = dask.base.tokenize(runner, [(o.array.name, o.dims) for o in lay.operands], lay.cells)
+        token = dask.base.tokenize(runner, [(o.array.name, o.dims) for o in lay.operands], lay.cells, strategy)
         runner_key = f"spfuse-plan-{token}"
         cell_name = f"spfuse-block-{token}"
         layer: dict = {runner_key: runner}
-        for cell in lay.cells:
-            keys, cuts = [], []
-            for o in lay.operands:
-                blk, cut = [], []
-                for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked)):
-                    b = cell[lay.grid.index(d)] if d is not None else 0
-                    if blocked:
-                        blk.append(b)
-                    else:
-                        blk.append(0)
-                        if d is not None:
-                            cut.append((axis,) + lay.block_range(d, b))
-                keys.append((o.array.name,) + tuple(blk))
-                cuts.append(tuple(cut))
-            layer[(cell_name,) + cell] = (run_cell, runner_key, CellSlices(tuple(cuts))) + tuple(keys)
+        if strategy == "gather":
+            lay = self._gather_cells(lay, layer, runner_key, cell_name, token)
+        else:
+            for cell in lay.cells:
+                keys, cuts = self._cell_inputs(lay, cell)
+                layer[(cell_name,) + cell] = (run_cell, runner_key, CellSlices(tuple(cuts))) + tuple(keys)
         graph = HighLevelGraph.from_collections(cell_name, layer, dependencies=[o.array for o in lay.operands])
         shapes = result_shapes(self.program, {o.name: o.array.shape for o in lay.operands})
         out = {r: self._assemble(r, graph, cell_name, lay, metas[r], shapes[r], len(results) > 1)
                for r in results}
-        return out[results[0]] if len(results) == 1 else out
+        return (out[results[0]] if len(results) == 1 else out), metas
+
+    def choose_strategy(self, lay: Layout) -> str:
+        """``"reduce"`` (partials + tree sum) or ``"gather"`` (fetch touched rows) for this call.
+
+        ``strategy="auto"`` asks the communication cost model which moves
+        fewer bytes; gather needs the shape :func:`~spfuse.dask.gather.gather_spec` accepts.
+        """
+        spec = gather_spec(lay)
+        if self.strategy == "gather" and spec is None:
+            raise UnsupportedError("strategy='gather' needs one result summed over one partitioned index that "
+                                   "one sparse operand carries on a non-leading axis")
+        if self.strategy != "auto" or spec is None:
+            return self.strategy if spec is not None else "reduce"
+        from spfuse.dask.cost import predict_bytes
+        predicted = {s: predict_bytes(self, lay, s) for s in ("reduce", "gather")}
+        return min(predicted, key=lambda s: (predicted[s].total, predicted[s].tasks))
+
+    @staticmethod
+    def _cell_inputs(lay: Layout, cell: tuple, skip_dim=None):
+        """The block key of every operand for ``cell``, and the cuts its task applies."""
+        keys, cuts = [], []
+        for o in lay.operands:
+            blk, cut = [], []
+            for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked)):
+                b = cell[lay.grid.index(d)] if d is not None else 0
+                if blocked:
+                    blk.append(b)
+                else:
+                    blk.append(0)
+                    if d is not None and d != skip_dim:
+                        cut.append((axis,) + lay.block_range(d, b))
+            keys.append((o.array.name,) + tuple(blk))
+            cuts.append(tuple(cut))
+        return keys, cuts
+
+    def touched_blocks(self, lay: Layout) -> dict:
+        """For the gather strategy: per sparse block of the defining operand, the
+        blocks of the contracted dimension it touches (from block metadata)."""
+        d, xname, axis, _ = gather_spec(lay)
+        x = next(o for o in lay.operands if o.name == xname)
+        info = block_info(x.array)
+        nb = len(x.array.chunks[0])
+        return {b: np.flatnonzero(info.touched(b, axis, lay.bounds[d])) for b in range(nb)}
+
+    def _gather_cells(self, lay: Layout, layer: dict, runner_key: str, cell_name: str, token: str) -> Layout:
+        """Emit the gather strategy's tasks; returns the layout the results are assembled from."""
+        d, xname, xaxis, others = gather_spec(lay)
+        x = next(o for o in lay.operands if o.name == xname)
+        touched = self.touched_blocks(lay)
+        dpos = lay.grid.index(d)
+        cells = sorted({c[:dpos] + (0,) + c[dpos + 1:] for c in lay.cells})
+        for cell in cells:
+            keys, cuts = self._cell_inputs(lay, cell, skip_dim=d)
+            xkey = keys[[o.name for o in lay.operands].index(xname)]
+            ukey = (f"spfuse-cols-{token}",) + xkey[1:]
+            layer.setdefault(ukey, (distinct_columns, xkey, xaxis))
+            xb = xkey[1] if x.dims[0] is not None else 0
+            blocks = touched[xb].tolist() or [0]
+            args, gathered = [], []
+            for o, key in zip(lay.operands, keys):
+                if o.name == xname:
+                    args.append(key)
+                    gathered.append((xaxis, 0))
+                elif o.name in others:
+                    oaxis = others[o.name]
+                    for c in blocks:
+                        okey = key[:1 + oaxis] + (c,) + key[2 + oaxis:]
+                        pkey = (f"spfuse-rows-{token}",) + okey + xkey[1:]
+                        layer[pkey] = (take_rows, okey, ukey, oaxis, lay.block_range(d, c)[0])
+                        args.append(pkey)
+                    gathered.append((oaxis, len(blocks)))
+                else:
+                    args.append(key)
+                    gathered.append(None)
+            layer[(cell_name,) + cell] = (run_gathered, runner_key, CellSlices(tuple(cuts)), tuple(gathered),
+                                          ukey) + tuple(args)
+        results = {n: dataclasses.replace(r, contracted_dims=()) for n, r in lay.classification.results.items()}
+        return dataclasses.replace(lay, cells=tuple(cells),
+                                   classification=dataclasses.replace(lay.classification, results=results))
 
     def _metas(self, lay: Layout) -> dict:
         """Each result's meta (the kind every block is returned in).
@@ -382,7 +480,8 @@ def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
 
 
 def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
-            num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True) -> DaskKernel:
+            num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
+            strategy: str = "auto") -> DaskKernel:
     """Plan ``program`` for Dask once; call the result with operands.
 
     ``num_threads`` is the spfuse thread count *per task* (default 1: one
@@ -398,11 +497,12 @@ def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] 
            [1., 1.]])
     """
     return DaskKernel(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
-                      split_every=split_every, prune=prune)
+                      split_every=split_every, prune=prune, strategy=strategy)
 
 
 def evaluate(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
-             num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True, **operands: Any):
+             num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
+             **operands: Any):
     """Evaluate ``program`` on dask (and numpy/scipy) operands; returns lazy dask array(s).
 
     Sparse matrices are dask arrays of CSR row blocks
@@ -420,4 +520,4 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: Optional[str]
     array([4., 2.])
     """
     return compile(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
-                   split_every=split_every, prune=prune)(**operands)
+                   split_every=split_every, prune=prune, strategy=strategy)(**operands)
