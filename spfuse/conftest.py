@@ -5,4 +5,4 @@ import importlib.util
 
 collect_ignore_glob = []
 if importlib.util.find_spec("dask") is None or importlib.util.find_spec("distributed") is None:
-    collect_ignore_glob.append("dask/*")
+    collect_ignore_glob += ["dask/*", "bench/dask_suite.py"]

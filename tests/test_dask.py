@@ -431,3 +431,16 @@ def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng)
     after = sfd.measured_transfers(client)
     measured = sum(after.values()) - sum(before.values())
     assert abs(predicted - measured) <= 0.25 * measured, (predicted, measured)
+
+
+def test_cli_wires_the_dask_suite():
+    from spfuse.cli import build_parser
+    args = build_parser().parse_args(["bench", "--suite", "dask", "--size", "small", "--plot", "p.png"])
+    assert args.suite == "dask" and args.plot == "p.png"
+    assert build_parser().parse_args(["bench"]).suite == "kernels"
+
+
+def test_dask_suite_rejects_unknown_kernels():
+    from spfuse.bench.dask_suite import run_dask_suite
+    with pytest.raises(ValueError, match="SDDMM"):
+        run_dask_suite(kernels="SDDMM")

@@ -69,6 +69,7 @@ class CommCost:
     per_worker: dict = field(default_factory=dict)
     transfers: dict = field(default_factory=dict)
     tasks: int = 0
+    moved: list = field(default_factory=list, repr=False)  # (key, to worker, bytes)
 
     @property
     def total(self) -> int:
@@ -265,6 +266,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Optional[Mapp
             if h and w not in h:
                 out.per_worker[w] += sizes.of(d)
                 out.transfers[w] += 1
+                out.moved.append((d, w, sizes.of(d)))
             h.add(w)
         held[key] = {w}
     if finalize:  # compute() joins the result blocks in one task on one worker
@@ -278,6 +280,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Optional[Mapp
             if w not in held.get(k, {w}):
                 out.per_worker[w] += sizes.of(k)
                 out.transfers[w] += 1
+                out.moved.append((k, w, sizes.of(k)))
         out.tasks += 1
     return out
 
