@@ -147,7 +147,7 @@ def test_large_factors_partitioned_along_the_contracted_index(run, operands, fac
     dops = dict(B=sfd.from_scipy(A, chunks=(10, 10, 20)), C=operands["Ct"],
                 D=da.from_array(operands["Dt"], chunks=(factor_chunks, 3)),
                 E=da.from_array(operands["E"], chunks=(factor_chunks, 4)))
-    got = run(sfd.evaluate(SDDMM_SPMM, **dops))
+    got = run(sfd.evaluate(SDDMM_SPMM, broadcast_bytes=0, **dops))
     assert_same(got, spfuse.evaluate(SDDMM_SPMM, **ops))
 
 
@@ -188,7 +188,7 @@ def test_mttkrp_on_tensor_slabs(run, rng, chunks):
     got = run(sfd.evaluate(MTTKRP, X=dX, C=C, D=D))
     assert_same(got, spfuse.evaluate(MTTKRP, X=X, C=C, D=D))
     # factor C chunked along j: X's slabs are cut along mode 1 in the task, partials summed
-    got = run(sfd.evaluate(MTTKRP, X=dX, C=da.from_array(C, chunks=((3, 4), 3)), D=D))
+    got = run(sfd.evaluate(MTTKRP, X=dX, C=da.from_array(C, chunks=((3, 4), 3)), D=D, broadcast_bytes=0))
     assert_same(got, spfuse.evaluate(MTTKRP, X=X, C=C, D=D))
 
 
@@ -365,7 +365,7 @@ def test_gather_and_reduce_strategies_agree(run, rng, strategy):
     assert_same(run(sfd.evaluate(SPGEMM, A=dA, B=dB, strategy=strategy)), spfuse.evaluate(SPGEMM, A=A, B=B))
     C, D, E = rng.random((60, 3)), rng.random((50, 3)), rng.random((50, 4))
     dops = dict(B=dA, C=C, D=da.from_array(D, chunks=((13, 7, 30), 3)), E=da.from_array(E, chunks=((13, 7, 30), 4)))
-    got = run(sfd.evaluate(SDDMM_SPMM, strategy=strategy, **dops))
+    got = run(sfd.evaluate(SDDMM_SPMM, strategy=strategy, broadcast_bytes=0, **dops))
     assert_same(got, spfuse.evaluate(SDDMM_SPMM, B=A, C=C, D=D, E=E))
 
 
@@ -374,7 +374,7 @@ def test_gather_fetches_only_touched_rows(rng):
     A = sp.csr_array(sp.block_diag([sp.random_array((10, 10), density=0.3, rng=k) for k in range(3)]))
     B = rng.random((30, 4))
     y = sfd.evaluate(SPMM, A=sfd.from_scipy(A, chunks=(10,) * 3), B=da.from_array(B, chunks=(10, 4)),
-                     strategy="gather")
+                     strategy="gather", broadcast_bytes=0)
     names = [k[0] if isinstance(k, tuple) else k for k in dict(y.__dask_graph__())]
     assert sum(n.startswith("spfuse-rows-") for n in names) == 3
     assert not any(n.startswith("spfuse-sum-") for n in names)
@@ -403,10 +403,10 @@ def test_cost_prefers_gathering_touched_rows_for_a_banded_matrix(rng):
     blocks: gathering those rows beats shipping blocks and partial results."""
     A = sp.csr_array(sp.diags([rng.random(400 - abs(k)) for k in range(-3, 4)], list(range(-3, 4))))
     ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 32)), chunks=(100, 32)))
-    gather = sfd.compile(SPMM, strategy="gather").cost(nworkers=4, **ops)
-    reduce = sfd.compile(SPMM, strategy="reduce").cost(nworkers=4, **ops)
+    gather = sfd.compile(SPMM, strategy="gather", broadcast_bytes=0).cost(nworkers=4, **ops)
+    reduce = sfd.compile(SPMM, strategy="reduce", broadcast_bytes=0).cost(nworkers=4, **ops)
     assert gather.total < reduce.total
-    k = sfd.compile(SPMM)
+    k = sfd.compile(SPMM, broadcast_bytes=0)
     assert k.choose_strategy(k.layout(**ops)) == "gather"
     np.testing.assert_allclose(k(**ops).compute(scheduler="sync"), A @ ops["B"].compute())
 
@@ -444,3 +444,14 @@ def test_dask_suite_rejects_unknown_kernels():
     from spfuse.bench.dask_suite import run_dask_suite
     with pytest.raises(ValueError, match="SDDMM"):
         run_dask_suite(kernels="SDDMM")
+
+
+def test_small_dense_factors_are_broadcast_large_ones_partition(rng, operands):
+    A = operands["A"]
+    E = da.from_array(rng.random((30, 4)), chunks=(10, 4))
+    dops = dict(B=sfd.from_scipy(A, chunks=3), C=operands["Ct"], D=operands["Dt"], E=E)
+    small = sfd.compile(SDDMM_SPMM).layout(**dops)
+    assert all(o.dims == (None, None) for o in small.operands if o.name == "E")
+    assert not next(iter(small.classification.results.values())).contracted_dims
+    large = sfd.compile(SDDMM_SPMM, broadcast_bytes=100).layout(**dops)
+    assert next(iter(large.classification.results.values())).contracted_dims

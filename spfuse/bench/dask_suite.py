@@ -33,6 +33,7 @@ the scheduler's per-task cost (optional plot).
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -40,7 +41,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from typing import Any, Optional, TextIO
+from typing import Optional, TextIO
 
 import numpy as np
 
@@ -201,7 +202,7 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
                 k = sfd.compile(program)
-                t = _median_time(client, lambda: k(**ops), repeat)
+                t = _median_time(client, functools.partial(k, **ops), repeat)
                 strategy = k.choose_strategy(k.layout(**ops))
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
                                     seconds=t, strategy=strategy))
@@ -217,19 +218,20 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
 
 def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[dict]:
     import spfuse.dask as sfd
+    from spfuse.errors import UnsupportedError
     cluster, client = _cluster(2, memory_limit)
     rows_out = []
     try:
         for kernel in kernels:
             program, ops = weak_scaling_inputs(kernel, 2, rows)
             for strategy in ("reduce", "gather"):
-                k = sfd.compile(program, strategy=strategy)
+                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0)
                 lay = k.layout(**ops)
                 persisted = _persist(client, {o.name: o.array for o in lay.operands})
                 try:
                     predicted = k.cost(nworkers=2, placement=_placement(client, [
                         v for v in persisted.values() if hasattr(v, "dask")]), **persisted)
-                except Exception as exc:  # gather does not apply to this kernel
+                except UnsupportedError as exc:  # gather does not apply to this kernel
                     rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, note=str(exc)[:60]))
                     continue
                 before = sfd.measured_transfers(client)

@@ -27,8 +27,14 @@ from __future__ import annotations
 from spfuse.dask import registrations  # noqa: F401  (registers sizeof/tokenize/concatenate)
 from spfuse.dask.cost import CommCost, cost, measured_transfers, project
 from spfuse.dask.kernel import DaskKernel, compile, evaluate
-from spfuse.dask.partition import (balanced_boundaries, block_info, from_mtx, from_npz, from_scipy,
-                                   from_tensor)
+from spfuse.dask.partition import (
+                                   balanced_boundaries,
+                                   block_info,
+                                   from_mtx,
+                                   from_npz,
+                                   from_scipy,
+                                   from_tensor,
+)
 
 __all__ = ["evaluate", "compile", "DaskKernel", "from_scipy", "from_tensor", "from_mtx", "from_npz",
            "balanced_boundaries", "block_info", "cost", "project", "measured_transfers", "CommCost"]

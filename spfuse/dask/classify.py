@@ -36,7 +36,17 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from spfuse.errors import UnsupportedError
-from spfuse.frontend.ast import Access, Binary, Expr, Literal, Program, Reduce, Unary, Where, iter_accesses
+from spfuse.frontend.ast import (
+    Access,
+    Binary,
+    Expr,
+    Literal,
+    Program,
+    Reduce,
+    Unary,
+    Where,
+    iter_accesses,
+)
 
 __all__ = ["ResultLayout", "Classification", "classify", "is_linear_in", "annihilated_by"]
 

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import numpy as np
-import scipy.sparse as sp
 
 from spfuse.dask.blocks import run_cell
 from spfuse.dask.combine import add_partials
@@ -152,7 +151,7 @@ class _Sizes:
         axis = self.graph[key][3] if isinstance(self.graph[key], tuple) else 0
         d = o.dims[axis]
         lo, hi = self.lay.block_range(d, idx[axis])
-        cols = block_info(xo.array).columns[xidx[0]][[a for a, dd in enumerate(xo.dims) if dd == d][0] - 1]
+        cols = block_info(xo.array).columns[xidx[0]][next(a for a, dd in enumerate(xo.dims) if dd == d) - 1]
         n = int(np.count_nonzero((cols >= lo) & (cols < hi)))
         block = self.sizes[okey]
         return int(block * n / max(hi - lo, 1)) + _OVERHEAD

@@ -42,7 +42,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 import spfuse
 from spfuse.dask import classify as C
-from spfuse.dask.blocks import CellRunner, CellSlices, like_meta, pick, run_cell
+from spfuse.dask.blocks import CellRunner, CellSlices, pick, run_cell
 from spfuse.dask.combine import add_partials
 from spfuse.dask.gather import distinct_columns, gather_spec, run_gathered, take_rows
 from spfuse.dask.partition import block_info, from_scipy, from_tensor, with_meta
@@ -59,6 +59,11 @@ __all__ = ["DaskKernel", "compile", "evaluate", "Layout", "STRATEGIES"]
 #: the rows of the other operands it touches; no partials), ``"auto"`` (the
 #: communication cost model picks).
 STRATEGIES = ("auto", "reduce", "gather")
+
+#: Dense dask operands up to this size are broadcast (one chunk, shipped once
+#: per worker) unless their rows follow a sparse operand's row blocks;
+#: larger ones chunked along an index partition it.
+BROADCAST_BYTES = 64 * 2**20
 
 
 def _is_sparse_block(obj: Any) -> bool:
@@ -102,7 +107,10 @@ def _bounds_of(chunks: tuple) -> np.ndarray:
 class DaskKernel:
     """A program planned for Dask: call it with operands to get lazy dask arrays.
 
-    ``split_every``: fan-in of the reduction tree; ``prune``: skip cells
+    ``broadcast_bytes``: dense dask operands up to this size are broadcast
+    (one chunk) rather than partitioning the indices they are chunked along
+    (0: every chunked dense operand partitions); ``strategy``: see
+    :data:`STRATEGIES`; ``split_every``: fan-in of the reduction tree; ``prune``: skip cells
     whose share of an annihilating sparse operand is empty (needs each
     sparse operand's block metadata, see :func:`spfuse.dask.block_info`).
 
@@ -113,7 +121,7 @@ class DaskKernel:
 
     def __init__(self, program: str, *, fusion: str = "auto", out_format: Optional[str] = None,
                  num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
-                 strategy: str = "auto"):
+                 strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
         if not isinstance(program, str):
@@ -126,6 +134,7 @@ class DaskKernel:
         self.split_every = split_every
         self.prune = prune
         self.strategy = strategy
+        self.broadcast_bytes = broadcast_bytes
 
     def __repr__(self) -> str:
         return f"<spfuse.dask.DaskKernel {self.text!r} fusion={self.kernel.fusion!r}>"
@@ -193,6 +202,8 @@ class DaskKernel:
             if not isinstance(obj, da.Array):
                 continue
             sparse = _is_sparse_block(obj._meta)
+            if not sparse and obj.nbytes <= self.broadcast_bytes:
+                continue  # a small dense factor is broadcast, not a partition of its indices
             for axis, cs in enumerate(obj.chunks):
                 if len(cs) > 1:
                     rank = 0 if sparse and axis == 0 else 1
@@ -447,7 +458,6 @@ class DaskKernel:
         con_axes = [lay.grid.index(d) for d in rl.contracted_dims]
         chunks = tuple(d[2] if d is not None else (s,) for d, s in zip(rl.out_dims, shape))
         name = f"spfuse-{rname}-{cell_name.rsplit('-', 1)[1]}"
-        cells = set(lay.cells)
         ncon = [len(lay.bounds[d]) - 1 for d in rl.contracted_dims]
         extra = (np.empty((0,) * (len(shape) + len(con_axes)), dtype=meta.dtype),) if con_axes else ()
         layer = {}
@@ -481,7 +491,7 @@ def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
 
 def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
             num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
-            strategy: str = "auto") -> DaskKernel:
+            strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES) -> DaskKernel:
     """Plan ``program`` for Dask once; call the result with operands.
 
     ``num_threads`` is the spfuse thread count *per task* (default 1: one
@@ -497,12 +507,12 @@ def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] 
            [1., 1.]])
     """
     return DaskKernel(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
-                      split_every=split_every, prune=prune, strategy=strategy)
+                      split_every=split_every, prune=prune, strategy=strategy, broadcast_bytes=broadcast_bytes)
 
 
 def evaluate(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
              num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
-             **operands: Any):
+             broadcast_bytes: int = BROADCAST_BYTES, **operands: Any):
     """Evaluate ``program`` on dask (and numpy/scipy) operands; returns lazy dask array(s).
 
     Sparse matrices are dask arrays of CSR row blocks
@@ -520,4 +530,5 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: Optional[str]
     array([4., 2.])
     """
     return compile(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
-                   split_every=split_every, prune=prune, strategy=strategy)(**operands)
+                   split_every=split_every, prune=prune, strategy=strategy,
+                   broadcast_bytes=broadcast_bytes)(**operands)
