@@ -23,9 +23,13 @@ with a ``memory_limit`` per worker, spfuse running one thread per task:
   against spfuse.dask on the same 2-worker cluster, interleaved;
 
 and a **projection** to 64 nodes from the cost model (weak scaling,
-round-robin placement): one node's measured kernel time plus the busiest
-node's receive time at ``bandwidth`` with ``latency`` per transfer, plus
-the scheduler's per-task cost (optional plot).
+round-robin placement, results left distributed as ``persist`` leaves
+them): one node's measured kernel time plus the busiest node's receive
+time at ``bandwidth`` with ``latency`` per transfer, plus the scheduler's
+per-task cost (optional plot).  The model's graph is built at 1/8 of the
+rows per node (a 64-node matrix at full size would not fit the client) and
+its bytes are scaled by 8: exact for partitioned operands, an
+overestimate for broadcast ones of fixed size.
 
 >>> rows = weak_scaling_inputs("SpMM", 1, 200, seed=0)
 >>> sorted(rows[1]), rows[1]["A"].chunks[0]
@@ -309,7 +313,7 @@ def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 3
         t1 = next(r["seconds"] for r in weak if r["study"] == "weak" and r["kernel"] == kernel and r["workers"] == 1)
         for w in workers:
             program, ops = weak_scaling_inputs(kernel, w, small)
-            c = sfd.cost(program, nworkers=w, **ops)
+            c = sfd.cost(program, nworkers=w, finalize=False, **ops)  # results stay distributed
             scale = rows / small
             busiest = max(c.per_worker.values()) * scale
             transfers = max(c.transfers.values())
@@ -342,7 +346,12 @@ def _plot(path: str, projection: list[dict]) -> None:
 def run_dask_suite(size: str = "small", repeat: Optional[int] = None, kernels: Optional[str] = None,
                    json_path: Optional[str] = None, plot_path: Optional[str] = None,
                    memory_limit: str = "2GiB", out: Optional[TextIO] = None) -> list[dict]:
-    """Run the four studies and the projection; print tables; return every row."""
+    """Run the four studies and the projection; print tables; return every row.
+
+    Starts its own LocalClusters (a few minutes for ``size="small"``)::
+
+        python -m spfuse bench --suite dask --size small --plot projection.png
+    """
     out = out or sys.stdout
     if size not in SIZES:
         raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")

@@ -72,7 +72,11 @@ class CommCost:
 
     @property
     def total(self) -> int:
-        """Bytes moved between workers in all."""
+        """Bytes moved between workers in all.
+
+        >>> CommCost("reduce", 2, {0: 5, 1: 7}).total
+        12
+        """
         return int(sum(self.per_worker.values()))
 
 
@@ -218,6 +222,13 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Optional[Mapp
                   nworkers: int = 2, finalize: bool = True) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
+    >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+    >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
+    >>> lay = k.layout(A=sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2), x=np.ones(4))
+    >>> c = predict_bytes(k, lay, "reduce", finalize=False)
+    >>> c.per_worker[0], c.per_worker[1] - 4 * 8 < 2048  # worker 1 fetches x (and the plan) once
+    (0, True)
+
     ``placement``: key -> worker index of the operand blocks (default: see
     the module docstring).  ``finalize``: count the move of the result
     blocks to the one worker that joins them (what ``compute()`` does; not
@@ -314,10 +325,11 @@ def _topological(graph: Mapping, leaves: set) -> list:
 
 
 def cost(program: Any, /, *, nworkers: int = 2, placement: Optional[Mapping] = None, strategy: Optional[str] = None,
-         **operands: Any) -> CommCost:
+         finalize: bool = True, **operands: Any) -> CommCost:
     """Predicted bytes each of ``nworkers`` workers receives for ``program`` on ``operands``.
 
-    ``program`` is a program text or a :class:`~spfuse.dask.DaskKernel`.
+    ``program`` is a program text or a :class:`~spfuse.dask.DaskKernel`;
+    ``finalize``: include joining the result on one worker (``compute()``).
     Nothing executes (sparse dask arrays not built by spfuse get their
     block metadata computed once).
 
@@ -330,7 +342,7 @@ def cost(program: Any, /, *, nworkers: int = 2, placement: Optional[Mapping] = N
     from spfuse.dask.kernel import DaskKernel
     kernel = program if isinstance(program, DaskKernel) else DaskKernel(program)
     lay = kernel.layout(**operands)
-    return predict_bytes(kernel, lay, strategy or kernel.choose_strategy(lay), placement, nworkers)
+    return predict_bytes(kernel, lay, strategy or kernel.choose_strategy(lay), placement, nworkers, finalize)
 
 
 def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,
@@ -354,6 +366,12 @@ def measured_transfers(client: Any) -> dict:
 
     Read from every worker's ``transfer_incoming_log`` (sizes as Dask's
     ``sizeof`` counts them); take differences around a computation.
+
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     list(measured_transfers(client).values())
+    [0]
     """
     def incoming(dask_worker) -> int:
         return int(sum(entry["total"] for entry in dask_worker.transfer_incoming_log))

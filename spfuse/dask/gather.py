@@ -119,6 +119,13 @@ def run_gathered(runner: CellRunner, slices: CellSlices, gathered: tuple, column
     ``(axis, npieces)``: the operand arrives as ``npieces`` gathered pieces to
     stack along ``axis``; for the sparse operand that defines the index it
     is ``(axis, 0)``: its block is renumbered by ``columns`` along ``axis``.
+
+    >>> import spfuse
+    >>> runner = CellRunner(spfuse.compile("y[i] = A[i,j] * x[j]"), ("A", "x"), ("y",), (np.empty(0),))
+    >>> A = sp.csr_array(np.array([[0.0, 2.0, 0.0, 1.0]]))
+    >>> run_gathered(runner, CellSlices(((), ())), ((1, 0), (0, 2)), np.array([1, 3]), A,
+    ...              np.array([10.0]), np.array([100.0]))
+    array([120.])
     """
     it = iter(blocks_and_pieces)
     operands = {}
@@ -146,6 +153,11 @@ def gather_spec(layout: Any) -> Any:
     block (so its blocks can be renumbered), every other operand carrying
     ``d`` being blocked along it (so its touched rows can be taken).
     Returns ``(d, sparse_name, axis, {name: axis of every other operand})``.
+
+    >>> import scipy.sparse as sp, spfuse.dask as sfd
+    >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
+    >>> gather_spec(k.layout(A=sfd.from_scipy(sp.csr_array(np.eye(2))), x=np.ones(2))) is None
+    True
     """
     results = layout.classification.results
     if len(results) != 1:

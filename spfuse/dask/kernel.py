@@ -95,7 +95,12 @@ class Layout:
     grid: tuple  # the dimensions, in cell-coordinate order
 
     def block_range(self, dim, block: int) -> tuple[int, int]:
-        """The coordinate range ``[lo, hi)`` of ``block`` of dimension ``dim``."""
+        """The coordinate range ``[lo, hi)`` of ``block`` of dimension ``dim``.
+
+        >>> import numpy as np
+        >>> Layout((), {"d": np.array([0, 3, 7])}, None, (), ("d",)).block_range("d", 1)
+        (3, 7)
+        """
         b = self.bounds[dim]
         return int(b[block]), int(b[block + 1])
 
@@ -298,7 +303,8 @@ class DaskKernel:
         lay = self.layout(**operands)
         return self._build(lay, self.choose_strategy(lay))[0]
 
-    def cost(self, *, nworkers: int = 2, placement: Optional[Mapping] = None, **operands: Any):
+    def cost(self, *, nworkers: int = 2, placement: Optional[Mapping] = None, finalize: bool = True,
+             **operands: Any):
         """The communication cost model's prediction for a call (see :func:`spfuse.dask.cost`).
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
@@ -308,7 +314,7 @@ class DaskKernel:
         """
         from spfuse.dask.cost import predict_bytes
         lay = self.layout(**operands)
-        return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers)
+        return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers, finalize)
 
     def _build(self, lay: Layout, strategy: str):
         """The result arrays of ``lay`` under ``strategy``, and the results' metas."""
@@ -337,6 +343,11 @@ class DaskKernel:
 
         ``strategy="auto"`` asks the communication cost model which moves
         fewer bytes; gather needs the shape :func:`~spfuse.dask.gather.gather_spec` accepts.
+
+        >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+        >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
+        >>> k.choose_strategy(k.layout(A=sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2), x=np.ones(4)))
+        'reduce'
         """
         spec = gather_spec(lay)
         if self.strategy == "gather" and spec is None:
@@ -368,7 +379,14 @@ class DaskKernel:
 
     def touched_blocks(self, lay: Layout) -> dict:
         """For the gather strategy: per sparse block of the defining operand, the
-        blocks of the contracted dimension it touches (from block metadata)."""
+        blocks of the contracted dimension it touches (from block metadata).
+
+        >>> import numpy as np, scipy.sparse as sp, dask.array as da, spfuse.dask as sfd
+        >>> k = sfd.compile("y[i] = A[i,j] * x[j]", broadcast_bytes=0)
+        >>> lay = k.layout(A=sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2), x=da.ones(4, chunks=2))
+        >>> {b: t.tolist() for b, t in k.touched_blocks(lay).items()}
+        {0: [0], 1: [1]}
+        """
         d, xname, axis, _ = gather_spec(lay)
         x = next(o for o in lay.operands if o.name == xname)
         info = block_info(x.array)

@@ -144,8 +144,7 @@ def block_info(arr: "da.Array", compute: bool = True) -> Optional[BlockInfo]:
     """
     info = _INFO.get(arr.name)
     if info is None and compute:
-        per_block = dask.compute(*[dask.delayed(_block_meta)(b) for b in arr.to_delayed().ravel()],
-                                 scheduler="sync")
+        per_block = dask.compute(*[dask.delayed(_block_meta)(b) for b in arr.to_delayed().ravel()])
         info = BlockInfo(tuple(n for n, _ in per_block), tuple(c for _, c in per_block))
         _remember(arr.name, info)
     return info
@@ -268,7 +267,7 @@ def from_mtx(path: Union[str, os.PathLike], chunks: Chunks = None) -> "da.Array"
 
 
 def _load_npz(path: str) -> Any:
-    return sp.load_npz(path).tocsr()
+    return sp.csr_array(sp.load_npz(path))  # the flavour the array's meta promises
 
 
 def from_npz(paths: Sequence[Union[str, os.PathLike]]) -> "da.Array":
