@@ -455,3 +455,15 @@ def test_small_dense_factors_are_broadcast_large_ones_partition(rng, operands):
     assert not next(iter(small.classification.results.values())).contracted_dims
     large = sfd.compile(SDDMM_SPMM, broadcast_bytes=100).layout(**dops)
     assert next(iter(large.classification.results.values())).contracted_dims
+
+
+def test_combine_adds_sparse_dense_and_tensor_partials():
+    from spfuse.dask.combine import add_partials
+    a = sp.csr_array(np.array([[1.0, 0.0], [0.0, 2.0]]))
+    np.testing.assert_array_equal(add_partials([a, np.ones((2, 2)), None]), a.toarray() + 1)
+    assert add_partials([[None], None]) is None
+    s = add_partials([a, a, sp.csr_array(np.eye(2))])
+    assert isinstance(s, sp.csr_array)
+    np.testing.assert_array_equal(s.toarray(), 2 * a.toarray() + np.eye(2))
+    t = spfuse.Tensor.from_coo([[0, 1], [1, 0], [0, 1]], [1.0, 2.0], (2, 2, 2))
+    np.testing.assert_array_equal(add_partials([t, t, t]).todense(), 3 * t.todense())

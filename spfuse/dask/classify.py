@@ -33,7 +33,7 @@ Nothing here imports dask: the classification is plain data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import (
@@ -48,7 +48,7 @@ from spfuse.frontend.ast import (
     iter_accesses,
 )
 
-__all__ = ["ResultLayout", "Classification", "classify", "is_linear_in", "annihilated_by"]
+__all__ = ["ResultLayout", "Classification", "classify", "is_linear_in", "annihilated_by", "statement_of"]
 
 #: Unary functions with f(0) == 0: a zero argument gives a zero result.
 _ZERO_PRESERVING = frozenset({"relu", "tanh", "abs", "sqrt", "neg"})
@@ -217,12 +217,3 @@ def statement_of(program: Program, name: str):
     'y'
     """
     return next(s for s in program.statements if s.target.name == name)
-
-
-def dim_of_axis(layout: Optional[ResultLayout], axis: int):
-    """The dimension of a result's axis (``None`` when not partitioned).
-
-    >>> dim_of_axis(ResultLayout("y", ("r",), (), ()), 0)
-    'r'
-    """
-    return None if layout is None else layout.out_dims[axis]

@@ -52,6 +52,12 @@ def _sum_program(n: int, ndim: int) -> str:
     return f"S[{idx}] = " + " + ".join(f"P{k}[{idx}]" for k in range(n))
 
 
+def _dense(p: Any) -> np.ndarray:
+    if isinstance(p, Tensor):
+        return p.todense()
+    return p.toarray() if sp.issparse(p) else np.asarray(p)
+
+
 def add_partials(parts: Any, axis: Any = None, keepdims: Optional[bool] = None) -> Any:
     """The sum of the partials in ``parts`` (``None`` when every one was skipped).
 
@@ -71,8 +77,7 @@ def add_partials(parts: Any, axis: Any = None, keepdims: Optional[bool] = None) 
             total += p
         return total
     if any(isinstance(p, np.ndarray) for p in leaves):  # mixed: the result is dense anyway
-        return sum((np.asarray(p.toarray() if sp.issparse(p) else p) for p in leaves[1:]),
-                   np.array(leaves[0].toarray() if sp.issparse(leaves[0]) else leaves[0]))
+        return add_partials([_dense(p) for p in leaves])
     ndim = leaves[0].ndim
     program = _sum_program(len(leaves), ndim)
     # the n-way SpAdd: scipy in -> scipy out, Tensor in -> Tensor out
