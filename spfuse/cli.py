@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
     b.add_argument("--fusion-study", action="store_true",
                    help="instead of the peer suite: auto vs max vs none on every kernel (issue 6 criteria)")
+    b.add_argument("--suite", choices=("kernels", "dask"), default="kernels",
+                   help="kernels: the peer suite (default); dask: spfuse.dask on LocalClusters -- weak scaling, "
+                        "memory, predicted vs measured communication, dask+sparse comparison, 64-node "
+                        "projection (--plot FILE.png draws it; needs the dask extra)")
     b.add_argument("--tiling", action="store_true",
                    help="instead of the peer suite: SpMM with the planner's k tile vs untiled "
                         "(200k rows, K in 64..4096; --size/--kernels/--peers ignored)")
@@ -171,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(args, out) -> int:
     from spfuse.bench.runner import run_benchmark
+    if args.suite == "dask":
+        from spfuse.bench.dask_suite import run_dask_suite
+        run_dask_suite(size=args.size, repeat=args.repeat, kernels=args.kernels, json_path=args.json,
+                       plot_path=args.plot, out=out)
+        return 0
     if args.tiling:
         from spfuse.bench.tiling import run_tiling_study
         run_tiling_study(threads=args.threads, repeat=args.repeat or 3, out=out)

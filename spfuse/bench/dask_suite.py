@@ -1,0 +1,478 @@
+"""``spfuse bench --suite dask``: spfuse.dask on LocalClusters of worker processes.
+
+Four studies, each on ``LocalCluster(processes=True, threads_per_worker=1)``
+with a ``memory_limit`` per worker, spfuse running one thread per task:
+
+* **weak scaling** 1 -> 2 workers: the rows per worker stay fixed (twice the
+  rows on two workers) for SpMM (dense factor row-partitioned, ``auto``
+  strategy), SDDMM-SpMM (factors partitioned along the contracted index)
+  and MTTKRP (tensor slabs along mode 0, small factors broadcast);
+  efficiency = t(1 worker) / t(2 workers); each time is the median of
+  ``repeat`` runs of ``persist`` + wait on operands already persisted;
+* **memory**: every worker's peak resident set (``ru_maxrss``) after the
+  scaling runs, and for the largest block task of each kernel the peak of
+  numpy allocations (``tracemalloc``, which numpy reports to) while the
+  block kernel runs in this process, against its input block plus the
+  factor rows it reads;
+* **communication**: bytes the cost model predicts (placement of the
+  persisted operands read from the scheduler) against the bytes the
+  workers' ``transfer_incoming_log`` records, per strategy;
+* **peers**: the Dask route a user has today -- ``dask.array`` of pydata
+  ``sparse.COO`` chunks with ``@`` (SpMM) and ``B * (C @ D)`` (SDDMM: no
+  sampled product, so each block materialises its dense ``C @ D`` rows) --
+  against spfuse.dask on the same 2-worker cluster, interleaved;
+
+and a **projection** to 64 nodes from the cost model (weak scaling,
+round-robin placement, results left distributed as ``persist`` leaves
+them): one node's measured kernel time plus the busiest node's receive
+time at ``bandwidth`` with ``latency`` per transfer, plus the scheduler's
+per-task cost (optional plot).  The model's graph is built at 1/8 of the
+rows per node (a 64-node matrix at full size would not fit the client) and
+its bytes are scaled by 8: exact for partitioned operands, an
+overestimate for broadcast ones of fixed size.
+
+>>> rows = weak_scaling_inputs("SpMM", 1, 200, seed=0)
+>>> sorted(rows[1]), rows[1]["A"].chunks[0]
+(['A', 'B'], (100, 100))
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Optional, TextIO
+
+import numpy as np
+
+from spfuse.bench import report, suite
+
+__all__ = ["KERNELS", "SIZES", "weak_scaling_inputs", "run_dask_suite"]
+
+KERNELS = {
+    "SpMM": "C[i,k] = A[i,j] * B[j,k]",
+    "SDDMM-SpMM": "A[i,l] = B[i,j] * C[i,k] * D[j,k] * E[j,l]",
+    "MTTKRP": "A[i,r] = X[i,j,k] * C[j,r] * D[k,r]",
+    "SDDMM": "A[i,j] = B[i,j] * (C[i,k] * D[k,j])",
+}
+
+#: rows per worker (and SDDMM's peer-comparison size) per --size
+SIZES = {"small": dict(rows=40_000, peer_rows=8_000), "medium": dict(rows=200_000, peer_rows=16_000),
+         "large": dict(rows=800_000, peer_rows=32_000)}
+
+_BLOCKS_PER_WORKER = 2
+_ROW_NNZ = 16
+_RANK = 32
+
+
+def weak_scaling_inputs(kernel: str, nworkers: int, rows_per_worker: int, seed: int = 0) -> tuple:
+    """``(program, operands)`` for ``kernel`` on ``nworkers`` workers' worth of rows (dask arrays)."""
+    import dask.array as da
+
+    import spfuse.dask as sfd
+    n = nworkers * rows_per_worker
+    nblocks = nworkers * _BLOCKS_PER_WORKER
+    rows = (n // nblocks,) * (nblocks - 1) + (n - (n // nblocks) * (nblocks - 1),)
+    rng = np.random.default_rng(seed)
+    if kernel == "MTTKRP":
+        nnz = n * _ROW_NNZ
+        X = suite.random_tensor((n, 256, 256), nnz, seed)
+        return KERNELS[kernel], dict(X=sfd.from_tensor(X, chunks=rows), C=rng.random((256, _RANK)),
+                                     D=rng.random((256, _RANK)))
+    A = suite.powerlaw_matrix(n, n, _ROW_NNZ, seed)
+    dA = sfd.from_scipy(A, chunks=rows)
+    if kernel == "SpMM":
+        return KERNELS[kernel], dict(A=dA, B=da.from_array(rng.random((n, _RANK)), chunks=(rows, _RANK)))
+    if kernel == "SDDMM-SpMM":
+        part = lambda k: da.from_array(rng.random((n, k)), chunks=(rows, k))  # noqa: E731
+        return KERNELS[kernel], dict(B=dA, C=part(16), D=part(16), E=part(_RANK))
+    raise ValueError(f"unknown kernel {kernel!r}; choose from {', '.join(KERNELS)}")
+
+
+def _cluster(nworkers: int, memory_limit: str):
+    import distributed
+    cluster = distributed.LocalCluster(n_workers=nworkers, threads_per_worker=1, processes=True,
+                                       dashboard_address=None, memory_limit=memory_limit,
+                                       silence_logs=logging.ERROR)
+    return cluster, distributed.Client(cluster, set_as_default=False)
+
+
+def _persist(client, operands: dict) -> dict:
+    """Operands persisted on the cluster (block metadata carried over)."""
+    import dask.array as da
+    import distributed
+
+    import spfuse.dask as sfd
+    out = {}
+    for name, v in operands.items():
+        if isinstance(v, da.Array):
+            p = client.persist(v)
+            info = sfd.block_info(v, compute=False)
+            if info is not None:
+                sfd.partition._remember(p.name, info)
+            out[name] = p
+        else:
+            out[name] = v
+    with client.as_current():
+        distributed.wait([v for v in out.values() if isinstance(v, da.Array)])
+    return out
+
+
+def _sort_seconds(_: int) -> float:
+    rng = np.random.default_rng(0)
+    x = rng.random(2_000_000)
+    t = time.perf_counter()
+    for _ in range(5):
+        np.sort(x)
+    return time.perf_counter() - t
+
+
+def machine_efficiency() -> float:
+    """What this machine gives two processes right now: one process's time on
+    a fixed numpy loop over the slower of two running at once (1.0 = two free
+    cores).  Weak-scaling efficiencies are bounded by it on a shared machine.
+
+    >>> 0 < machine_efficiency() < 2
+    True
+    """
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        one = min(pool.map(_sort_seconds, [0, 1]))
+    with ctx.Pool(2) as pool:
+        two = max(pool.map(_sort_seconds, [0, 1]))
+    return one / two
+
+
+def _scheduler_tasks(client) -> int:
+    return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+
+
+def _run_once(client, make) -> float:
+    """Seconds to persist ``make()`` on the cluster; its keys are forgotten
+    again before returning (the next run has the same keys)."""
+    import distributed
+    baseline = _scheduler_tasks(client)
+    result = make()
+    t0 = time.perf_counter()
+    fut = client.persist(result)
+    with client.as_current():
+        distributed.wait(fut)
+    t = time.perf_counter() - t0
+    del fut, result
+    deadline = time.perf_counter() + 30
+    while _scheduler_tasks(client) > baseline and time.perf_counter() < deadline:
+        time.sleep(0.02)
+    return t
+
+
+def _median_time(client, make, repeat: int) -> float:
+    _run_once(client, make)  # warm-up: imports, plan caches on the workers
+    return statistics.median(_run_once(client, make) for _ in range(repeat))
+
+
+def _peak_rss(client) -> dict:
+    def rss(dask_worker=None) -> int:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return client.run(rss)
+
+
+def _placement(client, arrays) -> dict:
+    from dask.core import flatten
+    addrs = sorted(client.scheduler_info()["workers"])
+    keys = [k for a in arrays for k in flatten(a.__dask_keys__())]
+    return {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items() if ws}
+
+
+def _task_memory(program: str, operands: dict) -> dict:
+    """Peak numpy allocations of the largest block task, run here, against its inputs."""
+    import spfuse.dask as sfd
+    from spfuse.dask.blocks import run_cell
+    from spfuse.dask.gather import run_gathered
+    k = sfd.compile(program)
+    lay = k.layout(**operands)
+    strategy = k.choose_strategy(lay)
+    arrays, _ = k._build(lay, strategy)
+    graph = dict(arrays.__dask_graph__())
+    from dask.core import get_dependencies
+    from dask.local import get_sync
+    from dask.sizeof import sizeof
+    cells = [key for key, v in graph.items() if isinstance(v, tuple) and v and v[0] in (run_cell, run_gathered)]
+    best = None
+    for key in cells:
+        deps = get_dependencies(graph, key)
+        inputs = get_sync(graph, sorted(deps, key=str))
+        vals = dict(zip(sorted(deps, key=str), inputs))
+        size = sum(sizeof(v) for d, v in vals.items() if not str(d).startswith("spfuse-plan"))
+        if best is None or size > best[1]:
+            best = (key, size, vals)
+    key, size, vals = best
+    task = graph[key]
+    args = [vals.get(a, a) if not isinstance(a, (list, dict)) else a for a in task[1:]]
+    gc.collect()
+    tracemalloc.start()
+    task[0](*args)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return dict(strategy=strategy, inputs=size, peak=peak, ratio=peak / max(size, 1))
+
+
+def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextIO) -> list[dict]:
+    import spfuse.dask as sfd
+    results = []
+    for nworkers in (1, 2):
+        cluster, client = _cluster(nworkers, memory_limit)
+        try:
+            for kernel in kernels:
+                program, ops = weak_scaling_inputs(kernel, nworkers, rows)
+                ops = _persist(client, ops)
+                k = sfd.compile(program)
+                t = _median_time(client, functools.partial(k, **ops), repeat)
+                strategy = k.choose_strategy(k.layout(**ops))
+                results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
+                                    seconds=t, strategy=strategy))
+                print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
+            rss = _peak_rss(client)
+            for w, (addr, b) in enumerate(sorted(rss.items())):
+                results.append(dict(study="rss", workers=nworkers, worker=w, peak_rss=b))
+        finally:
+            client.close()
+            cluster.close()
+    return results
+
+
+def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[dict]:
+    import spfuse.dask as sfd
+    from spfuse.errors import UnsupportedError
+    cluster, client = _cluster(2, memory_limit)
+    rows_out = []
+    try:
+        for kernel in kernels:
+            program, ops = weak_scaling_inputs(kernel, 2, rows)
+            for strategy in ("reduce", "gather"):
+                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0)
+                lay = k.layout(**ops)
+                persisted = _persist(client, {o.name: o.array for o in lay.operands})
+                try:
+                    predicted = k.cost(nworkers=2, placement=_placement(client, [
+                        v for v in persisted.values() if hasattr(v, "dask")]), **persisted)
+                except UnsupportedError as exc:  # gather does not apply to this kernel
+                    rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, note=str(exc)[:60]))
+                    continue
+                before = sfd.measured_transfers(client)
+                client.compute(k(**persisted)).result()
+                after = sfd.measured_transfers(client)
+                measured = sum(after.values()) - sum(before.values())
+                rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, predicted=predicted.total,
+                                     measured=measured, error=(predicted.total - measured) / max(measured, 1)))
+                print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B",
+                      file=out)
+                del persisted
+    finally:
+        client.close()
+        cluster.close()
+    return rows_out
+
+
+def _peers(rows: int, repeat: int, memory_limit: str, out: TextIO) -> list[dict]:
+    """spfuse.dask vs dask.array of pydata sparse.COO chunks, SpMM and SDDMM, interleaved."""
+    import dask.array as da
+    import sparse
+
+    import spfuse
+    import spfuse.dask as sfd
+    n = rows
+    nblocks = 2 * _BLOCKS_PER_WORKER
+    chunk = -(-n // nblocks)
+    A = suite.powerlaw_matrix(n, n, _ROW_NNZ, 1)
+    rng = np.random.default_rng(1)
+    B = rng.random((n, _RANK))
+    C, D = rng.random((n, 16)), rng.random((16, n))
+    cluster, client = _cluster(2, memory_limit)
+    found = []
+    try:
+        dA = sfd.from_scipy(A, chunks=(chunk,) * (nblocks - 1) + (n - chunk * (nblocks - 1),))
+        dAs = da.from_array(sparse.COO.from_scipy_sparse(A), chunks=(chunk, n), asarray=False)
+        cases = {
+            "SpMM": (lambda: sfd.evaluate(KERNELS["SpMM"], A=dA, B=B),
+                     lambda: dAs @ da.from_array(B, chunks=(n, _RANK)),
+                     lambda r: np.asarray(r)),
+            "SDDMM": (lambda: sfd.evaluate(KERNELS["SDDMM"], B=dA, C=C, D=D),
+                      lambda: dAs * (da.from_array(C, chunks=(chunk, 16)) @ da.from_array(D, chunks=(16, n))),
+                      lambda r: r.to_scipy_sparse().tocsr()),
+        }
+        for name, (ours, theirs, to_scipy) in cases.items():
+            got = client.compute(ours()).result()
+            ref = to_scipy(client.compute(theirs()).result())
+            single = spfuse.evaluate(KERNELS[name], **(dict(A=A, B=B) if name == "SpMM" else dict(B=A, C=C, D=D)))
+            dense = lambda x: x.toarray() if hasattr(x, "toarray") else np.asarray(x)  # noqa: E731
+            agree = bool(np.allclose(dense(got), dense(single)) and np.allclose(dense(ref), dense(single)))
+            _run_once(client, ours)
+            _run_once(client, theirs)
+            t_ours, t_theirs = [], []
+            for _ in range(repeat):  # interleaved
+                t_ours.append(_run_once(client, ours))
+                t_theirs.append(_run_once(client, theirs))
+            a, b = statistics.median(t_ours), statistics.median(t_theirs)
+            found.append(dict(study="peers", kernel=name, rows=n, spfuse=a, dask_sparse=b, ratio=b / a,
+                              agree=agree))
+            print(f"  {name}: spfuse.dask {report.fmt_time(a)}, dask+sparse {report.fmt_time(b)}", file=out)
+    finally:
+        client.close()
+        cluster.close()
+    return found
+
+
+def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 32, 64), bandwidth=1.25e9,
+                latency=50e-6, task_overhead=200e-6) -> list[dict]:
+    """Weak-scaling runtime projected from the cost model (round-robin placement, no execution)."""
+    import spfuse.dask as sfd
+    from spfuse.dask.cost import project
+    from spfuse.dask.kernel import BROADCAST_BYTES
+    found = []
+    small = max(rows // 8, 2000)  # the model's structure per worker; bytes scale with rows
+    for kernel in kernels:
+        t1 = next(r["seconds"] for r in weak if r["study"] == "weak" and r["kernel"] == kernel and r["workers"] == 1)
+        for w in workers:
+            program, ops = weak_scaling_inputs(kernel, w, small)
+            scale = rows / small
+            # broadcast-or-partition decided as at full size
+            k = sfd.compile(program, broadcast_bytes=int(BROADCAST_BYTES / scale))
+            c = k.cost(nworkers=w, finalize=False, **ops)  # results stay distributed
+            busiest = max(c.per_worker.values()) * scale
+            transfers = max(c.transfers.values())
+            t = project(busiest, c.tasks, t1, workers=w, bandwidth=bandwidth, latency=latency,
+                        transfers_per_worker=transfers, task_overhead=task_overhead)
+            found.append(dict(study="projection", kernel=kernel, workers=w, bytes_busiest=busiest, tasks=c.tasks,
+                              seconds=t, efficiency=t1 / t, strategy=c.strategy))
+    return found
+
+
+def _plot(path: str, projection: list[dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kernel in dict.fromkeys(r["kernel"] for r in projection):
+        rs = [r for r in projection if r["kernel"] == kernel]
+        ax.plot([r["workers"] for r in rs], [r["efficiency"] for r in rs], marker="o", label=kernel)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("nodes (weak scaling: fixed rows per node)")
+    ax.set_ylabel("projected efficiency t(1) / t(N)")
+    ax.set_title("spfuse.dask: cost-model projection")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_dask_suite(size: str = "small", repeat: Optional[int] = None, kernels: Optional[str] = None,
+                   json_path: Optional[str] = None, plot_path: Optional[str] = None,
+                   memory_limit: str = "2GiB", out: Optional[TextIO] = None) -> list[dict]:
+    """Run the four studies and the projection; print tables; return every row.
+
+    Starts its own LocalClusters (a few minutes for ``size="small"``)::
+
+        python -m spfuse bench --suite dask --size small --plot projection.png
+    """
+    out = out or sys.stdout
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {', '.join(SIZES)}, got {size!r}")
+    names = [k.strip() for k in kernels.split(",")] if kernels else ["SpMM", "SDDMM-SpMM", "MTTKRP"]
+    unknown = [k for k in names if k not in KERNELS or k == "SDDMM"]
+    if unknown:
+        raise ValueError(f"unknown dask-suite kernel(s) {', '.join(unknown)}; choose from SpMM, SDDMM-SpMM, MTTKRP")
+    repeat = repeat or 5
+    rows, peer_rows = SIZES[size]["rows"], SIZES[size]["peer_rows"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(report.machine_line(load), file=out)
+    print(f"spfuse.dask suite: {rows} rows per worker, {_ROW_NNZ} stored entries per row (power law), "
+          f"memory_limit={memory_limit} per worker, {repeat} timed runs (median)", file=out)
+    baseline = machine_efficiency()
+    print(f"  machine: two processes get {baseline:.0%} of two free cores now (numpy sort loop)", file=out)
+    weak = _weak_scaling(names, rows, repeat, memory_limit, out)
+    weak.append(dict(study="machine", efficiency=baseline))
+    comm = _communication([k for k in names if k != "MTTKRP"] + (["MTTKRP"] if "MTTKRP" in names else []),
+                          rows // 4, memory_limit, out)
+    memory = []
+    for kernel in names:
+        program, ops = weak_scaling_inputs(kernel, 1, rows)
+        memory.append(dict(study="task-memory", kernel=kernel, **_task_memory(program, ops)))
+    peers = _peers(peer_rows, repeat, memory_limit, out)
+    projection = _projection(names, rows, weak)
+    rows_all = weak + comm + memory + peers + projection
+    print(format_tables(rows_all), file=out)
+    if json_path:
+        import json
+        with open(json_path, "w") as f:
+            json.dump(dict(command="spfuse bench --suite dask", size=size, rows=rows_all), f, indent=1, default=float)
+    if plot_path:
+        _plot(plot_path, projection)
+        print(f"wrote {plot_path}", file=out)
+    return rows_all
+
+
+def format_tables(rows: list[dict]) -> str:
+    """The text tables of a suite run.
+
+    >>> print(format_tables([dict(study="peers", kernel="SDDMM", rows=10, spfuse=1.0, dask_sparse=3.0,
+    ...                           ratio=3.0, agree=True)]))  # doctest: +NORMALIZE_WHITESPACE
+    <BLANKLINE>
+    spfuse.dask vs dask.array of pydata sparse chunks (2 workers; ratio > 1: spfuse faster)
+    kernel  rows  spfuse.dask  dask+sparse  ratio  agree
+    ------  ----  -----------  -----------  -----  -----
+    SDDMM   10    1s           3s           3.00x  yes
+    """
+    out = []
+    weak = [r for r in rows if r["study"] == "weak"]
+    if weak:
+        table = []
+        for kernel in dict.fromkeys(r["kernel"] for r in weak):
+            t = {r["workers"]: r for r in weak if r["kernel"] == kernel}
+            if 1 in t and 2 in t:
+                table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
+                              report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
+                              t[2]["strategy"]])
+        base = next((r["efficiency"] for r in rows if r["study"] == "machine"), None)
+        note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
+        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note})",
+                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "strategy"], table)]
+    rss = [r for r in rows if r["study"] == "rss"]
+    if rss:
+        out += ["", "peak resident set per worker process (after the weak-scaling runs)",
+                report._grid(["workers", "worker", "peak RSS"],
+                             [[str(r["workers"]), str(r["worker"]), f"{r['peak_rss'] / 2**20:.0f} MiB"] for r in rss])]
+    mem = [r for r in rows if r["study"] == "task-memory"]
+    if mem:
+        out += ["", "largest block task: peak numpy allocations vs its inputs (target <= 2x)",
+                report._grid(["kernel", "strategy", "inputs", "peak", "peak/inputs"],
+                             [[r["kernel"], r["strategy"], f"{r['inputs'] / 2**20:.1f} MiB",
+                               f"{r['peak'] / 2**20:.1f} MiB", f"{r['ratio']:.2f}"] for r in mem])]
+    comm = [r for r in rows if r["study"] == "comm"]
+    if comm:
+        out += ["", "communication on 2 workers: predicted (cost model) vs measured (transfer logs); target 15%",
+                report._grid(["kernel", "strategy", "predicted", "measured", "error"],
+                             [[r["kernel"], r["strategy"],
+                               f"{r['predicted'] / 2**20:.2f} MiB" if "predicted" in r else "n/a",
+                               f"{r['measured'] / 2**20:.2f} MiB" if "measured" in r else "n/a",
+                               f"{r['error']:+.0%}" if "error" in r else r.get("note", "")] for r in comm])]
+    peers = [r for r in rows if r["study"] == "peers"]
+    if peers:
+        out += ["", "spfuse.dask vs dask.array of pydata sparse chunks (2 workers; ratio > 1: spfuse faster)",
+                report._grid(["kernel", "rows", "spfuse.dask", "dask+sparse", "ratio", "agree"],
+                             [[r["kernel"], str(r["rows"]), report.fmt_time(r["spfuse"]),
+                               report.fmt_time(r["dask_sparse"]), f"{r['ratio']:.2f}x",
+                               "yes" if r["agree"] else "NO"] for r in peers])]
+    proj = [r for r in rows if r["study"] == "projection"]
+    if proj:
+        out += ["", "projection (cost model, 1.25 GB/s, 50 us per transfer, 200 us per task at the scheduler)",
+                report._grid(["kernel", "nodes", "busiest node receives", "tasks", "projected t", "efficiency"],
+                             [[r["kernel"], str(r["workers"]), f"{r['bytes_busiest'] / 2**20:.1f} MiB", str(r["tasks"]),
+                               report.fmt_time(r["seconds"]), f"{r['efficiency']:.0%}"] for r in proj])]
+    return "\n".join(out)

@@ -1,0 +1,124 @@
+"""What one task runs: the single-node spfuse kernel on one block of every operand.
+
+A :class:`CellRunner` is made once on the client and placed in the graph as
+one key that every block task depends on, so Dask ships it once per worker
+(with the spfuse :class:`~spfuse.Kernel` inside), not once per task.  A task
+receives its operands' blocks, cuts the ones that are not chunked along a
+partitioned axis down to the task's range (:func:`~spfuse.dask.partition.slice_block`),
+runs the kernel, and returns each result in the kind the graph promised
+(its ``meta``): the single-node engine may return a sparse result for an
+all-empty block where other blocks give dense ones.
+
+>>> import numpy as np, scipy.sparse as sp, spfuse
+>>> runner = CellRunner(spfuse.compile("y[i] = A[i,j] * x[j]"), ("A", "x"), ("y",), (np.empty(0),))
+>>> A = sp.csr_array(np.eye(3))
+>>> run_cell(runner, CellSlices((((0, 1, 3),), ())), A, np.arange(3.0))
+array([1., 2.])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from spfuse.dask.partition import slice_block
+from spfuse.tensor import Tensor
+
+__all__ = ["CellRunner", "CellSlices", "run_cell", "like_meta", "empty_like_meta"]
+
+
+@dataclass(frozen=True)
+class CellSlices:
+    """Per operand, the ``(axis, lo, hi)`` cuts a task applies to its block.
+
+    A plain object rather than a tuple, so the graph never mistakes the
+    integers for a task or a key.
+    """
+
+    cuts: tuple
+
+
+@dataclass(frozen=True)
+class CellRunner:
+    """The spfuse kernel and how to call it and return its results (see the module docstring)."""
+
+    kernel: Any
+    names: tuple
+    results: tuple
+    metas: tuple
+
+    def __dask_tokenize__(self):
+        return ("spfuse.dask.CellRunner", self.kernel.text, self.kernel.fusion, self.kernel.out_format,
+                self.kernel.num_threads, self.names, self.results,
+                tuple((type(m).__name__, str(m.dtype), m.ndim) for m in self.metas))
+
+
+def like_meta(value: Any, meta: Any) -> Any:
+    """``value`` converted to ``meta``'s kind (numpy, a scipy class, or Tensor).
+
+    >>> import scipy.sparse as sp
+    >>> like_meta(np.eye(2), sp.csr_matrix((0, 0))).format, type(like_meta(sp.csr_array(np.eye(2)), np.empty(0)))
+    ('csr', <class 'numpy.ndarray'>)
+    """
+    if isinstance(meta, np.ndarray):
+        if isinstance(value, Tensor):
+            value = value.todense()
+        elif sp.issparse(value):
+            value = value.toarray()
+        return np.asarray(value, dtype=meta.dtype)
+    if sp.issparse(meta):
+        if isinstance(value, Tensor):
+            value = value.to_scipy("sparray") if not value.format.is_dense else value.todense()
+        if type(value) is not type(meta):
+            value = type(meta)(value)
+        return value.astype(meta.dtype, copy=False)
+    if isinstance(meta, Tensor):
+        if isinstance(value, np.ndarray):
+            value = Tensor.from_numpy(value, meta.format)
+        elif sp.issparse(value):
+            value = Tensor.from_scipy(value)
+        if value.format != meta.format:
+            value = value.asformat(meta.format)
+        return value.astype(meta.dtype) if value.dtype != meta.dtype else value
+    return value
+
+
+def empty_like_meta(meta: Any, shape: tuple) -> Any:
+    """An all-zero result of ``meta``'s kind and ``shape``.
+
+    >>> empty_like_meta(np.empty((0,)), (3,))
+    array([0., 0., 0.])
+    """
+    if isinstance(meta, np.ndarray):
+        return np.zeros(shape, dtype=meta.dtype)
+    if sp.issparse(meta):
+        return type(meta)(shape, dtype=meta.dtype)
+    return Tensor.from_coo(np.zeros((len(shape), 0), np.int64), np.zeros(0, meta.dtype), shape,
+                           format=meta.format)
+
+
+def run_cell(runner: CellRunner, slices: CellSlices, *blocks: Any) -> Any:
+    """Run ``runner``'s kernel on one block of each operand (cut by ``slices``).
+
+    Returns the one result, or a dict of results for multi-result programs.
+    """
+    operands = {}
+    for name, block, cuts in zip(runner.names, blocks, slices.cuts):
+        for axis, lo, hi in cuts:
+            block = slice_block(block, axis, lo, hi)
+        operands[name] = block
+    out = runner.kernel(**operands)
+    if len(runner.results) == 1:
+        return like_meta(out, runner.metas[0])
+    return {r: like_meta(out[r], m) for r, m in zip(runner.results, runner.metas)}
+
+
+def pick(cell_output: dict, name: str) -> Any:
+    """One result of a multi-result block task.
+
+    >>> pick({"y": 1, "z": 2}, "z")
+    2
+    """
+    return cell_output[name]

@@ -1,0 +1,378 @@
+"""The communication cost model: bytes each worker receives, predicted without executing.
+
+The model walks the graph a planned call builds (no task runs) with a
+predicted size for every key:
+
+* operand blocks: sparse ones from their block metadata (stored entries ×
+  value + index bytes, plus the row pointer), dense ones from their chunk
+  shape;
+* the gather strategy's per-block column sets (8 bytes per *distinct*
+  column a block touches) and the rows they fetch (touched rows × row bytes);
+* block results and partials: dense ones from their shape; sparse ones from
+  an upper bound on their stored entries -- the pattern of the sparse
+  operand sharing the result's indices (SDDMM), else stored entries of the
+  row block × the mean row length of the other sparse operand (SpGEMM),
+  capped by the dense size;
+* anything else (identity, pick): the size of its input.
+
+Placement follows Dask's locality rule: operand blocks sit where they were
+put (``placement``, e.g. ``client.who_has`` after ``persist``) or, if not
+given, row block ``b`` on worker ``b mod W`` and broadcast operands on
+worker 0; a task runs on the worker holding most of its input bytes (ties:
+lower worker); each input not there is moved once per worker.
+
+:func:`project` turns a prediction into a runtime estimate for ``W``
+workers from bandwidth, latency and per-task scheduler cost.
+
+>>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+>>> A = sp.random_array((400, 400), density=0.01, format="csr", rng=0)
+>>> k = sfd.compile("C[i,k] = A[i,j] * B[j,k]")
+>>> c = k.cost(nworkers=2, A=sfd.from_scipy(A, chunks=(100,) * 4), B=np.ones((400, 8)))
+>>> 0 <= c.per_worker[1] - 400 * 8 * 8 < 2048  # B broadcast to worker 1 once (+ the plan)
+True
+>>> c.per_worker[0] == 2 * 100 * 8 * 8  # worker 1's result blocks join worker 0's
+True
+"""
+from __future__ import annotations
+
+import functools
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+from spfuse.dask.blocks import run_cell
+from spfuse.dask.combine import add_partials
+from spfuse.dask.gather import distinct_columns, run_gathered, take_rows
+from spfuse.dask.partition import block_info
+from spfuse.errors import UnsupportedError
+
+__all__ = ["CommCost", "cost", "predict_bytes", "project", "measured_transfers"]
+
+_SPARSE_ENTRY = 12  # a float64 value + an int32 coordinate
+_INDPTR = 4
+_OVERHEAD = 64
+
+
+@dataclass
+class CommCost:
+    """Predicted traffic of one planned call.
+
+    ``per_worker[w]``: bytes worker ``w`` receives; ``transfers[w]``: how
+    many keys it receives; ``tasks``: tasks in the graph; ``strategy``.
+    """
+
+    strategy: str
+    nworkers: int
+    per_worker: dict = field(default_factory=dict)
+    transfers: dict = field(default_factory=dict)
+    tasks: int = 0
+    moved: list = field(default_factory=list, repr=False)  # (key, to worker, bytes)
+
+    @property
+    def total(self) -> int:
+        """Bytes moved between workers in all.
+
+        >>> CommCost("reduce", 2, {0: 5, 1: 7}).total
+        12
+        """
+        return int(sum(self.per_worker.values()))
+
+
+def _func_of(task: Any):
+    """The callable of a graph value (legacy tuple or Task), unwrapped from partials."""
+    func = task[0] if isinstance(task, tuple) and task and callable(task[0]) else getattr(task, "func", None)
+    while isinstance(func, functools.partial):
+        func = func.func
+    return func
+
+
+def _deps(graph: Mapping, key) -> set:
+    from dask.core import get_dependencies
+    return set(get_dependencies(graph, key))
+
+
+class _Sizes:
+    """Predicted bytes of every key of a planned call's graph."""
+
+    def __init__(self, kernel: Any, lay: Any, graph: Mapping, metas: Mapping):
+        self.lay, self.graph, self.metas = lay, graph, metas
+        self.kernel = kernel
+        self.sizes: dict = {}
+        self.operand_of: dict = {}
+        for o in lay.operands:
+            info = block_info(o.array) if o.sparse else None
+            for idx in np.ndindex(*o.array.numblocks):
+                key = (o.array.name,) + idx
+                shape = tuple(c[i] for c, i in zip(o.array.chunks, idx))
+                if o.sparse:
+                    self.sizes[key] = info.nnz[idx[0]] * _SPARSE_ENTRY + (shape[0] + 1) * _INDPTR + _OVERHEAD
+                else:
+                    self.sizes[key] = int(np.prod(shape)) * o.array.dtype.itemsize
+                self.operand_of[key] = (o, idx)
+        self.rows_touched: dict = {}
+
+    def of(self, key) -> int:
+        if key in self.sizes:
+            return self.sizes[key]
+        task = self.graph[key]
+        func = _func_of(task)
+        deps = sorted(_deps(self.graph, key), key=str)
+        if func is None:  # a literal (the plan, or None for a skipped block)
+            size = 0 if task is None else len(pickle.dumps(task))
+        elif func is distinct_columns:
+            size = 8 * self._distinct(deps) + _OVERHEAD
+        elif func is take_rows:
+            size = self._rows(key, deps)
+        elif func in (run_cell, run_gathered):
+            size = self._block_result(key, deps)
+        elif func is add_partials:
+            parts = [self.of(d) for d in deps]
+            size = min(self._cap(key), sum(parts)) if parts else 0
+        else:
+            size = max((self.of(d) for d in deps), default=0)
+        self.sizes[key] = size
+        return size
+
+    def _sparse_operand(self, deps):
+        for d in deps:
+            if d in self.operand_of and self.operand_of[d][0].sparse:
+                return self.operand_of[d]
+        return None
+
+    def _distinct(self, deps) -> int:
+        o, idx = self._sparse_operand(deps)
+        info = block_info(o.array)
+        return sum(len(c) for c in info.columns[idx[0]])
+
+    def _rows(self, key, deps) -> int:
+        """Touched rows of one operand block: |distinct columns of the sparse block ∩ this block| rows."""
+        okey = next(d for d in deps if d in self.operand_of)
+        o, idx = self.operand_of[okey]
+        ukey = next(d for d in deps if d not in self.operand_of)
+        xo, xidx = self._sparse_operand(_deps(self.graph, ukey))
+        axis = self.graph[key][3] if isinstance(self.graph[key], tuple) else 0
+        d = o.dims[axis]
+        lo, hi = self.lay.block_range(d, idx[axis])
+        cols = block_info(xo.array).columns[xidx[0]][next(a for a, dd in enumerate(xo.dims) if dd == d) - 1]
+        n = int(np.count_nonzero((cols >= lo) & (cols < hi)))
+        block = self.sizes[okey]
+        return int(block * n / max(hi - lo, 1)) + _OVERHEAD
+
+    def _cap(self, key) -> int:
+        """Dense size of the result block a key belongs to."""
+        meta = next(iter(self.metas.values()))
+        shape = self._result_shape
+        rows, other = self._result_rows(key), int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        if isinstance(meta, np.ndarray):
+            return rows * other * meta.dtype.itemsize
+        return rows * other * _SPARSE_ENTRY + (rows + 1) * _INDPTR
+
+    @functools.cached_property
+    def _result_shape(self) -> tuple:
+        from spfuse.frontend.check import result_shapes
+        shapes = result_shapes(self.kernel.program, {o.name: o.array.shape for o in self.lay.operands})
+        return shapes[self.kernel.program.results[0]]
+
+    def _result_rows(self, key) -> int:
+        """Rows of the result block ``key`` computes (a cell, a partial or a sum)."""
+        rl = next(iter(self.lay.classification.results.values()))
+        shape = self._result_shape
+        if not shape:
+            return 1
+        d = rl.out_dims[0]
+        if d is None:
+            return shape[0]
+        b = key[1 + self.lay.grid.index(d)] if key[0].startswith("spfuse-block") else key[1]
+        lo, hi = self.lay.block_range(d, b)
+        return hi - lo
+
+    def _block_result(self, key, deps) -> int:
+        meta = next(iter(self.metas.values()))
+        shape = self._result_shape
+        rows = self._result_rows(key)
+        other = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+        if isinstance(meta, np.ndarray):
+            return rows * other * meta.dtype.itemsize
+        sparse = [self.operand_of[d] for d in deps if d in self.operand_of and self.operand_of[d][0].sparse]
+        if not sparse:
+            return rows * other * _SPARSE_ENTRY
+        target = set(self.kernel.program.statements[-1].target.indices)
+        o, idx = sparse[0]
+        nnz = block_info(o.array).nnz[idx[0]]
+        if len(sparse) > 1 and set(o.dims) != target:
+            b, bidx = sparse[1]
+            binfo = block_info(b.array)
+            nnz *= binfo.nnz[bidx[0]] / max(b.array.chunks[0][bidx[0]], 1)
+        return int(min(nnz, rows * other) * _SPARSE_ENTRY + (rows + 1) * _INDPTR + _OVERHEAD)
+
+
+def _default_placement(lay: Any, nworkers: int) -> dict:
+    """Row block ``b`` of a partitioned operand on worker ``b mod W``; broadcast ones on worker 0."""
+    where = {}
+    for o in lay.operands:
+        for idx in np.ndindex(*o.array.numblocks):
+            where[(o.array.name,) + idx] = idx[0] % nworkers if o.array.numblocks and o.array.numblocks[0] > 1 \
+                else 0
+    return where
+
+
+def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Optional[Mapping] = None,
+                  nworkers: int = 2, finalize: bool = True) -> CommCost:
+    """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+    >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
+    >>> lay = k.layout(A=sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2), x=np.ones(4))
+    >>> c = predict_bytes(k, lay, "reduce", finalize=False)
+    >>> c.per_worker[0], c.per_worker[1] - 4 * 8 < 2048  # worker 1 fetches x (and the plan) once
+    (0, True)
+
+    ``placement``: key -> worker index of the operand blocks (default: see
+    the module docstring).  ``finalize``: count the move of the result
+    blocks to the one worker that joins them (what ``compute()`` does; not
+    ``persist()``).  Programs with one result only.
+    """
+    if len(lay.classification.results) != 1:
+        raise UnsupportedError("the communication cost model handles programs with one result")
+    results, metas = kernel._build(lay, strategy)
+    arrays = list(results.values()) if isinstance(results, dict) else [results]
+    graph = {}
+    for a in arrays:
+        graph.update(dict(a.__dask_graph__()))
+    sizes = _Sizes(kernel, lay, graph, metas)
+    where = dict(_default_placement(lay, nworkers))
+    if placement:
+        where.update({k: v for k, v in placement.items() if k in where})
+    out = CommCost(strategy, nworkers, {w: 0 for w in range(nworkers)}, {w: 0 for w in range(nworkers)})
+    held = {k: {w} for k, w in where.items()}
+    order = _topological(graph, set(where))
+    # a key that most tasks read (a broadcast factor, the plan) ends up on every
+    # worker anyway: it does not decide where a task runs
+    dependents: dict = {}
+    for key in order:
+        for d in _deps(graph, key):
+            dependents[d] = dependents.get(d, 0) + 1
+    ncells = sum(1 for k in order if _func_of(graph[k]) in (run_cell, run_gathered))
+    shared = max(2, ncells // 2) - 1
+    for key in order:
+        task = graph[key]
+        deps = [d for d in _deps(graph, key)]
+        if _func_of(task) is None and not deps:
+            if key not in where:
+                # a literal: travels with the task message to the worker that first needs it
+                held[key] = set()
+            continue
+        out.tasks += 1
+        by_worker = np.zeros(nworkers)
+        local = [d for d in deps if dependents.get(d, 0) <= shared] or deps
+        for d in local:
+            for w in held.get(d, ()):
+                by_worker[w] += sizes.of(d)
+        w = int(np.argmax(by_worker)) if by_worker.any() else 0
+        for d in deps:
+            h = held.setdefault(d, set())
+            if h and w not in h:
+                out.per_worker[w] += sizes.of(d)
+                out.transfers[w] += 1
+                out.moved.append((d, w, sizes.of(d)))
+            h.add(w)
+        held[key] = {w}
+    if finalize:  # compute() joins the result blocks in one task on one worker
+        outputs = [k for a in arrays for k in _flat_keys(a)]
+        by_worker = np.zeros(nworkers)
+        for k in outputs:
+            for w in held.get(k, ()):
+                by_worker[w] += sizes.of(k)
+        w = int(np.argmax(by_worker))
+        for k in outputs:
+            if w not in held.get(k, {w}):
+                out.per_worker[w] += sizes.of(k)
+                out.transfers[w] += 1
+                out.moved.append((k, w, sizes.of(k)))
+        out.tasks += 1
+    return out
+
+
+def _flat_keys(arr: Any) -> list:
+    from dask.core import flatten
+    return list(flatten(arr.__dask_keys__()))
+
+
+def _topological(graph: Mapping, leaves: set) -> list:
+    order, seen = [], set()
+
+    def visit(k):
+        stack = [(k, False)]
+        while stack:
+            key, done = stack.pop()
+            if done:
+                order.append(key)
+                continue
+            if key in seen:
+                continue
+            seen.add(key)
+            stack.append((key, True))
+            if key in leaves:
+                continue
+            for d in _deps(graph, key):
+                if d in graph and d not in seen:
+                    stack.append((d, False))
+    for k in sorted(graph, key=str):
+        visit(k)
+    return [k for k in order if k not in leaves]
+
+
+def cost(program: Any, /, *, nworkers: int = 2, placement: Optional[Mapping] = None, strategy: Optional[str] = None,
+         finalize: bool = True, **operands: Any) -> CommCost:
+    """Predicted bytes each of ``nworkers`` workers receives for ``program`` on ``operands``.
+
+    ``program`` is a program text or a :class:`~spfuse.dask.DaskKernel`;
+    ``finalize``: include joining the result on one worker (``compute()``).
+    Nothing executes (sparse dask arrays not built by spfuse get their
+    block metadata computed once).
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+    >>> A = sfd.from_scipy(sp.random_array((100, 100), density=0.05, format="csr", rng=0), chunks=(50, 50))
+    >>> c = sfd.cost("y[i] = A[i,j] * x[j]", A=A, x=np.ones(100))
+    >>> c.strategy, c.per_worker[0]  # worker 0 receives block 1's 50 results
+    ('reduce', 400)
+    """
+    from spfuse.dask.kernel import DaskKernel
+    kernel = program if isinstance(program, DaskKernel) else DaskKernel(program)
+    lay = kernel.layout(**operands)
+    return predict_bytes(kernel, lay, strategy or kernel.choose_strategy(lay), placement, nworkers, finalize)
+
+
+def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,
+            bandwidth: float = 1.25e9, latency: float = 50e-6, transfers_per_worker: float = 0.0,
+            task_overhead: float = 1e-3) -> float:
+    """Projected seconds of one call on ``workers`` nodes (weak scaling: fixed work per node).
+
+    ``compute_seconds``: one node's kernel time on its share; then the
+    receive time ``bytes / bandwidth + transfers × latency`` of the busiest
+    node, plus the scheduler's per-task cost (the scheduler is one process:
+    ``tasks × task_overhead`` in all, overlapped with nothing).
+
+    >>> round(project(1.25e9, 64, 1.0, workers=64, task_overhead=0.0), 3)
+    2.0
+    """
+    return compute_seconds + bytes_per_worker / bandwidth + transfers_per_worker * latency + tasks * task_overhead
+
+
+def measured_transfers(client: Any) -> dict:
+    """Bytes each worker of ``client``'s cluster has received from other workers so far.
+
+    Read from every worker's ``transfer_incoming_log`` (sizes as Dask's
+    ``sizeof`` counts them); take differences around a computation.
+
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     list(measured_transfers(client).values())
+    [0]
+    """
+    def incoming(dask_worker) -> int:
+        return int(sum(entry["total"] for entry in dask_worker.transfer_incoming_log))
+    return client.run(incoming)
