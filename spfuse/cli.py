@@ -122,9 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "peer; report median times and peer/spfuse ratios (>1: spfuse faster).")
     b.add_argument("--size", choices=_SIZES, default="small", metavar="{small,medium,large}",
                    help="input size (small finishes in about a minute on 2 cores)")
-    b.add_argument("--suite", choices=("catalogue", "offcatalog"), default="catalogue",
+    b.add_argument("--suite", choices=("catalogue", "offcatalog", "dask"), default="catalogue",
                    help="catalogue: the kernels of design.md section 4; offcatalog: everyday programs outside it, "
-                        "with the no-cliff ratios of their equivalent spellings (sizes small and medium)")
+                        "with the no-cliff ratios of their equivalent spellings (sizes small and medium); "
+                        "dask: spfuse.dask on LocalClusters -- weak scaling, memory, predicted vs measured "
+                        "communication, dask+sparse comparison, 64-node projection (--plot FILE.png draws it; "
+                        "needs the dask extra)")
     b.add_argument("--kernels", help="comma-separated kernel names (default: all), e.g. SpMV,SDDMM "
                                      "(with --suite offcatalog: program names, e.g. AT-SpMV,GCN)")
     b.add_argument("--call-budget", type=float, metavar="SECONDS",
@@ -141,10 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
     b.add_argument("--fusion-study", action="store_true",
                    help="instead of the peer suite: auto vs max vs none on every kernel (issue 6 criteria)")
-    b.add_argument("--suite", choices=("kernels", "dask"), default="kernels",
-                   help="kernels: the peer suite (default); dask: spfuse.dask on LocalClusters -- weak scaling, "
-                        "memory, predicted vs measured communication, dask+sparse comparison, 64-node "
-                        "projection (--plot FILE.png draws it; needs the dask extra)")
     b.add_argument("--tiling", action="store_true",
                    help="instead of the peer suite: SpMM with the planner's k tile vs untiled "
                         "(200k rows, K in 64..4096; --size/--kernels/--peers ignored)")

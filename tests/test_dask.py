@@ -442,7 +442,7 @@ def test_cli_wires_the_dask_suite():
     from spfuse.cli import build_parser
     args = build_parser().parse_args(["bench", "--suite", "dask", "--size", "small", "--plot", "p.png"])
     assert args.suite == "dask" and args.plot == "p.png"
-    assert build_parser().parse_args(["bench"]).suite == "kernels"
+    assert build_parser().parse_args(["bench"]).suite == "catalogue"
 
 
 def test_dask_suite_rejects_unknown_kernels():
