@@ -317,6 +317,8 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     # out-of-range indices -- sends the call down the validating path, which
     # canonicalises a copy or words the error.
     kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
+    if dispatch.conversions:
+        kernel_checks = ()  # a conversion reads every index before any kernel does
     for name in unscanned:
         if name not in kernel_checks and not _scan_ok(tensors[name]):
             return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
@@ -348,6 +350,11 @@ class _Dispatch:
         if plan.__dict__.get("_has_max") is not False:
             _check_empty_max(plan)
         self.template = _template(plan)
+        # operands the planner chose to read in another storage order
+        # (planner.with_storage_orders): converted before anything runs
+        self.conversions = {n: Format(tuple(plan.inputs[n].levels), tuple(plan.inputs[n].mode_order))
+                            for n, t in tensors.items()
+                            if n in plan.inputs and tuple(t.format.mode_order) != plan.inputs[n].mode_order}
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
         self.all_sparse = _same_sparse_world(tensors)
@@ -364,6 +371,9 @@ class _Dispatch:
             tensors = self._diagonal_operands(tensors)[1]
         threads = effective_num_threads(num_threads)
         plan = self.plan
+        if self.conversions:
+            tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
+                       for n, t in tensors.items()}
         raw = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads)
         results = {}

@@ -12,6 +12,7 @@ strings them together for one fusion strategy:
 """
 from __future__ import annotations
 
+import contextvars
 import time
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional
@@ -164,10 +165,69 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         "iteration-space propagation disabled: a propagated mask could not be iterated "
         "concordantly, so every operation iterates its own operands' patterns",)
     decisions = tuple(a.note for a in associations) + separations
-    return Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
+    plan = Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
                 separated=separated, order_choices=choices)
+    if fusion == "auto" and propagate and not _restoring.get():
+        token = _restoring.set(True)
+        try:
+            plan = with_storage_orders(plan, lambda infos: plan_program(program, infos, fusion, propagate))
+        finally:
+            _restoring.reset(token)
+    return plan
+
+
+#: set while planning the alternatives of :func:`with_storage_orders` (no recursion)
+_restoring: contextvars.ContextVar = contextvars.ContextVar("spfuse_restoring", default=False)
+
+
+#: Plans estimated cheaper than this (ns) are kept without trying other
+#: storage orders: re-planning would cost more than it can save.
+RESTORE_MIN_NS = 20e6
+#: A plan with an operand in the other storage order must win by this factor.
+RESTORE_MARGIN = 2.0
+
+
+def _estimated_ns(plan: "Plan") -> float:
+    return sum(c.best.total for c in plan.order_choices.values())
+
+
+def with_storage_orders(plan: "Plan", planner) -> "Plan":
+    """``plan``, or the plan with one 2-D sparse operand read in the other
+    storage order (CSR as CSC, or back) when that is estimated cheaper by
+    :data:`RESTORE_MARGIN`, the conversion included (the lowering converts
+    the operand to the order its loops visit).
+
+    Scorch transposes an operand only to break a cycle in the mode-order
+    graph; an acyclic graph can still force an asymptotically worse order
+    (``A[i,j]·B[k,j]``: a merge per (i, k) pair instead of Gustavson over
+    Bᵀ, or ``Aᵀ·A`` scattered whole).  ``planner(infos)`` plans the same
+    program over other operand infos."""
+    from spfuse.passes.cost_model import active_constants
+    base = _estimated_ns(plan)
+    if base < RESTORE_MIN_NS:
+        return plan
+    best, best_cost, why = plan, base, None
+    for name, info in plan.inputs.items():
+        if not (info.is_sparse and info.ndim == 2 and info.levels == ("dense", "compressed")):
+            continue
+        swapped = replace(info, mode_order=info.mode_order[::-1])
+        try:
+            alt = planner({**plan.inputs, name: swapped})
+        except UnsupportedError:
+            continue
+        cost = _estimated_ns(alt) + (info.nnz or 0) * active_constants().transpose_sparse
+        if cost * RESTORE_MARGIN < best_cost:
+            best, best_cost, why = alt, cost, (name, swapped)
+    if why is None:
+        return plan
+    name, swapped = why
+    from spfuse.passes.cost_model import fmt_ns
+    note = (f"{name} is read as {swapped.format_name} (converted per call): estimated {fmt_ns(best_cost)} "
+            f"against {fmt_ns(base)} in its own storage order")
+    # best.inputs holds the order planned for: the call converts the operand to it
+    return replace(best, decisions=best.decisions + (note,))
 
 
 def _fused_template(program: Program, inputs: Mapping[str, TensorInfo]) -> bool:

@@ -336,3 +336,29 @@ def test_sddmm_like_programs_through_fixed_fiber_sweeps():
     np.testing.assert_allclose(got.toarray(), Bd * np.exp(C @ D), rtol=1e-12)
     got = spfuse.evaluate("A[i,j] = B[i,j] * (C[i,k] * D[k,j] + e[j])", B=B, C=C, D=D, e=e)
     np.testing.assert_allclose(got.toarray(), Bd * (C @ D + e), rtol=1e-12, atol=1e-14)
+
+
+# ------------------------------------------------------ storage orders --
+
+def test_planner_reads_an_operand_in_the_other_storage_order_when_much_cheaper():
+    """A[i,j]·B[k,j]: in storage order a merge per (i, k) pair; with A read as
+    CSC, Gustavson over k.  The plan says so, the call converts a copy (the
+    caller's A is untouched), and the answer is numpy's."""
+    A = sp.random_array((3000, 3000), density=0.002, format="csr", rng=0)
+    B = sp.random_array((3000, 3000), density=0.002, format="csr", rng=1)
+    k = spfuse.compile("C[i,k] = A[i,j] * B[k,j]")
+    assert "read as csc" in k.explain(A=A, B=B)
+    before = (A.indptr.copy(), A.indices.copy(), A.data.copy())
+    C = k(A=A, B=B)
+    np.testing.assert_allclose(C.toarray(), (A @ B.T).toarray(), rtol=1e-12)
+    for a, b in zip(before, (A.indptr, A.indices, A.data)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_converted_operands_are_scanned_before_conversion():
+    A = sp.random_array((3000, 3000), density=0.002, format="csr", rng=0)
+    B = sp.random_array((3000, 3000), density=0.002, format="csr", rng=1)
+    bad = A.copy()
+    bad.indices[5] = 10**6   # out of range: worded, never read by a conversion
+    with pytest.raises(ValueError, match="ndices|range"):
+        spfuse.evaluate("C[i,k] = A[i,j] * B[k,j]", A=bad, B=B)
