@@ -159,9 +159,11 @@ def _all_indices(e: Expr) -> set[str]:
     return out
 
 
-def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> Expr:
-    """Rename reduction indices so that no two reductions (nor an output) share a name."""
+def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str, str]]:
+    """Rename reduction indices so that no two reductions (nor an output) share
+    a name; also return each new name's original."""
     used = set(outputs)
+    origin: dict[str, str] = {}
     names = _Names(_all_indices(value) | used)
 
     def walk(e: Expr) -> Expr:
@@ -170,6 +172,7 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> Expr:
             index = e.index
             if index in used:
                 index = names.fresh(e.index)
+                origin[index] = e.index
                 body = _rename(body, {e.index: index})
             used.add(index)
             return Reduce(e.op, index, walk(body))
@@ -181,7 +184,7 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> Expr:
             return Where(walk(e.cond), walk(e.then), walk(e.other))
         return e
 
-    return walk(value)
+    return walk(value), origin
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -200,10 +203,32 @@ def _needed_statements(statements, wanted: set[str]) -> list[Assignment]:
 
 @dataclass
 class _Contribution:
+    """``cotangent (op factor)*``, negated or not, in the forward statement's index names."""
+
     name: str
     indices: tuple[str, ...]
-    term: Expr           # in the forward statement's index names
-    statement: int
+    chain: list          # [(op, expr)], the first one ("*", cotangent access)
+    negate: bool
+
+    def expression(self, mapping: Mapping[str, str], target: tuple[str, ...]) -> Expr:
+        """The contribution as one expression (indices renamed by ``mapping``)
+        with every index not in ``target`` summed.  Each sum wraps the
+        shortest prefix of the product chain holding all its uses: a factor
+        is atomic (a sum never enters ``sigmoid(...)``), and the prefix
+        before it distributes."""
+        chain = [(op, _rename(f, mapping)) for op, f in self.chain]
+        last: dict[str, int] = {}
+        for pos, (_, f) in enumerate(chain):
+            for k in free_indices(f):
+                if k not in target:
+                    last[k] = pos
+        term: Expr = chain[0][1]
+        for pos, (op, f) in enumerate(chain):
+            if pos:
+                term = Binary(op, term, f)
+            for k in reversed([k for k, p in last.items() if p == pos]):
+                term = Reduce("sum", k, term)
+        return Unary("neg", term) if self.negate else term
 
 
 class _Builder:
@@ -260,7 +285,7 @@ class _Builder:
         return Where(*kids)
 
     def ones_vector(self, statement: int, index: str) -> str:
-        key = (statement, index)
+        key = (statement, self.index_origin.get(index, index))
         name = self.ones_by_key.get(key)
         if name is None:
             name = self.ones_by_key[key] = self.names.fresh(f"ones_{index}")
@@ -282,16 +307,12 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                term: Expr = cot
-                for op, f in factors:
-                    term = Binary(op, term, self.hoist_reductions(f, base))
-                present = set(free_indices(term))
+                chain = [("*", cot)] + [(op, self.hoist_reductions(f, base)) for op, f in factors]
+                present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
-                        term = Binary("*", term, Access(self.ones_vector(n, k), (k,)))
-                if negate:
-                    term = Unary("neg", term)
-                out.append(_Contribution(e.name, e.indices, term, n))
+                        chain.append(("*", Access(self.ones_vector(n, k), (k,))))
+                out.append(_Contribution(e.name, e.indices, chain, negate))
             elif isinstance(e, Binary):
                 (lf, ln), (rf, rn) = binary_factors(e.op, e.left, e.right)
                 walk(e.left, factors + lf, negate ^ ln, scope)
@@ -337,14 +358,12 @@ class _Builder:
         terms = []
         for c in contributions:
             mapping = dict(zip(c.indices, target))
-            used = _all_indices(c.term) | set(target)
-            index_names = _Names(used)
-            for k in sorted(_all_indices(c.term) - set(c.indices)):
+            present = set().union(*(_all_indices(f) for _, f in c.chain))
+            index_names = _Names(present | set(target))
+            for k in sorted(present - set(c.indices)):
                 if k in target:
                     mapping[k] = index_names.fresh(k)
-            term = _rename(c.term, mapping)
-            one = Program((Assignment(Access(gname, target), term),))
-            terms.append(make_reductions_explicit(one).statements[0].value)
+            terms.append(c.expression(mapping, target))
         value = terms[0]
         for t in terms[1:]:
             value = Binary("+", value, t)
@@ -369,7 +388,7 @@ class _Builder:
                 grads.append(self.gradient_statement(name, found))
             elif name not in self.grad or name not in self.active:
                 continue
-            value = _unique_bound(stmt.value, stmt.target.indices)
+            value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
             for c in self.contributions(n, stmt, value):
                 pending.setdefault(c.name, []).append(c)
         gradients = {}
