@@ -20,7 +20,7 @@ from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["vjp", "cached_adjoint", "run_adjoint", "pattern_values"]
+__all__ = ["cached_adjoint", "pattern_values", "run_adjoint", "values_at", "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -50,22 +50,32 @@ def pattern_values(result: Any, pattern: Tensor) -> np.ndarray:
     >>> pattern_values(np.array([[1.0, 2.0], [3.0, 4.0]]), P)
     array([2., 3.])
     """
-    coords = pattern.coords
+    return values_at(result, pattern.coords, pattern.shape)
+
+
+def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
+    """The values of ``result`` at the ``(ndim, n)`` coordinates ``coords``
+    (any order, repeats allowed); zero where a sparse ``result`` stores nothing.
+
+    >>> import scipy.sparse as sp
+    >>> values_at(sp.csr_array([[0.0, 2.0], [3.0, 0.0]]), np.array([[1, 0, 0], [0, 0, 1]]), (2, 2))
+    array([3., 0., 2.])
+    """
     t = as_tensor(result, name="gradient")
+    coords = np.asarray(coords)
     if not _is_sparse(t):
         dense = t.todense()
-        return np.ascontiguousarray(dense[tuple(coords)]) if pattern.ndim else dense.reshape(1)
-    shape = pattern.shape
+        return np.ascontiguousarray(dense[tuple(coords)]) if len(shape) else dense.reshape(1)
     want = np.ravel_multi_index(tuple(coords.astype(np.int64)), shape)
     have = np.ravel_multi_index(tuple(t.coords.astype(np.int64)), shape)
+    out = np.zeros(len(want), dtype=t.values.dtype)
+    if not len(have):
+        return out
     order = np.argsort(have, kind="stable")
     have_sorted = have[order]
-    at = np.searchsorted(have_sorted, want)
-    at_clipped = np.minimum(at, max(len(have_sorted) - 1, 0))
-    found = (at < len(have_sorted)) & (have_sorted[at_clipped] == want) if len(have_sorted) else \
-        np.zeros(len(want), dtype=bool)
-    out = np.zeros(len(want), dtype=t.values.dtype)
-    out[found] = t.values[order[at_clipped[found]]]
+    at = np.minimum(np.searchsorted(have_sorted, want), len(have_sorted) - 1)
+    found = have_sorted[at] == want
+    out[found] = t.values[order[at[found]]]
     return out
 
 
