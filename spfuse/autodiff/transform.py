@@ -37,7 +37,7 @@ from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Prog
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
 from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit
-from spfuse.autodiff.rules import ONE, ZERO, binary_factors, unary_factors, where_factors
+from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 
 __all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
 
@@ -225,7 +225,7 @@ class _Contribution:
         term: Expr = chain[0][1]
         for pos, (op, f) in enumerate(chain):
             if pos:
-                term = Binary(op, term, f)
+                term = apply_factor(term, op, f)
             for k in reversed([k for k, p in last.items() if p == pos]):
                 term = Reduce("sum", k, term)
         return Unary("neg", term) if self.negate else term
