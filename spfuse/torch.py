@@ -153,7 +153,7 @@ def _autograd_function():
             adj = None
             saved = None
             if wrt:
-                sparse = frozenset(n for n in wrt if inputs[n].sparse)
+                sparse = frozenset(n for n, i in inputs.items() if i.sparse)
                 adj = cached_adjoint(program, wrt, program.results, sparse, spec.temporaries)
             run = adj.saving_program() if adj is not None and adj.kept else program
             values = spec.evaluate(run, {n: i.tensor for n, i in inputs.items()})

@@ -26,7 +26,7 @@ def kernel_adjoint(kernel, wrt=None, temporaries: str = "auto") -> Adjoint:
     grad_A[i, j] = pattern_A[i, j] * (grad_y[i] * x[j])
     """
     wrt = _wrt(kernel, wrt)
-    sparse = frozenset(n for n, f in kernel._formats.items() if not f.is_dense and n in wrt)
+    sparse = frozenset(n for n, f in kernel._formats.items() if not f.is_dense)
     return cached_adjoint(kernel.program, wrt, tuple(kernel.program.results), sparse, temporaries)
 
 

@@ -367,9 +367,32 @@ class _Builder:
         value = terms[0]
         for t in terms[1:]:
             value = Binary("+", value, t)
-        if name in self.sparse:
+        if name in self.sparse and name in self.patterns:
             value = Binary("*", Access(self.patterns[name], target), value)
+        elif name in self.temporaries:
+            mask = self.structural_mask(name)
+            if mask is not None:
+                value = Binary("*", mask, value)
         return Assignment(Access(gname, target), value)
+
+    def structural_mask(self, name: str) -> Optional[Expr]:
+        """``A[o] / A[o]`` (1 on A's pattern) when temporary ``name[o]`` is a
+        product with the sparse input ``A[o]`` at its root: ``name`` is then
+        zero off that pattern, every path out of its adjoint multiplies by
+        ``A``, and masking the adjoint changes no gradient -- but tells the
+        planner to compute it on the pattern only (not densely)."""
+        stmt = next(s for s in self.forward.statements if s.target.name == name)
+        target = stmt.target.indices
+        stack = [stmt.value]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Binary) and e.op == "*":
+                stack.extend((e.left, e.right))
+            elif isinstance(e, Binary) and e.op == "/":
+                stack.append(e.left)
+            elif isinstance(e, Access) and e.name in self.sparse and e.indices == target:
+                return Binary("/", e, e)
+        return None
 
     def build(self) -> Adjoint:
         forward = self.forward
@@ -447,8 +470,9 @@ def adjoint(program: Union[str, Program], wrt: Optional[Iterable[str]] = None,
 
     ``wrt``: the input operands to differentiate (default: all inputs);
     ``cotangents``: the results a cotangent is given for (default: all);
-    ``sparse``: the ``wrt`` operands whose gradient lives on their stored
-    pattern; ``temporaries``: ``"auto"``, ``"keep"`` or ``"recompute"``.
+    ``sparse``: the inputs stored sparse (a ``wrt`` one gets its gradient on
+    its stored pattern; a temporary that is a product with one at its root
+    gets its adjoint computed on that pattern only); ``temporaries``: ``"auto"``, ``"keep"`` or ``"recompute"``.
     A pure function of the program text: no operand is needed.
 
     >>> adj = adjoint("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", wrt=("C", "D"))
@@ -479,5 +503,5 @@ def adjoint(program: Union[str, Program], wrt: Optional[Iterable[str]] = None,
         if name not in results:
             raise ValueError(f"a cotangent is given for {name!r}, which is not a result; "
                              f"results: {', '.join(results)}")
-    sparse = frozenset(sparse) & set(wrt)
+    sparse = frozenset(sparse) & set(inputs)
     return _Builder(program, wrt, cots, sparse, temporaries).build()
