@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
     b.add_argument("--fusion-study", action="store_true",
                    help="instead of the peer suite: auto vs max vs none on every kernel (issue 6 criteria)")
+    b.add_argument("--suite", choices=("kernels", "training", "backward"), default="kernels",
+                   help="kernels: the peer suite (default); training: the example models per epoch "
+                        "(spfuse.bench.training, needs torch); backward: vjp/forward per kernel")
+    b.add_argument("--epochs", type=_positive, default=20, help="epochs per model (--suite training)")
     b.add_argument("--tiling", action="store_true",
                    help="instead of the peer suite: SpMM with the planner's k tile vs untiled "
                         "(200k rows, K in 64..4096; --size/--kernels/--peers ignored)")
@@ -163,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _bench(args, out) -> int:
     from spfuse.bench.runner import run_benchmark
+    if args.suite == "training":
+        from spfuse.bench.training import run_training_suite
+        run_training_suite(args.size, args.epochs, out=out, json_path=args.json)
+        return 0
+    if args.suite == "backward":
+        from spfuse.bench.training import run_backward_suite
+        run_backward_suite(args.size, args.kernels, args.repeat or 5, out=out)
+        return 0
     if args.tiling:
         from spfuse.bench.tiling import run_tiling_study
         run_tiling_study(threads=args.threads, repeat=args.repeat or 3, out=out)

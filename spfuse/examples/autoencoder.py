@@ -44,7 +44,7 @@ def model(X: sp.csr_array, hidden: int = 16, seed: int = 0):
     """The loss of each backend and the seeded initial parameters.
 
     >>> backends, params = model(ratings(30, 20, 3)); sorted(params)
-    ['We', 'Wd', 'b']
+    ['Wd', 'We', 'b']
     """
     import torch
 
