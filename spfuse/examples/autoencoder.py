@@ -25,7 +25,7 @@ L = sum(i, j, D[i,j] * D[i,j]) * s"""
 def ratings(users: int, items: int, per_user: int, seed: int = 0) -> sp.csr_array:
     """A seeded sparse ratings matrix (values in [1, 5], ``per_user`` per row on average).
 
-    >>> X = ratings(50, 40, 4); X.shape, X.data.min() >= 1.0
+    >>> X = ratings(50, 40, 4); X.shape, bool(X.data.min() >= 1.0)
     ((50, 40), True)
     """
     rng = np.random.default_rng(seed)
