@@ -131,6 +131,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         for name, pattern in adj.patterns.items():
             t = tensors[name]
             ops[pattern] = t.with_values(np.ones(t.nnz, dtype=t.dtype))
+        for name, transposed in adj.transposed.items():
+            ops[transposed] = tensors[name].transpose().asformat("csr")
         for name, (statement, index) in adj.ones.items():
             ops[name] = np.ones(extents[statement][index], dtype=dtype)
         if saved:

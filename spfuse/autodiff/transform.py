@@ -68,6 +68,7 @@ class Adjoint:
     recomputed: tuple[str, ...] = ()
     reasons: Mapping[str, str] = field(default_factory=dict)
     saved: Mapping[str, str] = field(default_factory=dict)   # kept temporary -> name it is saved under
+    transposed: Mapping[str, str] = field(default_factory=dict)  # sparse input -> operand holding its transpose
 
     @property
     def text(self) -> str:
@@ -107,6 +108,8 @@ class Adjoint:
                 f"{n} (via {p})" for n, p in self.patterns.items()))
         lines.append("cotangents  " + (", ".join(f"{c} (of {r})" for r, c in self.cotangents.items())
                                        or "none"))
+        for name, t in self.transposed.items():
+            lines.append(f"transposed  {name} (read as {t}, the CSR of its transpose: its rows are summed)")
         for name in (*self.kept, *self.recomputed):
             lines.append(f"temporary {name}: {self.reasons[name]}")
         zero = [n for n in self.wrt if n not in self.gradients]
@@ -209,6 +212,7 @@ class _Contribution:
     indices: tuple[str, ...]
     chain: list          # [(op, expr)], the first one ("*", cotangent access)
     negate: bool
+    source: str = ""     # the forward statement's target
 
     def expression(self, mapping: Mapping[str, str], target: tuple[str, ...]) -> Expr:
         """The contribution as one expression (indices renamed by ``mapping``)
@@ -243,6 +247,7 @@ class _Builder:
         self.names = _Names(all_names)
         self.temporaries = set(forward.assigned) - set(forward.results)
         self.hoisted: dict[Expr, Access] = {}
+        self.transposed: dict[str, str] = {}
         self.hoisted_statements: list[Assignment] = []
         self.ones: dict[str, tuple[int, str]] = {}
         self.ones_by_key: dict[tuple[int, str], str] = {}
@@ -312,7 +317,7 @@ class _Builder:
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
                         chain.append(("*", Access(self.ones_vector(n, k), (k,))))
-                out.append(_Contribution(e.name, e.indices, chain, negate))
+                out.append(_Contribution(e.name, e.indices, chain, negate, target.name))
             elif isinstance(e, Binary):
                 (lf, ln), (rf, rn) = binary_factors(e.op, e.left, e.right)
                 walk(e.left, factors + lf, negate ^ ln, scope)
@@ -363,7 +368,7 @@ class _Builder:
             for k in sorted(present - set(c.indices)):
                 if k in target:
                     mapping[k] = index_names.fresh(k)
-            terms.append(c.expression(mapping, target))
+            terms.append(self.transpose_reads(c.expression(mapping, target), target, c.source))
         value = terms[0]
         for t in terms[1:]:
             value = Binary("+", value, t)
@@ -374,6 +379,39 @@ class _Builder:
             if mask is not None:
                 value = Binary("*", mask, value)
         return Assignment(Access(gname, target), value)
+
+    def transpose_reads(self, term: Expr, target: tuple[str, ...], source: str) -> Expr:
+        """Read a sparse matrix ``A[k,j]`` whose row index ``k`` is summed and
+        column ``j`` is an output as ``A_T[j,k]`` (its transpose in CSR, made
+        by the runner): a row-wise SpMM instead of a scatter over ``k``.  Only
+        when it is the term's one sparse read and the cotangent is dense (the
+        forward result is not structurally sparse), so no co-iteration of
+        differently ordered sparse operands is created."""
+        sparse = [a for a in iter_accesses(term) if a.name in self.sparse]
+        if len(sparse) != 1 or self.structural_mask(source) is not None:
+            return term
+        acc = sparse[0]
+        if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
+            return term
+        name = self.transposed.get(acc.name)
+        if name is None:
+            name = self.transposed[acc.name] = self.names.fresh(f"{acc.name}_T")
+        swapped = Access(name, acc.indices[::-1])
+
+        def walk(e: Expr) -> Expr:
+            if e == acc:
+                return swapped
+            if isinstance(e, Binary):
+                return Binary(e.op, walk(e.left), walk(e.right))
+            if isinstance(e, Unary):
+                return Unary(e.fn, walk(e.arg))
+            if isinstance(e, Where):
+                return Where(walk(e.cond), walk(e.then), walk(e.other))
+            if isinstance(e, Reduce):
+                return Reduce(e.op, e.index, walk(e.body))
+            return e
+
+        return walk(term)
 
     def structural_mask(self, name: str) -> Optional[Expr]:
         """``A[o] / A[o]`` (1 on A's pattern) when temporary ``name[o]`` is a
@@ -431,8 +469,9 @@ class _Builder:
         saved = {t: self.names.fresh(f"{t}_saved") for t in kept}
         used = {a.name for s in program.statements for a in iter_accesses(s.value)}
         ones = {k: v for k, v in self.ones.items() if k in used}
+        transposed = {n: t for n, t in self.transposed.items() if t in used}
         return Adjoint(forward, self.wrt, program, gradients, self.cotangents, self.patterns, ones,
-                       tuple(kept), tuple(recomputed), reasons, saved)
+                       tuple(kept), tuple(recomputed), reasons, saved, transposed)
 
     def temporary_choices(self, adjoint_statements):
         """Which forward temporaries the adjoint reads are kept, which recomputed."""
