@@ -12,6 +12,7 @@ __version__ = "0.1.0.dev0"
 from spfuse import io
 from spfuse._show_config import config_info, show_config
 from spfuse.api import Kernel, cache_info, clear_cache, compile, einsum, evaluate
+from spfuse.autodiff import vjp
 from spfuse.errors import (InvalidOperandError, OperandTypeError, ProgramError,
                            SpfuseError, UnsupportedError)
 from spfuse.formats import Format
@@ -19,7 +20,7 @@ from spfuse.tensor import CompressedLevel, DenseLevel, Tensor, as_tensor
 from spfuse.threads import get_num_threads, set_num_threads, threads
 
 __all__ = [
-    "__version__", "evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info",
+    "__version__", "evaluate", "compile", "einsum", "vjp", "Kernel", "clear_cache", "cache_info",
     "Tensor", "Format", "DenseLevel", "CompressedLevel", "as_tensor", "io",
     "show_config", "config_info",
     "get_num_threads", "set_num_threads", "threads",

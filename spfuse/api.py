@@ -617,6 +617,16 @@ class Kernel:
         return (f'<div class="spfuse-kernel"><b>{html.escape(repr(self))}</b>'
                 f"<pre>{html.escape(body)}</pre></div>")
 
+    def vjp(self, cotangent: Any, wrt: Any = None, *, temporaries: str = "auto", **operands: Any) -> dict:
+        """Gradients through this kernel (:func:`spfuse.vjp` with the declared formats)."""
+        from spfuse.autodiff.kernel import kernel_vjp
+        return kernel_vjp(self, cotangent, wrt, temporaries, operands)
+
+    def explain_vjp(self, wrt: Any = None, *, temporaries: str = "auto") -> str:
+        """The adjoint program :meth:`vjp` runs, with its keep/recompute choices."""
+        from spfuse.autodiff.kernel import kernel_adjoint
+        return kernel_adjoint(self, wrt, temporaries).describe()
+
     def __repr__(self) -> str:
         fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())
         return f"<spfuse.Kernel {self.text!r} fusion={self.fusion!r}" + (f" formats: {fmts}>" if fmts else ">")

@@ -122,12 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "peer; report median times and peer/spfuse ratios (>1: spfuse faster).")
     b.add_argument("--size", choices=_SIZES, default="small", metavar="{small,medium,large}",
                    help="input size (small finishes in about a minute on 2 cores)")
-    b.add_argument("--suite", choices=("catalogue", "offcatalog", "dask"), default="catalogue",
-                   help="catalogue: the kernels of design.md section 4; offcatalog: everyday programs outside it, "
-                        "with the no-cliff ratios of their equivalent spellings (sizes small and medium); "
-                        "dask: spfuse.dask on LocalClusters -- weak scaling, memory, predicted vs measured "
-                        "communication, dask+sparse comparison, 64-node projection (--plot FILE.png draws it; "
-                        "needs the dask extra)")
+    b.add_argument("--suite", choices=tuple(BENCH_SUITES), default="catalogue",
+                   help="; ".join(f"{name}: {what}" for name, what in BENCH_SUITES.items()))
     b.add_argument("--kernels", help="comma-separated kernel names (default: all), e.g. SpMV,SDDMM "
                                      "(with --suite offcatalog: program names, e.g. AT-SpMV,GCN)")
     b.add_argument("--call-budget", type=float, metavar="SECONDS",
@@ -144,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-planning", action="store_true", help="skip the planning-time table")
     b.add_argument("--fusion-study", action="store_true",
                    help="instead of the peer suite: auto vs max vs none on every kernel (issue 6 criteria)")
+    b.add_argument("--epochs", type=_positive, default=20, help="epochs per model (--suite training)")
     b.add_argument("--tiling", action="store_true",
                    help="instead of the peer suite: SpMM with the planner's k tile vs untiled "
                         "(200k rows, K in 64..4096; --size/--kernels/--peers ignored)")
@@ -172,12 +169,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: ``spfuse bench --suite NAME``: the suites and what each measures (the
+#: option's choices and help come from this one table).
+BENCH_SUITES = {
+    "catalogue": "the kernels of design.md section 4 against every importable peer",
+    "offcatalog": "everyday programs outside the catalogue, with the no-cliff ratios of their equivalent "
+                  "spellings (sizes small and medium)",
+    "dask": "spfuse.dask on LocalClusters -- weak scaling, memory, predicted vs measured communication, "
+            "dask+sparse comparison, 64-node projection (--plot FILE.png draws it; needs the dask extra)",
+    "training": "the example models (GCN, sparse autoencoder, sparse attention) per epoch against "
+                "torch.sparse and dense torch (needs torch)",
+    "backward": "backward/forward time per catalogue kernel (spfuse.vjp)",
+}
+
+
 def _bench(args, out) -> int:
     from spfuse.bench.runner import run_benchmark
     if args.suite == "dask":
         from spfuse.bench.dask_suite import run_dask_suite
         run_dask_suite(size=args.size, repeat=args.repeat, kernels=args.kernels, json_path=args.json,
                        plot_path=args.plot, out=out)
+        return 0
+    if args.suite == "training":
+        from spfuse.bench.training import run_training_suite
+        run_training_suite(args.size, args.epochs, out=out, json_path=args.json)
+        return 0
+    if args.suite == "backward":
+        from spfuse.bench.training import run_backward_suite
+        run_backward_suite(args.size, args.kernels, args.repeat or 5, out=out)
         return 0
     if args.tiling:
         from spfuse.bench.tiling import run_tiling_study

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Optional, Union
 
 __all__ = [
     "Span", "Access", "Literal", "Binary", "Unary", "Where", "Reduce",
@@ -92,6 +92,9 @@ class Reduce:
     body: "Expr"
     span: Span = field(default=_NOSPAN, compare=False)
     implicit: bool = field(default=False, compare=False)
+    #: ``op(index in pattern, body)``: only where ``pattern`` is stored
+    #: (:mod:`spfuse.frontend.patterns`; lowered away by ``parse_program``).
+    pattern: Optional[Access] = None
 
 
 Expr = Union[Access, Literal, Binary, Unary, Where, Reduce]

@@ -62,9 +62,11 @@ def _fmt(e: Expr, ren: dict) -> str:
         return f"{left} {e.op} {right}"
     if t is Reduce:
         op = e.op
+        if e.pattern is not None:
+            return f"{op}({ren[e.index]} in {_fmt(e.pattern, ren)}, {_fmt(e.body, ren)})"
         idx = [ren[e.index]]
         body = e.body
-        while type(body) is Reduce and body.op == op:
+        while type(body) is Reduce and body.op == op and body.pattern is None:
             idx.append(ren[body.index])
             body = body.body
         return f"{op}({', '.join(idx)}, {_fmt(body, ren)})"

@@ -13,6 +13,7 @@ Grammar (statements are separated by newlines or ``;``)::
                 | FN '(' expr ')'                      # relu sigmoid ... neg
                 | 'where' '(' expr ',' expr ',' expr ')'
                 | RED '(' NAME (',' NAME)* ',' expr ')' # sum max min, nested
+                | RED '(' NAME 'in' access ',' expr ')' # over access's stored pattern
 
 A name followed by ``(`` is a function call; otherwise it is an operand, so a
 tensor may be called ``exp`` or ``sum``. :func:`parse` does not touch implicit
@@ -26,6 +27,7 @@ from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (REDUCTIONS, UNARY_FUNCTIONS, Access, Assignment, Binary,
                                  Expr, Literal, Program, Reduce, Span, Unary, Where)
 from spfuse.frontend.lexer import tokenize
+from spfuse.frontend.patterns import lower_pattern_reductions
 from spfuse.frontend.reductions import make_reductions_explicit
 
 __all__ = ["parse", "parse_program", "parse_expression"]
@@ -198,6 +200,9 @@ class _Parser:
             return Where(args[0], args[1], args[2], Span(name_tok[2], end[3]))
         if fn in _REDUCTIONS:
             toks = self.toks
+            if (toks[self.pos][0] == "name" and toks[self.pos + 1][:2] == ("name", "in")
+                    and toks[self.pos + 2][0] == "name"):
+                return self.pattern_reduction(name_tok)
             indices = []
             while True:
                 tok = toks[self.pos]
@@ -216,6 +221,24 @@ class _Parser:
             return body
         raise ProgramError(f"unknown function {fn!r}; expected one of {_FUNCTIONS}",
                            self.text, name_tok[2])
+
+    def pattern_reduction(self, name_tok) -> Expr:
+        """``op(j in A[i,j], body)``: a reduction over ``A``'s stored pattern."""
+        fn, toks = name_tok[1], self.toks
+        index_tok = toks[self.pos]
+        pattern_tok = toks[self.pos + 2]
+        self.pos += 3
+        if toks[self.pos][0] != "[":
+            self.error(f"expected '[' after {pattern_tok[1]}: write {fn}({index_tok[1]} in "
+                       f"{pattern_tok[1]}[...], ...)")
+        pattern = self.access(pattern_tok)
+        if index_tok[1] not in pattern.indices:
+            raise ProgramError(f"index {index_tok[1]!r} of {fn}() does not appear in the pattern "
+                               f"{pattern.name}[{', '.join(pattern.indices)}]", self.text, index_tok[2])
+        self.expect(",", f"',' after the pattern of {fn}(")
+        body = self.expr()
+        end = self.expect(")", f"')' to close {fn}(")
+        return Reduce(fn, index_tok[1], body, Span(name_tok[2], end[3]), pattern=pattern)
 
 
 def parse(text: str) -> Program:
@@ -268,4 +291,4 @@ def parse_program(text: str) -> Program:
 
 @lru_cache(maxsize=1024)
 def _parse_program_cached(text: str) -> Program:
-    return make_reductions_explicit(parse(text))
+    return lower_pattern_reductions(make_reductions_explicit(parse(text)))

@@ -41,7 +41,7 @@ def _rebuild(e: Expr, kids: list) -> Expr:
     if isinstance(e, Unary):
         return Unary(e.fn, kids[0], e.span)
     if isinstance(e, Reduce):
-        return Reduce(e.op, e.index, kids[0], e.span, e.implicit)
+        return Reduce(e.op, e.index, kids[0], e.span, e.implicit, e.pattern)
     if isinstance(e, Where):
         return Where(kids[0], kids[1], kids[2], e.span)
     return e
@@ -98,6 +98,8 @@ def _count_free(e: Expr, bound: tuple, counts: dict, out: tuple, text: str, targ
                 f"reduction index {e.index!r} also appears on the left side of "
                 f"{target.name}[{', '.join(out)}]", text or None,
                 reduce_index_position(text, e))
+        if e.pattern is not None:
+            _count_free(e.pattern, bound + (e.index,), counts, out, text, target)
         _count_free(e.body, bound + (e.index,), counts, out, text, target)
     elif t is not Literal:
         for c in children(e):
@@ -122,6 +124,10 @@ def _wrap(e: Expr, total: dict, pending: list, bound: tuple) -> tuple[Expr, dict
         new = []
         counts = {}
         inner = bound + (e.index,) if t is Reduce else bound
+        if t is Reduce and e.pattern is not None:  # the pattern's indices are uses too
+            for k in e.pattern.indices:
+                if k in total and k not in inner:
+                    counts[k] = counts.get(k, 0) + 1
         for c in kids:
             nc, cc = _wrap(c, total, pending, inner)
             new.append(nc)

@@ -1,0 +1,546 @@
+"""Reverse mode by program transformation: forward program → adjoint program.
+
+For a statement ``T[o] = e`` and an access ``X[a]`` inside ``e``, the
+adjoint contribution is the cotangent ``dT[o]`` times the chain of local
+derivative factors (:mod:`spfuse.autodiff.rules`) from ``e``'s root down to
+``X[a]``, summed over every index in scope there that is not in ``a``.  A
+sum reduction on the way only widens the scope (its adjoint broadcasts);
+``max``/``min`` multiply by the tie indicator over the tie count.  The
+result is again index notation, so the planner fuses and schedules it like
+any program.  For SDDMM::
+
+    A[i,j] = B[i,j] * (C[i,k] * D[k,j])
+    dC[i,k] = sum(j, dA[i,j] * B[i,j] * D[k,j])        # an SpMM on B's pattern
+
+Choices made visible by :meth:`Adjoint.describe`:
+
+* **Within a statement**, sub-expression values a factor needs are
+  recomputed inside the adjoint program; sub-reductions among them are
+  hoisted into statements of their own (``A_r[...] = sum(k, ...)``), so each
+  is computed once and its bound indices never clash with the scope.
+* **Across statements**, a forward temporary read by the adjoint is *kept*
+  (saved by the forward run and passed in) when its statement reduces --
+  recomputing would repeat a contraction -- and *recomputed* inside the
+  adjoint program when it is element-wise, where the planner fuses it.
+  ``temporaries="keep"|"recompute"`` forces either.
+* A **sparse operand**'s gradient is restricted to its stored pattern by a
+  pattern operand (ones on the pattern), so only stored entries are computed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional, Union
+
+from spfuse.errors import ProgramError, UnsupportedError
+from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary,
+                                 Where, iter_accesses)
+from spfuse.frontend.canonical import to_text
+from spfuse.frontend.parser import parse_program
+from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit
+from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
+
+__all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
+
+TEMPORARY_POLICIES = ("auto", "keep", "recompute")
+
+
+@dataclass(frozen=True)
+class Adjoint:
+    """An adjoint program and what its operands mean.
+
+    ``program`` reads the forward inputs it needs, one cotangent operand per
+    differentiated result (``cotangents``), a ones-on-the-pattern operand per
+    sparse ``wrt`` operand (``patterns``), ones vectors spanning a statement
+    index (``ones``: name → (forward statement number, index name)) and the
+    kept forward temporaries (``kept``, under their own names).  It returns
+    one gradient per name in ``gradients`` (``wrt`` name → result name); a
+    ``wrt`` operand missing there gets a zero gradient.
+    """
+
+    forward: Program
+    wrt: tuple[str, ...]
+    program: Optional[Program]
+    gradients: Mapping[str, str]
+    cotangents: Mapping[str, str]
+    patterns: Mapping[str, str]
+    ones: Mapping[str, tuple[int, str]]
+    kept: tuple[str, ...] = ()
+    recomputed: tuple[str, ...] = ()
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    saved: Mapping[str, str] = field(default_factory=dict)   # kept temporary -> name it is saved under
+    transposed: Mapping[str, str] = field(default_factory=dict)  # sparse input -> operand holding its transpose
+
+    @property
+    def text(self) -> str:
+        """The adjoint program in index notation ('' when no gradient flows)."""
+        return self.program.text if self.program is not None else ""
+
+    def saving_program(self, with_results: bool = True) -> Optional[Program]:
+        """The forward program extended to also return the kept temporaries
+        (``T_saved[o] = T[o]``); with ``with_results=False`` only the statements
+        the kept temporaries need.  ``None`` when nothing is kept."""
+        if not self.kept:
+            return None
+        statements = list(self.forward.statements)
+        if not with_results:
+            statements = _needed_statements(statements, set(self.kept))
+        by_name = {s.target.name: s for s in self.forward.statements}
+        for name in self.kept:
+            target = by_name[name].target
+            statements.append(Assignment(Access(self.saved[name], target.indices),
+                                         Access(name, target.indices)))
+        return parse_program(to_text(Program(tuple(statements))))
+
+    def describe(self) -> str:
+        """What was derived, and the keep/recompute choice for each forward temporary.
+
+        >>> print(adjoint("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", wrt=("C",)).describe())
+        adjoint of  A[i,j] = B[i,j] * (C[i,k] * D[k,j])
+        with respect to  C
+        cotangents  grad_A (of A)
+        program:
+          grad_C[i, k] = sum(j, grad_A[i, j] * B[i, j] * D[k, j])
+        """
+        lines = [f"adjoint of  {self.forward.text or to_text(self.forward)}",
+                 f"with respect to  {', '.join(self.wrt)}"]
+        if self.patterns:
+            lines.append("gradient on the stored pattern of  " + ", ".join(
+                f"{n} (via {p})" for n, p in self.patterns.items()))
+        lines.append("cotangents  " + (", ".join(f"{c} (of {r})" for r, c in self.cotangents.items())
+                                       or "none"))
+        for name, t in self.transposed.items():
+            lines.append(f"transposed  {name} (read as {t}, the CSR of its transpose: its rows are summed)")
+        for name in (*self.kept, *self.recomputed):
+            lines.append(f"temporary {name}: {self.reasons[name]}")
+        zero = [n for n in self.wrt if n not in self.gradients]
+        if zero:
+            lines.append("zero gradient (no path from a cotangent)  " + ", ".join(zero))
+        if self.program is not None:
+            lines.append("program:")
+            lines.extend("  " + line for line in self.text.splitlines())
+        return "\n".join(lines)
+
+
+class _Names:
+    """Fresh tensor and index names that clash with nothing already used."""
+
+    def __init__(self, taken: Iterable[str]):
+        self.taken = set(taken)
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+
+def _rename(e: Expr, mapping: Mapping[str, str]) -> Expr:
+    """``e`` with index names (free and bound) replaced through ``mapping``."""
+    if isinstance(e, Access):
+        return Access(e.name, tuple(mapping.get(k, k) for k in e.indices))
+    if isinstance(e, Literal):
+        return e
+    if isinstance(e, Binary):
+        return Binary(e.op, _rename(e.left, mapping), _rename(e.right, mapping))
+    if isinstance(e, Unary):
+        return Unary(e.fn, _rename(e.arg, mapping))
+    if isinstance(e, Where):
+        return Where(_rename(e.cond, mapping), _rename(e.then, mapping), _rename(e.other, mapping))
+    return Reduce(e.op, mapping.get(e.index, e.index), _rename(e.body, mapping))
+
+
+def _all_indices(e: Expr) -> set[str]:
+    out = {k for a in iter_accesses(e) for k in a.indices}
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Reduce):
+            out.add(node.index)
+        stack.extend(children(node))
+    return out
+
+
+def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str, str]]:
+    """Rename reduction indices so that no two reductions (nor an output) share
+    a name; also return each new name's original."""
+    used = set(outputs)
+    origin: dict[str, str] = {}
+    names = _Names(_all_indices(value) | used)
+
+    def walk(e: Expr) -> Expr:
+        if isinstance(e, Reduce):
+            body = e.body
+            index = e.index
+            if index in used:
+                index = names.fresh(e.index)
+                origin[index] = e.index
+                body = _rename(body, {e.index: index})
+            used.add(index)
+            return Reduce(e.op, index, walk(body))
+        if isinstance(e, Binary):
+            return Binary(e.op, walk(e.left), walk(e.right))
+        if isinstance(e, Unary):
+            return Unary(e.fn, walk(e.arg))
+        if isinstance(e, Where):
+            return Where(walk(e.cond), walk(e.then), walk(e.other))
+        return e
+
+    return walk(value), origin
+
+
+def _has_reduce(e: Expr) -> bool:
+    return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
+
+
+def _needed_statements(statements, wanted: set[str]) -> list[Assignment]:
+    """The statements computing ``wanted`` (and what they read), in order."""
+    keep = []
+    for s in reversed(statements):
+        if s.target.name in wanted:
+            keep.append(s)
+            wanted |= {a.name for a in iter_accesses(s.value)}
+    return keep[::-1]
+
+
+@dataclass
+class _Contribution:
+    """``cotangent (op factor)*``, negated or not, in the forward statement's index names."""
+
+    name: str
+    indices: tuple[str, ...]
+    chain: list          # [(op, expr)], the first one ("*", cotangent access)
+    negate: bool
+    source: str = ""     # the forward statement's target
+
+    def expression(self, mapping: Mapping[str, str], target: tuple[str, ...]) -> Expr:
+        """The contribution as one expression (indices renamed by ``mapping``)
+        with every index not in ``target`` summed.  Each sum wraps the
+        shortest prefix of the product chain holding all its uses: a factor
+        is atomic (a sum never enters ``sigmoid(...)``), and the prefix
+        before it distributes."""
+        chain = [(op, _rename(f, mapping)) for op, f in self.chain]
+        last: dict[str, int] = {}
+        for pos, (_, f) in enumerate(chain):
+            for k in free_indices(f):
+                if k not in target:
+                    last[k] = pos
+        term: Expr = chain[0][1]
+        for pos, (op, f) in enumerate(chain):
+            if pos:
+                term = apply_factor(term, op, f)
+            for k in reversed([k for k, p in last.items() if p == pos]):
+                term = Reduce("sum", k, term)
+        return Unary("neg", term) if self.negate else term
+
+
+class _Builder:
+    """One adjoint derivation (mutable scratch state, used once)."""
+
+    def __init__(self, forward: Program, wrt, cotangents, sparse, policy):
+        self.forward = forward
+        self.wrt = wrt
+        self.sparse = sparse
+        self.policy = policy
+        all_names = set(forward.inputs) | set(forward.assigned)
+        self.names = _Names(all_names)
+        self.temporaries = set(forward.assigned) - set(forward.results)
+        self.hoisted: dict[Expr, Access] = {}
+        self.transposed: dict[str, str] = {}
+        self.hoisted_statements: list[Assignment] = []
+        self.ones: dict[str, tuple[int, str]] = {}
+        self.ones_by_key: dict[tuple[int, str], str] = {}
+        self.grad = {r: self.names.fresh(f"grad_{r}") for r in cotangents}
+        self.cotangents = dict(self.grad)
+        active = set(wrt)
+        for s in forward.statements:
+            if any(a.name in active for a in iter_accesses(s.value)):
+                active.add(s.target.name)
+        self.active = active
+
+    # -- hoisting ---------------------------------------------------------
+    def hoist(self, e: Expr, base: str) -> Access:
+        """A statement-of-its-own for ``e`` (deduplicated); the access reading it."""
+        if isinstance(e, Access):
+            return e
+        found = self.hoisted.get(e)
+        if found is None:
+            e = self.hoist_reductions(e, base, inner=True)
+            indices = free_indices(e)
+            found = Access(self.names.fresh(f"{base}_r"), indices)
+            self.hoisted_statements.append(Assignment(found, e))
+            self.hoisted[e] = found
+        return found
+
+    def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
+        """``e`` with every maximal reduction replaced by a hoisted temporary
+        (``inner``: ``e`` itself stays, only reductions below it are kept in place)."""
+        if isinstance(e, Reduce):
+            if inner:
+                return e  # the hoisted statement itself: reductions inside stay fused
+            return self.hoist(e, base)
+        if isinstance(e, (Access, Literal)):
+            return e
+        kids = [self.hoist_reductions(c, base) for c in children(e)]
+        if isinstance(e, Binary):
+            return Binary(e.op, *kids)
+        if isinstance(e, Unary):
+            return Unary(e.fn, *kids)
+        return Where(*kids)
+
+    def ones_vector(self, statement: int, index: str) -> str:
+        key = (statement, self.index_origin.get(index, index))
+        name = self.ones_by_key.get(key)
+        if name is None:
+            name = self.ones_by_key[key] = self.names.fresh(f"ones_{index}")
+            self.ones[name] = key
+        return name
+
+    # -- derivation -------------------------------------------------------
+    def contributions(self, n: int, stmt: Assignment, value: Expr) -> list[_Contribution]:
+        target = stmt.target
+        base = target.name
+        out: list[_Contribution] = []
+        cot = Access(self.grad[target.name], target.indices)
+
+        def walk(e: Expr, factors: list, negate: bool, scope: tuple[str, ...]):
+            if isinstance(e, Access):
+                if e.name not in self.active:
+                    return
+                if len(set(e.indices)) != len(e.indices):
+                    raise UnsupportedError(
+                        f"gradient through {to_text(e)}: an operand read with a repeated index "
+                        "(a diagonal) is not differentiated; give the diagonal as its own operand")
+                chain = [("*", cot)] + [(op, self.hoist_reductions(f, base)) for op, f in factors]
+                present = {k for _, f in chain for k in free_indices(f)}
+                for k in scope:
+                    if k not in present:  # broadcast, or a sum over an index the term lacks
+                        chain.append(("*", Access(self.ones_vector(n, k), (k,))))
+                out.append(_Contribution(e.name, e.indices, chain, negate, target.name))
+            elif isinstance(e, Binary):
+                (lf, ln), (rf, rn) = binary_factors(e.op, e.left, e.right)
+                walk(e.left, factors + lf, negate ^ ln, scope)
+                walk(e.right, factors + rf, negate ^ rn, scope)
+            elif isinstance(e, Unary):
+                f, flip = unary_factors(e.fn, e.arg)
+                walk(e.arg, factors + f, negate ^ flip, scope)
+            elif isinstance(e, Where):
+                to_then, to_other = where_factors(e.cond)
+                walk(e.then, factors + [to_then], negate, scope)
+                walk(e.other, factors + [to_other], negate, scope)
+            elif isinstance(e, Reduce):
+                inner = scope + (e.index,)
+                if e.op == "sum":
+                    walk(e.body, factors, negate, inner)
+                    return
+                # amax/amin: the body is materialised once so that the extremum
+                # and the tie test read the very same values
+                body = self.hoist(self.hoist_reductions(e.body, base), base)
+                extremum = self.hoist(Reduce(e.op, e.index, body), base)
+                tie = Where(Binary("-", body, extremum), ZERO, ONE)
+                ties = self.hoist(Reduce("sum", e.index, tie), base)
+                walk(e.body, factors + [("*", tie), ("/", ties)], negate, inner)
+
+        walk(value, [], False, target.indices)
+        return out
+
+    def target_indices(self, name: str) -> tuple[str, ...]:
+        for s in self.forward.statements:
+            if s.target.name == name:
+                return s.target.indices
+        for s in self.forward.statements:
+            for a in iter_accesses(s.value):
+                if a.name == name:
+                    if len(set(a.indices)) == len(a.indices):
+                        return a.indices
+                    return tuple(f"i{m}" for m in range(len(a.indices)))
+        raise ProgramError(f"{name!r} is not read by the program")
+
+    def gradient_statement(self, name: str, contributions: list[_Contribution]) -> Assignment:
+        target = self.target_indices(name)
+        gname = self.grad[name]
+        terms = []
+        for c in contributions:
+            mapping = dict(zip(c.indices, target))
+            present = set().union(*(_all_indices(f) for _, f in c.chain))
+            index_names = _Names(present | set(target))
+            for k in sorted(present - set(c.indices)):
+                if k in target:
+                    mapping[k] = index_names.fresh(k)
+            terms.append(self.transpose_reads(c.expression(mapping, target), target, c.source))
+        value = terms[0]
+        for t in terms[1:]:
+            value = Binary("+", value, t)
+        if name in self.sparse and name in self.patterns:
+            value = Binary("*", Access(self.patterns[name], target), value)
+        elif name in self.temporaries:
+            mask = self.structural_mask(name)
+            if mask is not None:
+                value = Binary("*", mask, value)
+        return Assignment(Access(gname, target), value)
+
+    def transpose_reads(self, term: Expr, target: tuple[str, ...], source: str) -> Expr:
+        """Read a sparse matrix ``A[k,j]`` whose row index ``k`` is summed and
+        column ``j`` is an output as ``A_T[j,k]`` (its transpose in CSR, made
+        by the runner): a row-wise SpMM instead of a scatter over ``k``.  Only
+        when it is the term's one sparse read and the cotangent is dense (the
+        forward result is not structurally sparse), so no co-iteration of
+        differently ordered sparse operands is created."""
+        sparse = [a for a in iter_accesses(term) if a.name in self.sparse]
+        if len(sparse) != 1 or self.structural_mask(source) is not None:
+            return term
+        acc = sparse[0]
+        if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
+            return term
+        name = self.transposed.get(acc.name)
+        if name is None:
+            name = self.transposed[acc.name] = self.names.fresh(f"{acc.name}_T")
+        swapped = Access(name, acc.indices[::-1])
+
+        def walk(e: Expr) -> Expr:
+            if e == acc:
+                return swapped
+            if isinstance(e, Binary):
+                return Binary(e.op, walk(e.left), walk(e.right))
+            if isinstance(e, Unary):
+                return Unary(e.fn, walk(e.arg))
+            if isinstance(e, Where):
+                return Where(walk(e.cond), walk(e.then), walk(e.other))
+            if isinstance(e, Reduce):
+                return Reduce(e.op, e.index, walk(e.body))
+            return e
+
+        return walk(term)
+
+    def structural_mask(self, name: str) -> Optional[Expr]:
+        """``A[o] / A[o]`` (1 on A's pattern) when temporary ``name[o]`` is a
+        product with the sparse input ``A[o]`` at its root: ``name`` is then
+        zero off that pattern, every path out of its adjoint multiplies by
+        ``A``, and masking the adjoint changes no gradient -- but tells the
+        planner to compute it on the pattern only (not densely)."""
+        stmt = next(s for s in self.forward.statements if s.target.name == name)
+        target = stmt.target.indices
+        stack = [stmt.value]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Binary) and e.op == "*":
+                stack.extend((e.left, e.right))
+            elif isinstance(e, Binary) and e.op == "/":
+                stack.append(e.left)
+            elif isinstance(e, Access) and e.name in self.sparse and e.indices == target:
+                return Binary("/", e, e)
+        return None
+
+    def build(self) -> Adjoint:
+        forward = self.forward
+        statements = forward.statements
+        self.patterns = {n: self.names.fresh(f"pattern_{n}") for n in self.wrt if n in self.sparse}
+        pending: dict[str, list[_Contribution]] = {}
+        grads: list[Assignment] = []
+        for n in range(len(statements) - 1, -1, -1):
+            stmt = statements[n]
+            name = stmt.target.name
+            if name in self.temporaries:
+                found = pending.pop(name, None)
+                if found is None:
+                    continue  # no adjoint reaches this temporary
+                self.grad[name] = self.names.fresh(f"grad_{name}")
+                grads.append(self.gradient_statement(name, found))
+            elif name not in self.grad or name not in self.active:
+                continue
+            value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
+            for c in self.contributions(n, stmt, value):
+                pending.setdefault(c.name, []).append(c)
+        gradients = {}
+        for name in self.wrt:
+            if name in pending:
+                self.grad[name] = self.names.fresh(f"grad_{name}")
+                grads.append(self.gradient_statement(name, pending[name]))
+                gradients[name] = self.grad[name]
+        if not gradients:
+            return Adjoint(forward, self.wrt, None, {}, self.cotangents, self.patterns, {})
+        kept, recomputed, reasons = self.temporary_choices(self.hoisted_statements + grads)
+        recompute = [s for s in statements if s.target.name in recomputed]
+        body = Program(tuple(recompute + self.hoisted_statements + grads))
+        program = parse_program(to_text(body))
+        if set(program.results) != set(gradients.values()):  # pragma: no cover - a bug guard
+            raise AssertionError(f"adjoint program returns {program.results}, expected {gradients}")
+        saved = {t: self.names.fresh(f"{t}_saved") for t in kept}
+        used = {a.name for s in program.statements for a in iter_accesses(s.value)}
+        ones = {k: v for k, v in self.ones.items() if k in used}
+        transposed = {n: t for n, t in self.transposed.items() if t in used}
+        return Adjoint(forward, self.wrt, program, gradients, self.cotangents, self.patterns, ones,
+                       tuple(kept), tuple(recomputed), reasons, saved, transposed)
+
+    def temporary_choices(self, adjoint_statements):
+        """Which forward temporaries the adjoint reads are kept, which recomputed."""
+        by_name = {s.target.name: s for s in self.forward.statements}
+        wanted = [a.name for s in adjoint_statements for a in iter_accesses(s.value)
+                  if a.name in self.temporaries]
+        kept: list[str] = []
+        recomputed: list[str] = []
+        reasons: dict[str, str] = {}
+        while wanted:
+            name = wanted.pop(0)
+            if name in reasons:
+                continue
+            value = by_name[name].value
+            reduces = _has_reduce(value)
+            if self.policy == "keep" or (self.policy == "auto" and reduces):
+                kept.append(name)
+                reasons[name] = ("kept: saved by the forward run and passed in "
+                                 + ("(forced)" if self.policy == "keep" else
+                                    "(its statement reduces; recomputing would repeat that work)"))
+            else:
+                recomputed.append(name)
+                reasons[name] = ("recomputed inside the adjoint program "
+                                 + ("(forced)" if self.policy == "recompute" else
+                                    "(element-wise: cheaper to fuse than to store)"))
+                wanted.extend(a.name for a in iter_accesses(value) if a.name in self.temporaries)
+        order = [s.target.name for s in self.forward.statements]
+        return (sorted(kept, key=order.index), sorted(recomputed, key=order.index), reasons)
+
+
+def adjoint(program: Union[str, Program], wrt: Optional[Iterable[str]] = None,
+            cotangents: Optional[Iterable[str]] = None, sparse: Iterable[str] = (),
+            temporaries: str = "auto") -> Adjoint:
+    """Derive the adjoint (reverse-mode) program of ``program``.
+
+    ``wrt``: the input operands to differentiate (default: all inputs);
+    ``cotangents``: the results a cotangent is given for (default: all);
+    ``sparse``: the inputs stored sparse (a ``wrt`` one gets its gradient on
+    its stored pattern; a temporary that is a product with one at its root
+    gets its adjoint computed on that pattern only); ``temporaries``: ``"auto"``, ``"keep"`` or ``"recompute"``.
+    A pure function of the program text: no operand is needed.
+
+    >>> adj = adjoint("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", wrt=("C", "D"))
+    >>> print(adj.text)
+    grad_C[i, k] = sum(j, grad_A[i, j] * B[i, j] * D[k, j])
+    grad_D[k, j] = sum(i, grad_A[i, j] * B[i, j] * C[i, k])
+    >>> print(adjoint("y[i] = A[i,j] * x[j]", wrt=("A",), sparse=("A",)).text)
+    grad_A[i, j] = pattern_A[i, j] * (grad_y[i] * x[j])
+    """
+    if isinstance(program, str):
+        program = parse_program(program)
+    elif not isinstance(program, Program):
+        raise TypeError(f"program must be a str or a Program, got {type(program).__name__}")
+    else:
+        program = make_reductions_explicit(program)
+    if temporaries not in TEMPORARY_POLICIES:
+        raise ValueError(f"temporaries must be one of {TEMPORARY_POLICIES}, got {temporaries!r}")
+    inputs = program.inputs
+    wrt = tuple(inputs) if wrt is None else ((wrt,) if isinstance(wrt, str) else tuple(wrt))
+    for name in wrt:
+        if name not in inputs:
+            raise ValueError(f"wrt: {name!r} is not an input of the program; inputs: {', '.join(inputs)}")
+    if len(set(wrt)) != len(wrt):
+        raise ValueError(f"wrt names an operand twice: {wrt}")
+    results = program.results
+    cots = tuple(results) if cotangents is None else tuple(cotangents)
+    for name in cots:
+        if name not in results:
+            raise ValueError(f"a cotangent is given for {name!r}, which is not a result; "
+                             f"results: {', '.join(results)}")
+    sparse = frozenset(sparse) & set(inputs)
+    return _Builder(program, wrt, cots, sparse, temporaries).build()

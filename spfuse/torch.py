@@ -1,0 +1,244 @@
+"""PyTorch integration: an spfuse program as a differentiable torch function.
+
+:func:`function` wraps a program as a ``torch.autograd.Function``: the
+forward pass runs the program through spfuse's planner and executor, the
+backward pass runs its adjoint program (:mod:`spfuse.autodiff`).  Inputs are
+CPU torch tensors -- dense (strided), sparse CSR or sparse COO -- converted
+without copying where the layouts allow (``Tensor.numpy()``, CSR's
+``crow_indices``/``col_indices``/``values``; a coalesced COO's indices and
+values).  Dense results come back dense, sparse ones as sparse CSR.  A sparse
+input's gradient lives on its stored pattern, with its own layout and
+indices, as torch gives it for sparse leaves.
+
+torch is imported when a function is first made, never by ``import spfuse``.
+
+>>> import torch, spfuse.torch
+>>> spmm = spfuse.torch.function("Y[i,k] = A[i,j] * X[j,k]")
+>>> A = torch.tensor([[0.0, 2.0], [1.0, 0.0]], dtype=torch.float64).to_sparse_csr()
+>>> X = torch.ones(2, 3, dtype=torch.float64, requires_grad=True)
+>>> Y = spmm(A, X)
+>>> Y.sum().backward()
+>>> X.grad
+tensor([[1., 1., 1.],
+        [2., 2., 2.]], dtype=torch.float64)
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from spfuse.autodiff.run import cached_adjoint, run_adjoint, values_at
+from spfuse.frontend.ast import Program
+from spfuse.frontend.parser import parse_program
+from spfuse.tensor import Tensor, as_tensor
+
+__all__ = ["function", "SpfuseFunction", "to_spfuse", "to_torch"]
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def to_spfuse(t: Any, name: str = "operand") -> Any:
+    """A CPU torch tensor as an spfuse operand, sharing memory where possible:
+    dense → ``ndarray``; sparse CSR → ``scipy.sparse.csr_array``; sparse COO
+    (coalesced first) → ``scipy.sparse.coo_array`` when 2-d, else an
+    :class:`spfuse.Tensor`.  Anything else is returned unchanged.
+
+    >>> import torch
+    >>> to_spfuse(torch.eye(2).to_sparse_csr()).toarray()
+    array([[1., 0.],
+           [0., 1.]], dtype=float32)
+    """
+    torch = _torch()
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device.type != "cpu":
+        raise ValueError(f"operand {name!r}: spfuse runs on the CPU; got a tensor on {t.device} "
+                         "(Hint: .cpu() it first)")
+    t = t.detach()
+    if t.layout == torch.strided:
+        return t.numpy()
+    if t.layout == torch.sparse_csr:
+        return sp.csr_array((t.values().numpy(), t.col_indices().numpy(), t.crow_indices().numpy()),
+                            shape=tuple(t.shape))
+    if t.layout == torch.sparse_coo:
+        t = t.coalesce()
+        idx, vals = t.indices().numpy(), t.values().numpy()
+        if t.ndim == 2:
+            return sp.coo_array((vals, (idx[0], idx[1])), shape=tuple(t.shape))
+        return Tensor.from_coo(idx, vals, tuple(t.shape), format="csf" if t.ndim else "dense", name=name)
+    raise TypeError(f"operand {name!r}: unsupported torch layout {t.layout} "
+                    "(expected strided, sparse_csr or sparse_coo)")
+
+
+def to_torch(value: Any) -> Any:
+    """An spfuse result as a torch tensor: dense → dense (zero-copy), a sparse
+    matrix (scipy or :class:`spfuse.Tensor`) → sparse CSR, an N-d sparse
+    Tensor → sparse COO, a float → a 0-d tensor.
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> to_torch(sp.csr_array(np.eye(2))).layout
+    torch.sparse_csr
+    """
+    torch = _torch()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if sp.issparse(value):
+        m = value.tocsr()
+        idx_dtype = np.result_type(m.indptr.dtype, m.indices.dtype)
+        return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(idx_dtype, copy=False)),
+                                       torch.from_numpy(m.indices.astype(idx_dtype, copy=False)),
+                                       torch.from_numpy(m.data), size=m.shape)
+    if isinstance(value, Tensor):
+        if value.format.is_dense:
+            return torch.from_numpy(value.todense())
+        if value.ndim == 2:
+            return to_torch(value.to_scipy())
+        return torch.sparse_coo_tensor(torch.from_numpy(value.coords.astype(np.int64)),
+                                       torch.from_numpy(np.array(value.values)), size=value.shape).coalesce()
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+class _Input:
+    """One converted input: the spfuse operand and how to hand its gradient back."""
+
+    def __init__(self, name: str, source: Any):
+        torch = _torch()
+        self.source = source
+        self.layout = source.layout if isinstance(source, torch.Tensor) else None
+        self.operand = to_spfuse(source, name)
+        self.tensor = as_tensor(self.operand, name=name)
+
+    @property
+    def sparse(self) -> bool:
+        return not self.tensor.format.is_dense
+
+    def gradient(self, raw: Any) -> Any:
+        """The gradient in the input's layout (values on its own stored pattern)."""
+        torch = _torch()
+        src = self.source
+        if not self.sparse:
+            g = torch.from_numpy(np.ascontiguousarray(raw))
+            return g.reshape(src.shape) if isinstance(src, torch.Tensor) else g
+        if self.layout == torch.sparse_csr:
+            rows = np.repeat(np.arange(src.shape[0]), np.diff(src.crow_indices().numpy()))
+            coords = np.stack([rows, src.col_indices().numpy()])
+            vals = values_at(self.tensor.with_values(raw), coords, self.tensor.shape)
+            return torch.sparse_csr_tensor(src.crow_indices(), src.col_indices(), torch.from_numpy(vals),
+                                           size=src.shape)
+        coalesced = src.detach().coalesce()
+        vals = values_at(self.tensor.with_values(raw), coalesced.indices().numpy(), self.tensor.shape)
+        return torch.sparse_coo_tensor(coalesced.indices(), torch.from_numpy(vals), size=src.shape,
+                                       is_coalesced=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _autograd_function():
+    torch = _torch()
+
+    class _ProgramFunction(torch.autograd.Function):
+        """forward(ctx, spec, *inputs); spec is the :class:`SpfuseFunction`."""
+
+        @staticmethod
+        def forward(ctx, spec, *sources):
+            inputs = {n: _Input(n, s) for n, s in zip(spec.names, sources)}
+            wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:]) if need)
+            program = spec.program
+            adj = None
+            saved = None
+            if wrt:
+                sparse = frozenset(n for n, i in inputs.items() if i.sparse)
+                adj = cached_adjoint(program, wrt, program.results, sparse, spec.temporaries)
+            run = adj.saving_program() if adj is not None and adj.kept else program
+            values = spec.evaluate(run, {n: i.tensor for n, i in inputs.items()})
+            if adj is not None and adj.kept:
+                saved = {t: values[adj.saved[t]] for t in adj.kept}
+            ctx.spfuse = (spec, adj, inputs, saved)
+            outs = tuple(to_torch(values[r]) for r in program.results)
+            return outs if len(outs) > 1 else outs[0]
+
+        @staticmethod
+        def backward(ctx, *grads):
+            spec, adj, inputs, saved = ctx.spfuse
+            if adj is None:
+                return (None,) * (1 + len(spec.names))
+            cotangents = {}
+            for r, g in zip(spec.program.results, grads):
+                if g is None:
+                    continue
+                c = to_spfuse(g, f"cotangent of {r}")
+                cotangents[r] = float(c) if np.ndim(c) == 0 and isinstance(c, np.ndarray) else c
+            raw = run_adjoint(adj, {n: i.tensor for n, i in inputs.items()}, cotangents, saved,
+                              fusion=spec.fusion, num_threads=spec.num_threads)
+            return (None, *(inputs[n].gradient(raw[n]) if n in adj.wrt else None for n in spec.names))
+
+    return _ProgramFunction
+
+
+class SpfuseFunction:
+    """A program as a differentiable torch function (see :func:`function`)."""
+
+    def __init__(self, program: str | Program, formats: Mapping[str, str], fusion: str = "auto",
+                 num_threads: int | None = None, temporaries: str = "auto"):
+        self.program = parse_program(program) if isinstance(program, str) else program
+        self.names = tuple(self.program.inputs)
+        unknown = sorted(set(formats) - set(self.names))
+        if unknown:
+            raise ValueError(f"formats given for {', '.join(map(repr, unknown))}, not read by the program; "
+                             f"inputs: {', '.join(self.names)}")
+        self.formats = dict(formats)
+        self.fusion = fusion
+        self.num_threads = num_threads
+        self.temporaries = temporaries
+        _autograd_function()  # imports torch now, not at the first call
+
+    def evaluate(self, program: Program, tensors: Mapping[str, Tensor]) -> dict:
+        from spfuse.api import evaluate
+        ops = {n: (t.asformat(self.formats[n]) if n in self.formats else t) for n, t in tensors.items()}
+        values = evaluate(program.text, fusion=self.fusion, num_threads=self.num_threads, **ops)
+        return values if isinstance(values, dict) else {program.results[0]: values}
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        if len(args) > len(self.names):
+            raise TypeError(f"expected at most {len(self.names)} positional operands "
+                            f"({', '.join(self.names)}), got {len(args)}")
+        given = dict(zip(self.names, args))
+        for name, value in kwargs.items():
+            if name not in self.names:
+                raise TypeError(f"unexpected operand {name!r}; the program reads {', '.join(self.names)}")
+            if name in given:
+                raise TypeError(f"operand {name!r} given twice")
+            given[name] = value
+        missing = [n for n in self.names if n not in given]
+        if missing:
+            raise TypeError(f"missing operand(s) {', '.join(map(repr, missing))}")
+        return _autograd_function().apply(self, *(given[n] for n in self.names))
+
+    def __repr__(self) -> str:
+        return f"<spfuse.torch.function {self.program.text!r}>"
+
+
+def function(program: str, *, fusion: str = "auto", num_threads: int | None = None,
+             temporaries: str = "auto", **formats: str) -> SpfuseFunction:
+    """Wrap ``program`` as a differentiable function of CPU torch tensors.
+
+    Call it with the operands positionally (in the order the program first
+    reads them) or by name.  ``formats`` converts an operand before the run
+    (``A="csr"``); ``temporaries`` chooses how the backward pass gets forward
+    temporaries (see :func:`spfuse.autodiff.adjoint`).  Several results come
+    back as a tuple in the program's result order.
+
+    >>> import torch, spfuse.torch
+    >>> f = spfuse.torch.function("s = sum(i, relu(x[i]) * w[i])")
+    >>> x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    >>> f(x, w=torch.tensor([0.5, 0.5, 2.0])).backward()
+    >>> x.grad
+    tensor([0.5000, 0.0000, 2.0000])
+    """
+    return SpfuseFunction(program, formats, fusion, num_threads, temporaries)

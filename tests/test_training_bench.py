@@ -1,0 +1,46 @@
+"""``spfuse bench --suite training|backward`` and the example models (tiny sizes)."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from spfuse.cli import main  # noqa: E402
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+@pytest.mark.parametrize("module", ["gcn", "autoencoder", "attention"])
+def test_examples_train_and_agree_with_torch_sparse(module):
+    import importlib
+
+    from spfuse.examples.training import compare
+    m = importlib.import_module(f"spfuse.examples.{module}")
+    if module == "gcn":
+        backends, params = m.model(*m.karate())
+    elif module == "autoencoder":
+        backends, params = m.model(m.ratings(60, 40, 5))
+    else:
+        backends, params = m.model(m.pattern(40, 4))
+    r = compare(backends, params, 5)
+    assert r["spfuse"]["losses"][-1] < r["spfuse"]["losses"][0]  # it trains
+    for name in ("torch.sparse", "dense"):
+        assert r[name]["max_loss_diff"] < 1e-9, name
+
+
+def test_training_suite_cli():
+    out = io.StringIO()
+    assert main(["bench", "--suite", "training", "--size", "tiny", "--epochs", "2"], out=out) == 0
+    text = out.getvalue()
+    assert "GCN karate" in text and "attention" in text and "geomean" in text
+
+
+def test_backward_suite_cli():
+    out = io.StringIO()
+    assert main(["bench", "--suite", "backward", "--size", "tiny", "--kernels", "SpMV,SDDMM",
+                 "--repeat", "1"], out=out) == 0
+    assert "SDDMM" in out.getvalue() and "ratio" in out.getvalue()
