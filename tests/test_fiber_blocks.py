@@ -362,3 +362,25 @@ def test_converted_operands_are_scanned_before_conversion():
     bad.indices[5] = 10**6   # out of range: worded, never read by a conversion
     with pytest.raises(ValueError, match="ndices|range"):
         spfuse.evaluate("C[i,k] = A[i,j] * B[k,j]", A=bad, B=B)
+
+
+def test_a_load_operand_equal_to_an_op_code_is_not_an_op():
+    """Regression: the fused x += a*b check read the last byte-code word,
+    which is a load's operand when the statement ends with a load (here the
+    12th buffer reference, 12 = the multiply code)."""
+    from spfuse.testing import densify, random_operands, random_program
+    prog, shapes = random_program(np.random.default_rng(290981), max_extent=4, n_statements=(1, 3))
+    ops = random_operands(0, shapes, density=0.3, canonical=False, empty_rows=0.2)
+    got = spfuse.evaluate(prog.text, fusion="none", num_threads=1, **ops)
+    np.testing.assert_allclose(densify(got["R1"]), 0.982751804898607, rtol=1e-12)
+
+
+def test_a_0d_temporary_crossing_groups():
+    """Regression: a 0-d temporary handed from one group to the next became 1-d."""
+    from spfuse.testing import dense_reference, densify, random_operands, random_program
+    prog, shapes = random_program(np.random.default_rng(2903), max_extent=4, n_statements=(1, 3))
+    ops = random_operands(2903, shapes, density=1.0, canonical=True, empty_rows=0.2)
+    ref = dense_reference(prog, ops)
+    got = spfuse.evaluate(prog.text, fusion="auto", num_threads=1, **ops)
+    for k in ref:
+        np.testing.assert_allclose(densify(got[k]), ref[k], rtol=1e-9, atol=1e-9)

@@ -821,6 +821,19 @@ cdef inline VDesc _vload_level(Plan* P, Ctx* C, int64_t* levs, int64_t nl, bint 
     return d
 
 
+cdef inline bint _ends_with_op(const int64_t* code, int64_t pc, int64_t end, int64_t op) noexcept nogil:
+    """Is the byte code's last instruction ``op``?  (Loads take two words:
+    their operand may equal an op code.)"""
+    cdef int64_t last = -1
+    while pc < end:
+        if code[pc] <= OP_CONST:
+            pc += 2
+        else:
+            last = pc
+            pc += 1
+    return last == end - 1 and code[last] == op
+
+
 cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
                       const int64_t* idx, int64_t off) noexcept nogil:
     """Block mode over a whole fiber: iteration e has coordinate
@@ -854,7 +867,7 @@ cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
         pend = pc + P.stmt_clen[s]
         aop = P.stmt_op[s]
         # x += a * b with a buffer target: leave the product to the update
-        fused = aop == A_SUM and P.stmt_tkind[s] == T_BUF and code[pend - 1] == OP_MUL
+        fused = aop == A_SUM and P.stmt_tkind[s] == T_BUF and _ends_with_op(code, pc, pend, OP_MUL)
         last = pend - 1 if fused else pend
         sp = 0
         while pc < last:

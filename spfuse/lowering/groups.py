@@ -239,7 +239,9 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 # or BLAS computes it whole; the generic executor computes at
                 # least what propagation says later groups read (zeros elsewhere).
                 dense = v.todense() if isinstance(v, Tensor) else v
-                env[name] = Tensor.from_numpy(np.ascontiguousarray(dense), name=name)
+                dense = np.asarray(dense)
+                # (ascontiguousarray would make a 0-d temporary 1-d)
+                env[name] = Tensor.from_numpy(np.ascontiguousarray(dense).reshape(dense.shape), name=name)
     return out
 
 
