@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from spfuse._kernels import _csr_kernels
 from spfuse.threads import threads_for_call
 
-__all__ = ["run", "format_table", "main"]
+__all__ = ["format_table", "main", "run"]
 
 # Longer than OpenBLAS's default spin (2**28 TSC ticks, ~0.1 s at 2.5 GHz).
 PAUSE_S = 0.2
