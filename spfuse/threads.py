@@ -149,7 +149,9 @@ def threads_for_call(num_threads: int | None = None) -> int:
     n = effective_num_threads(num_threads)
     if n == 1 or os.environ.get("SPFUSE_ADAPTIVE_THREADS", "1") == "0":
         return n
-    busy = _config.runnable_threads(_own_team(n))
+    cores = _cores_available()
+    # counting stops where the answer can no longer change (one thread)
+    busy = _config.runnable_threads(_own_team(n), max(1, cores - 1))
     if busy <= 0:  # none, or the OS cannot tell
         return n
-    return max(1, min(n, _cores_available() - busy))
+    return max(1, min(n, cores - busy))

@@ -80,7 +80,7 @@ def test_team_thread_ids_are_the_caller_then_its_workers():
 def test_threads_for_call_leaves_out_busy_cores(monkeypatch, busy, cores, want):
     monkeypatch.setattr(spthreads, "effective_num_threads", lambda n=None: 2)
     monkeypatch.setattr(spthreads, "_own_team", lambda n: [0, 0])
-    monkeypatch.setattr(spthreads._config, "runnable_threads", lambda skip: busy)
+    monkeypatch.setattr(spthreads._config, "runnable_threads", lambda skip, stop_at=None: busy)
     monkeypatch.setattr(spthreads, "_cores", [cores])
     assert spthreads.threads_for_call(2) == want
     monkeypatch.setenv("SPFUSE_ADAPTIVE_THREADS", "0")
@@ -88,7 +88,7 @@ def test_threads_for_call_leaves_out_busy_cores(monkeypatch, busy, cores, want):
 
 
 def test_threads_for_call_of_one_thread_asks_nothing(monkeypatch):
-    def fail(skip):
+    def fail(skip, stop_at=None):
         raise AssertionError("a one-thread call must not scan the process's threads")
 
     monkeypatch.setattr(spthreads._config, "runnable_threads", fail)
