@@ -128,9 +128,10 @@ def _own_team(n: int) -> list[int]:
     teams = getattr(_local, "teams", None)
     if teams is None:
         teams = _local.teams = {}
-    ids = teams.get(n)
+    key = (os.getpid(), n)  # a forked child has other threads
+    ids = teams.get(key)
     if ids is None:
-        ids = teams[n] = _config.team_thread_ids(n)
+        ids = teams[key] = _config.team_thread_ids(n)
     return ids
 
 

@@ -115,6 +115,7 @@ cdef long _tids[MAX_LISTED]
 cdef int _fds[MAX_LISTED]
 cdef int _n_listed = 0
 _listed_at = [-1.0]
+_listed_pid = [0]  # a forked child holds its parent's files: list again
 _RELIST_S = 0.5
 _LOCK = threading.Lock()
 
@@ -135,6 +136,7 @@ cdef int _relist() except -1:
         _tids[_n_listed] = int(tid)
         _n_listed += 1
     _listed_at[0] = time.monotonic()
+    _listed_pid[0] = os.getpid()
     return 0
 
 
@@ -151,7 +153,7 @@ def runnable_threads(skip, int stop_at=1 << 30):
     try:
         for k in range(n_skip):
             skip_ids[k] = skip[k]
-        if time.monotonic() - _listed_at[0] > _RELIST_S:
+        if time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]:
             _relist()
         count = spfuse_count_running(_tids, _fds, _n_listed, skip_ids, n_skip, stop_at, &gone)
         if gone:
