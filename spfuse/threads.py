@@ -10,10 +10,13 @@ capped by the cores this process may run on unless ``OMP_NUM_THREADS`` is set
 A kernel call then asks :func:`threads_for_call`, which also leaves out the
 cores other threads of this process are busy on right now.  After a
 multi-threaded BLAS call, OpenBLAS's worker threads busy-wait (``nop`` loops on
-x86-64, no ``sched_yield``) for about 2**28 TSC ticks (~0.1 s); a team that
-counts on those cores waits at its closing barrier until the scheduler hands
-its late member a time slice (milliseconds; measured 47x on SpMV), so the
-team runs on the free cores only.  Results do not depend on the team size.
+x86-64, no ``sched_yield``) for about 2**28 TSC ticks (~0.1 s).  A full team
+would put a worker behind that spinner while the team's first thread, done
+with its share, spins at the closing barrier on the other core (libgomp's
+default wait policy): the worker gets a core only when the scheduler
+preempts a spinner, milliseconds later (SpMV 7-13x slower than on one
+thread, see :mod:`spfuse.bench.after_blas`).  So the team runs on the free
+cores only.  Results do not depend on the team size.
 ``SPFUSE_ADAPTIVE_THREADS=0`` turns this off (e.g. to benchmark scaling).
 """
 from __future__ import annotations
@@ -32,7 +35,7 @@ _local = threading.local()
 _global_setting: list[int | None] = [None]
 
 
-def _available_cores() -> int:
+def _affinity_size() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -47,7 +50,7 @@ _cores: list[int] = []
 
 def _cores_available() -> int:
     if not _cores:
-        _cores.append(_available_cores())
+        _cores.append(_affinity_size())
     return _cores[0]
 
 
