@@ -13,7 +13,11 @@ from spfuse._kernels import _config
 # ``spfuse.threads`` the attribute is the context manager; the module:
 spthreads = importlib.import_module("spfuse.threads")
 
-threadpoolctl = pytest.importorskip("threadpoolctl")
+try:  # in the `test` extra; the tests that need it skip without it
+    import threadpoolctl
+except ImportError:
+    threadpoolctl = None
+needs_threadpoolctl = pytest.mark.skipif(threadpoolctl is None, reason="threadpoolctl not installed")
 needs_openmp = pytest.mark.skipif(not _config.openmp_enabled(), reason="serial build")
 
 
@@ -23,6 +27,7 @@ def _spmv_operands():
 
 
 @needs_openmp
+@needs_threadpoolctl
 def test_threadpoolctl_openmp_limit_set_after_import_is_honoured(monkeypatch):
     """scikit-learn's rule: OpenMP's maximum is read per call, so a limit
     entered long after ``import spfuse`` applies to the next kernel call."""
@@ -51,6 +56,7 @@ def test_threadpoolctl_openmp_limit_set_after_import_is_honoured(monkeypatch):
 
 
 @needs_openmp
+@needs_threadpoolctl
 def test_threadpool_info_sees_the_openmp_runtime_the_kernels_use():
     """The pool threadpoolctl reports (and limits) is the one our kernels
     run on: limiting it through threadpoolctl shrinks the team we get."""
@@ -96,6 +102,7 @@ def test_threads_for_call_of_one_thread_asks_nothing(monkeypatch):
 
 
 @needs_openmp
+@needs_threadpoolctl
 def test_a_spinning_openblas_pool_is_seen_as_busy():
     """OpenBLAS's workers busy-wait ~0.1 s after a threaded call; right after
     ``X @ W`` at least one foreign thread of this process is runnable."""
