@@ -26,7 +26,7 @@ from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
 from spfuse.tensor import Tensor, as_tensor
-from spfuse.threads import effective_num_threads
+from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
 
@@ -369,7 +369,7 @@ class _Dispatch:
     def __call__(self, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
-        threads = effective_num_threads(num_threads)
+        threads = threads_for_call(num_threads)
         plan = self.plan
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t

@@ -2,9 +2,22 @@
 
 One function, :func:`effective_num_threads`, is evaluated on every call: an
 explicit ``num_threads`` wins, then :func:`set_num_threads` / :func:`threads`,
-then ``OMP_NUM_THREADS`` (read by the OpenMP runtime itself), then the number
-of cores this process may run on -- the last two resolved once per process,
-at the first call, like the OpenMP runtime does.
+then the OpenMP runtime's current maximum (``OMP_NUM_THREADS``, or a
+``threadpoolctl.threadpool_limits(..., user_api="openmp")`` set at any time),
+capped by the cores this process may run on unless ``OMP_NUM_THREADS`` is set
+(scikit-learn's ``_openmp_effective_n_threads`` rule).
+
+A kernel call then asks :func:`threads_for_call`, which also leaves out the
+cores other threads of this process are busy on right now.  After a
+multi-threaded BLAS call, OpenBLAS's worker threads busy-wait (``nop`` loops on
+x86-64, no ``sched_yield``) for about 2**28 TSC ticks (~0.1 s).  A full team
+would put a worker behind that spinner while the team's first thread, done
+with its share, spins at the closing barrier on the other core (libgomp's
+default wait policy): the worker gets a core only when the scheduler
+preempts a spinner, milliseconds later (SpMV 7-13x slower than on one
+thread, see :mod:`spfuse.bench.after_blas`).  So the team runs on the free
+cores only.  Results do not depend on the team size.
+``SPFUSE_ADAPTIVE_THREADS=0`` turns this off (e.g. to benchmark scaling).
 """
 from __future__ import annotations
 
@@ -15,32 +28,39 @@ from typing import Iterator
 
 from spfuse._kernels import _config
 
-__all__ = ["effective_num_threads", "get_num_threads", "set_num_threads", "threads"]
+__all__ = ["effective_num_threads", "get_num_threads", "set_num_threads", "threads",
+           "threads_for_call"]
 
 _local = threading.local()
 _global_setting: list[int | None] = [None]
 
 
-def _available_cores() -> int:
+def _affinity_size() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
 
 
-# The default (no explicit setting) is resolved once: the OpenMP runtime
-# reads OMP_NUM_THREADS once at start-up too, and sched_getaffinity costs
-# microseconds of a ~50 us call budget.
-_default: list[int] = []
+# The core count is resolved once (sched_getaffinity costs microseconds of a
+# ~30 us call budget); OpenMP's maximum is read on every call, so limits set
+# after import (threadpoolctl, omp_set_num_threads) are honoured.
+_cores: list[int] = []
+
+
+def _cores_available() -> int:
+    if not _cores:
+        _cores.append(_affinity_size())
+    return _cores[0]
 
 
 def _default_threads() -> int:
-    if not _default:
-        n = _config.openmp_max_threads()
-        if "OMP_NUM_THREADS" not in os.environ:
-            n = min(n, _available_cores())
-        _default.append(max(1, n) if _config.openmp_enabled() else 1)
-    return _default[0]
+    if not _config.openmp_enabled():
+        return 1
+    n = _config.openmp_max_threads()
+    if "OMP_NUM_THREADS" not in os.environ:
+        n = min(n, _cores_available())
+    return max(1, n)
 
 
 def _check(n: object, what: str) -> int:
@@ -103,3 +123,39 @@ def effective_num_threads(num_threads: int | None = None) -> int:
     if not _config.openmp_enabled():
         return 1
     return max(1, n)
+
+
+def _own_team(n: int) -> list[int]:
+    """OS ids of the calling thread and of the OpenMP workers its kernels run
+    on (libgomp keeps one pool per calling thread; learnt once per size)."""
+    teams = getattr(_local, "teams", None)
+    if teams is None:
+        teams = _local.teams = {}
+    key = (os.getpid(), n)  # a forked child has other threads
+    ids = teams.get(key)
+    if ids is None:
+        ids = teams[key] = _config.team_thread_ids(n)
+    return ids
+
+
+def threads_for_call(num_threads: int | None = None) -> int:
+    """The team size one kernel call runs with: :func:`effective_num_threads`,
+    less the cores other threads of this process occupy right now (a BLAS
+    pool still spinning after ``X @ W``, a busy Python thread).
+
+    >>> import spfuse
+    >>> from spfuse.threads import threads_for_call
+    >>> 1 <= threads_for_call() <= spfuse.get_num_threads()
+    True
+    >>> threads_for_call(1)
+    1
+    """
+    n = effective_num_threads(num_threads)
+    if n == 1 or os.environ.get("SPFUSE_ADAPTIVE_THREADS", "1") == "0":
+        return n
+    cores = _cores_available()
+    # counting stops where the answer can no longer change (one thread)
+    busy = _config.runnable_threads(_own_team(n), max(1, cores - 1))
+    if busy <= 0:  # none, or the OS cannot tell
+        return n
+    return max(1, min(n, cores - busy))

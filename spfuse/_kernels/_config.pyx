@@ -1,7 +1,58 @@
-"""Build facts of the Cython runtime (queried by ``spfuse.show_config``)."""
+"""Build facts of the Cython runtime (queried by ``spfuse.show_config``) and
+what the thread-count logic of ``spfuse.threads`` needs to ask the OS."""
+import os
+import sys
+import threading
+import time
+
 from cython.parallel cimport parallel
+from libc.stdlib cimport free, malloc
 from spfuse._kernels._openmp_helpers cimport (
-    SPFUSE_OPENMP_ENABLED, omp_get_max_threads, omp_get_num_threads)
+    SPFUSE_OPENMP_ENABLED, omp_get_max_threads, omp_get_num_threads, omp_get_thread_num)
+
+cdef extern from *:
+    """
+    #if defined(__linux__)
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    static long spfuse_thread_id(void) { return (long)syscall(SYS_gettid); }
+    /* Of the threads tids[0..n) whose /proc/self/task/<tid>/stat files are
+       open as fds[0..n), those not among skip[0..n_skip): how many are
+       running or waiting for a core right now (state 'R')?  Stops counting
+       at `stop_at`.  A thread that exited makes its read fail: *gone is then
+       set (the caller lists the threads again). */
+    static int spfuse_count_running(const long* tids, const int* fds, int n,
+                                    const long* skip, int n_skip, int stop_at, int* gone) {
+        char stat[192];
+        int k, j, count = 0;
+        for (k = 0; k < n && count < stop_at; k++) {
+            const char* state;
+            ssize_t len;
+            for (j = 0; j < n_skip && skip[j] != tids[k]; j++) {}
+            if (j < n_skip) continue;
+            len = pread(fds[k], stat, sizeof stat - 1, 0);
+            if (len <= 0) { *gone = 1; continue; }
+            stat[len] = 0;
+            /* "tid (comm) S ...": comm may hold ')' itself, so take the last */
+            state = strrchr(stat, ')');
+            if (state != NULL && state[1] == ' ' && state[2] == 'R') count++;
+        }
+        return count;
+    }
+    #else
+    static long spfuse_thread_id(void) { return 0; }
+    static int spfuse_count_running(const long* tids, const int* fds, int n,
+                                    const long* skip, int n_skip, int stop_at, int* gone) {
+        *gone = 1; return 0;
+    }
+    #endif
+    """
+    long spfuse_thread_id() noexcept nogil
+    int spfuse_count_running(const long* tids, const int* fds, int n,
+                             const long* skip, int n_skip, int stop_at, int* gone) noexcept nogil
+
+
+_LINUX = sys.platform.startswith("linux")
 
 
 def openmp_enabled():
@@ -10,7 +61,11 @@ def openmp_enabled():
 
 
 def openmp_max_threads():
-    """OpenMP's current maximum team size (1 without OpenMP)."""
+    """OpenMP's current maximum team size for the calling thread (1 without OpenMP).
+
+    Read on every call: ``omp_set_num_threads`` (what threadpoolctl's
+    ``threadpool_limits(user_api="openmp")`` calls) changes it at run time.
+    """
     return omp_get_max_threads()
 
 
@@ -23,3 +78,88 @@ def team_size(int num_threads):
     with nogil, parallel(num_threads=num_threads):
         out[0] = omp_get_num_threads()
     return seen
+
+
+def team_thread_ids(int num_threads):
+    """OS thread ids of the team a ``parallel(num_threads=...)`` block started
+    from the calling thread runs on (the caller first; ``[0]`` without Linux).
+
+    libgomp keeps one pool of worker threads per calling thread and reuses it,
+    so these are the threads every kernel called from here runs on.
+    """
+    cdef int n = max(1, num_threads)
+    cdef long* ids = <long*>malloc(n * sizeof(long))
+    cdef int got = 1
+    cdef int* gotp = &got
+    if ids == NULL:
+        raise MemoryError()
+    try:
+        with nogil, parallel(num_threads=n):
+            ids[omp_get_thread_num()] = spfuse_thread_id()
+            if omp_get_thread_num() == 0:
+                gotp[0] = omp_get_num_threads()
+        return [ids[k] for k in range(got)]
+    finally:
+        free(ids)
+
+
+# The threads of this process, as open /proc stat files: listing
+# /proc/self/task and opening each file costs ~10x reading an open one, so
+# the list is made again only every _RELIST_S seconds or when a thread exits
+# (a thread started in between is seen at the next listing).  The C arrays
+# are shared by every Python thread: _LOCK guards them (os calls release the
+# GIL).
+cdef enum:
+    MAX_LISTED = 256
+cdef long _tids[MAX_LISTED]
+cdef int _fds[MAX_LISTED]
+cdef int _n_listed = 0
+_listed_at = [-1.0]
+_listed_pid = [0]  # a forked child holds its parent's files: list again
+_RELIST_S = 0.5
+_LOCK = threading.Lock()
+
+
+cdef int _relist() except -1:
+    global _n_listed
+    cdef int k
+    for k in range(_n_listed):
+        os.close(_fds[k])
+    _n_listed = 0
+    for tid in os.listdir("/proc/self/task"):
+        if _n_listed == MAX_LISTED:
+            break
+        try:
+            _fds[_n_listed] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+        except OSError:  # it just exited
+            continue
+        _tids[_n_listed] = int(tid)
+        _n_listed += 1
+    _listed_at[0] = time.monotonic()
+    _listed_pid[0] = os.getpid()
+    return 0
+
+
+def runnable_threads(skip, int stop_at=1 << 30):
+    """How many threads of this process, other than the OS ids in ``skip``,
+    are running or waiting for a core now (counting stops at ``stop_at``);
+    -1 when that cannot be told (not Linux, /proc unreadable, or another
+    Python thread is asking right now).  A thread that busy-waits (OpenBLAS's
+    pool for ~0.1 s after each call) counts."""
+    cdef int gone = 0, count, k, n_skip = min(len(skip), 64)
+    cdef long skip_ids[64]
+    if not _LINUX or not _LOCK.acquire(blocking=False):
+        return -1
+    try:
+        for k in range(n_skip):
+            skip_ids[k] = skip[k]
+        if time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]:
+            _relist()
+        count = spfuse_count_running(_tids, _fds, _n_listed, skip_ids, n_skip, stop_at, &gone)
+        if gone:
+            _listed_at[0] = -1.0
+        return count
+    except OSError:
+        return -1
+    finally:
+        _LOCK.release()

@@ -1,0 +1,122 @@
+"""Thread counts: resolved on every call, visible to threadpoolctl, and kept
+off cores that other threads of the process are spinning on."""
+import importlib
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import spfuse
+from spfuse._kernels import _config
+
+# ``spfuse.threads`` the attribute is the context manager; the module:
+spthreads = importlib.import_module("spfuse.threads")
+
+try:  # in the `test` extra; the tests that need it skip without it
+    import threadpoolctl
+except ImportError:
+    threadpoolctl = None
+needs_threadpoolctl = pytest.mark.skipif(threadpoolctl is None, reason="threadpoolctl not installed")
+needs_openmp = pytest.mark.skipif(not _config.openmp_enabled(), reason="serial build")
+
+
+def _spmv_operands():
+    A = sp.random(200, 150, density=0.05, format="csr", random_state=1)
+    return A, np.arange(150, dtype=np.float64)
+
+
+@needs_openmp
+@needs_threadpoolctl
+def test_threadpoolctl_openmp_limit_set_after_import_is_honoured(monkeypatch):
+    """scikit-learn's rule: OpenMP's maximum is read per call, so a limit
+    entered long after ``import spfuse`` applies to the next kernel call."""
+    A, x = _spmv_operands()
+    used = []
+    resolve = spthreads.effective_num_threads
+
+    def spy(num_threads=None):
+        used.append(resolve(num_threads))
+        return used[-1]
+
+    monkeypatch.setattr(spthreads, "effective_num_threads", spy)
+    spthreads.set_num_threads(None)
+    default = spfuse.get_num_threads()
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert spfuse.get_num_threads() == 1
+        assert spthreads.threads_for_call() == 1
+        used.clear()
+        y = spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x)
+        assert used and set(used) == {1}  # the call itself ran with one thread
+    np.testing.assert_allclose(y, A @ x)
+    assert spfuse.get_num_threads() == default
+    # an explicit setting still wins over the OpenMP limit
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"), spfuse.threads(2):
+        assert spfuse.get_num_threads() == 2
+
+
+@needs_openmp
+@needs_threadpoolctl
+def test_threadpool_info_sees_the_openmp_runtime_the_kernels_use():
+    """The pool threadpoolctl reports (and limits) is the one our kernels
+    run on: limiting it through threadpoolctl shrinks the team we get."""
+    pools = [p for p in threadpoolctl.threadpool_info() if p["user_api"] == "openmp"]
+    assert pools, "threadpoolctl does not see spfuse's OpenMP runtime"
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert _config.openmp_max_threads() == 1
+
+
+@needs_openmp
+def test_team_thread_ids_are_the_caller_then_its_workers():
+    ids = _config.team_thread_ids(2)
+    assert ids[0] == threading.get_native_id()
+    assert len(set(ids)) == len(ids) == _config.team_size(2)
+    assert _config.team_thread_ids(2) == ids  # libgomp reuses the same pool
+
+
+@pytest.mark.parametrize("busy, cores, want", [
+    (0, 2, 2),    # nobody else running: the full team
+    (-1, 2, 2),   # the OS cannot tell: the full team
+    (1, 2, 1),    # a spinning BLAS worker on a 2-core machine: run alone
+    (3, 2, 1),    # never below one thread
+    (1, 8, 2),    # plenty of free cores: never above the request
+    (5, 8, 2),
+    (7, 8, 1),
+])
+def test_threads_for_call_leaves_out_busy_cores(monkeypatch, busy, cores, want):
+    monkeypatch.setattr(spthreads, "effective_num_threads", lambda n=None: 2)
+    monkeypatch.setattr(spthreads, "_own_team", lambda n: [0, 0])
+    monkeypatch.setattr(spthreads._config, "runnable_threads", lambda skip, stop_at=None: busy)
+    monkeypatch.setattr(spthreads, "_cores", [cores])
+    assert spthreads.threads_for_call(2) == want
+    monkeypatch.setenv("SPFUSE_ADAPTIVE_THREADS", "0")
+    assert spthreads.threads_for_call(2) == 2
+
+
+def test_threads_for_call_of_one_thread_asks_nothing(monkeypatch):
+    def fail(skip, stop_at=None):
+        raise AssertionError("a one-thread call must not scan the process's threads")
+
+    monkeypatch.setattr(spthreads._config, "runnable_threads", fail)
+    assert spthreads.threads_for_call(1) == 1
+
+
+@needs_openmp
+@needs_threadpoolctl
+def test_a_spinning_openblas_pool_is_seen_as_busy():
+    """OpenBLAS's workers busy-wait ~0.1 s after a threaded call; right after
+    ``X @ W`` at least one foreign thread of this process is runnable."""
+    blas = [p for p in threadpoolctl.threadpool_info()
+            if p["internal_api"] == "openblas" and p.get("threading_layer") == "pthreads"]
+    if not blas or blas[0]["num_threads"] < 2:
+        pytest.skip("numpy's BLAS is not a multi-threaded pthreads OpenBLAS")
+    team = _config.team_thread_ids(2)
+    X = np.ones((4000, 64))
+    W = np.ones((64, 64))
+    seen = 0
+    for _ in range(5):  # a few tries: a shared machine may deschedule the pool
+        X @ W
+        seen = max(seen, _config.runnable_threads(team))
+        if seen:
+            break
+    assert seen >= 1
