@@ -149,14 +149,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         if split:
             raw = _run_split(program, ops, fusion, num_threads)
         else:
-            try:
-                raw = evaluate(program.text, fusion=fusion, num_threads=num_threads,
-                               **{n: v for n, v in ops.items() if n in reads})
-            except TypeError:
-                # Executor bug (lowering/looptree.py, reported): a 0-d temporary
-                # made by one fused group (e.g. grad_L * s) arrives in the next
-                # as shape (1,) and float() fails.  Statement by statement runs.
-                raw = _run_split(program, ops, fusion, num_threads)
+            raw = evaluate(program.text, fusion=fusion, num_threads=num_threads,
+                           **{n: v for n, v in ops.items() if n in reads})
             if not isinstance(raw, dict):
                 raw = {program.results[0]: raw}
         for name, gname in adj.gradients.items():
