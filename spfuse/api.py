@@ -95,7 +95,8 @@ def _check_choice(value, valid, what):
 
 def _diagonals(program: Program, tensors: dict) -> Program:
     """Replace accesses with a repeated index (``A[i,i]``) by a diagonal operand."""
-    from spfuse.frontend.ast import Assignment, Binary, Reduce, Unary, Where
+    from spfuse.frontend.ast import Assignment
+    from spfuse.frontend.reductions import map_children
 
     def take(acc: Access) -> Access:
         if len(set(acc.indices)) == len(acc.indices):
@@ -123,17 +124,7 @@ def _diagonals(program: Program, tensors: dict) -> Program:
         return Access(name, uniq, acc.span, ())
 
     def walk(e):
-        if isinstance(e, Access):
-            return take(e)
-        if isinstance(e, Binary):
-            return Binary(e.op, walk(e.left), walk(e.right), e.span)
-        if isinstance(e, Unary):
-            return Unary(e.fn, walk(e.arg), e.span)
-        if isinstance(e, Where):
-            return Where(walk(e.cond), walk(e.then), walk(e.other), e.span)
-        if isinstance(e, Reduce):
-            return Reduce(e.op, e.index, walk(e.body), e.span, e.implicit)
-        return e
+        return take(e) if isinstance(e, Access) else map_children(e, walk)
 
     stmts = tuple(Assignment(s.target, walk(s.value), s.span) for s in program.statements)
     return Program(stmts, program.text)

@@ -36,7 +36,7 @@ from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Prog
                                  Where, iter_accesses)
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
-from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit
+from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit, map_children
 from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 
 __all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
@@ -179,13 +179,7 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str
                 body = _rename(body, {e.index: index})
             used.add(index)
             return Reduce(e.op, index, walk(body))
-        if isinstance(e, Binary):
-            return Binary(e.op, walk(e.left), walk(e.right))
-        if isinstance(e, Unary):
-            return Unary(e.fn, walk(e.arg))
-        if isinstance(e, Where):
-            return Where(walk(e.cond), walk(e.then), walk(e.other))
-        return e
+        return map_children(e, walk)
 
     return walk(value), origin
 
@@ -399,17 +393,7 @@ class _Builder:
         swapped = Access(name, acc.indices[::-1])
 
         def walk(e: Expr) -> Expr:
-            if e == acc:
-                return swapped
-            if isinstance(e, Binary):
-                return Binary(e.op, walk(e.left), walk(e.right))
-            if isinstance(e, Unary):
-                return Unary(e.fn, walk(e.arg))
-            if isinstance(e, Where):
-                return Where(walk(e.cond), walk(e.then), walk(e.other))
-            if isinstance(e, Reduce):
-                return Reduce(e.op, e.index, walk(e.body))
-            return e
+            return swapped if e == acc else map_children(e, walk)
 
         return walk(term)
 

@@ -15,7 +15,7 @@ from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
                                  Unary, Where)
 
-__all__ = ["make_reductions_explicit", "free_indices", "children", "reduce_index_position"]
+__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "reduce_index_position"]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
@@ -33,6 +33,16 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Where):
         return (e.cond, e.then, e.other)
     return ()
+
+
+def map_children(e: Expr, f) -> Expr:
+    """``e`` with ``f`` applied to each direct sub-expression (spans kept).
+
+    >>> e = Binary("*", Access("A", ("i",)), Literal(2.0))
+    >>> map_children(e, lambda c: Literal(3.0) if isinstance(c, Literal) else c).right.value
+    3.0
+    """
+    return _rebuild(e, [f(c) for c in children(e)])
 
 
 def _rebuild(e: Expr, kids: list) -> Expr:
