@@ -19,6 +19,7 @@ from typing import Mapping, Optional
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Program
+from spfuse.ir.masks import TRUE
 from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, iter_nodes
 from spfuse.passes.build_trees import build_trees, op_extents
@@ -145,6 +146,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     shapes = _shapes(ops, inputs)
     forward = spaces.forward if spaces is not None else masks
     choices = {op.id: choose_order(op, inputs, masks[op.id], atoms, shapes, forward=forward[op.id]) for op in ops}
+    masks, forward, choices = _dense_unless_innermost(ops, masks, forward, choices, inputs, atoms, shapes)
     orders = {i: c.order for i, c in choices.items()}
     unfused = build_trees(ops, orders, masks, shapes)
     temps = {op.out for op in ops} - set(results)
@@ -180,6 +182,25 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
 
 #: set while planning the alternatives of :func:`with_storage_orders` (no recursion)
 _restoring: contextvars.ContextVar = contextvars.ContextVar("spfuse_restoring", default=False)
+
+
+def _dense_unless_innermost(ops, masks, forward, choices, inputs, atoms, shapes):
+    """A max/min that iterates only its body's stored positions
+    (:func:`~spfuse.passes.iteration_space.sparse_reduction`) needs its
+    reduced loop innermost, where the lowering counts the visits and lets
+    one implicit zero take part after the loop; with another loop inside,
+    the reduced index is iterated densely instead (every zero visited)."""
+    from spfuse.passes.iteration_space import sparse_reduction
+    redo = [op for op in ops if sparse_reduction(op) and not masks[op.id][op.reduced[0]].is_true
+            and choices[op.id].order[-1] != op.reduced[0]]
+    if not redo:
+        return masks, forward, choices
+    masks, forward, choices = dict(masks), dict(forward), dict(choices)
+    for op in redo:
+        masks[op.id] = {**masks[op.id], op.reduced[0]: TRUE}
+        forward[op.id] = {**forward[op.id], op.reduced[0]: TRUE}
+        choices[op.id] = choose_order(op, inputs, masks[op.id], atoms, shapes, forward=forward[op.id])
+    return masks, forward, choices
 
 
 #: Plans estimated cheaper than this (ns) are kept without trying other

@@ -384,3 +384,32 @@ def test_a_0d_temporary_crossing_groups():
     got = spfuse.evaluate(prog.text, fusion="auto", num_threads=1, **ops)
     for k in ref:
         np.testing.assert_allclose(densify(got[k]), ref[k], rtol=1e-9, atol=1e-9)
+
+
+# ------------------------------------------------- max/min over a pattern --
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 40), density=st.sampled_from([0.0, 0.1, 0.5, 1.0]),
+       seed=st.integers(0, 2**31 - 1), op=st.sampled_from(["max", "min"]),
+       axis=st.sampled_from(["j", "i"]), sign=st.sampled_from([-1.0, 1.0]), nan=st.booleans())
+def test_max_min_visit_only_stored_entries_and_count_the_zeros(m, n, density, seed, op, axis, sign, nan):
+    """max/min over one index iterates the stored entries and lets one
+    implicit zero take part when a row is not full: numpy's answer, with
+    full rows (no zero), empty rows, all-negative values and NaN."""
+    rng = np.random.default_rng(seed)
+    D = sign * rng.random((m, n)) * (rng.random((m, n)) < density)
+    if m > 1:
+        D[0, :] = sign * (rng.random(n) + 0.5)      # a full row: its implicit zeros are none
+    if nan and D.any():
+        D[np.unravel_index(np.flatnonzero(D)[0], D.shape)] = np.nan
+    A = sp.csr_array(D)
+    out = "y[i]" if axis == "j" else "y[j]"
+    got = spfuse.evaluate(f"{out} = {op}({axis}, A[i,j])", A=A)
+    ref = getattr(np, op)(A.toarray(), axis=1 if axis == "j" else 0)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_row_max_is_planned_over_the_pattern():
+    A = sp.random_array((500, 400), density=0.01, format="csr", rng=0)
+    text = spfuse.compile("y[i] = max(j, A[i,j])").explain(A=A)
+    assert "for j < 400 (∈ A_j)" in text

@@ -20,7 +20,7 @@ import numpy as np
 from spfuse.formats import Format
 from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset
-from spfuse.passes.iteration_space import atom_tensor
+from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 
@@ -336,22 +336,45 @@ class _Lowerer:
             return lt.where(*args)
         return lt.unary(o, args[0])
 
+    def target(self, op):
+        target = self.targets.get(op.out)
+        return target if target is not None else self.buffer_ref(op.id, op.out, op.out_indices)
+
     def emit(self, nodes, bound: set):
         for node in nodes:
             if isinstance(node, Reset):
                 self.reset(node, bound)
             elif isinstance(node, Compute):
                 op = node.op
-                target = self.targets.get(op.out)
-                if target is None:
-                    target = self.buffer_ref(op.id, op.out, op.out_indices)
-                kind = op.reduction or "assign"
-                self.b.statement(target, kind, self.expr(op))
+                self.b.statement(self.target(op), op.reduction or "assign", self.expr(op))
             else:
                 var = self.vars[id(node)]
                 kwargs = self._iteration(node, bound)
+                fills = self._fills(node)
+                for _, count in fills:
+                    self.b.reset(count, 0.0)
                 with self.b.loop(var, **kwargs):
                     self.emit(node.children, bound | {var.id})
+                    for _, count in fills:
+                        self.b.statement(count, "sum", lt.const(1.0))
+                for op, count in fills:
+                    # the implicit zeros the loop skipped take part once, if there are any
+                    skipped = lt.compare("<", count, lt.const(float(node.extent)))
+                    self.b.statement(self.target(op), op.reduction,
+                                     lt.where(skipped, lt.const(0.0), lt.const(RESET_VALUE[op.reduction])))
+
+    def _fills(self, loop: Loop) -> list:
+        """The max/min reductions over ``loop`` that iterate only where their
+        body is stored (:func:`~spfuse.passes.iteration_space.sparse_reduction`),
+        each with a counter of the visited positions."""
+        if loop.mask.is_true:
+            return []
+        out = []
+        for child in loop.children:
+            if (isinstance(child, Compute) and sparse_reduction(child.op)
+                    and loop.bound(child.op.id) == child.op.reduced[0]):
+                out.append((child.op, self.b.buffer((), name=f"{child.op.out}__visited", private=True)))
+        return out
 
     def reset(self, node: Reset, bound: set):
         """Clear a temporary; a sparsified one only on its stored positions

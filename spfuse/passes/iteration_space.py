@@ -148,6 +148,18 @@ def _operator_mask(op: UnitOp, index: str, value) -> Mask:
     return TRUE  # sigmoid, exp, log: f(0) != 0
 
 
+def sparse_reduction(op: UnitOp) -> bool:
+    """Does ``op``'s max/min iterate only where its body is stored?
+
+    A max/min over one index sees the implicit zeros too; instead of
+    visiting every coordinate, the loop visits the body's stored positions
+    (its operator mask) and the lowering counts them: when fewer than the
+    extent were visited, one zero takes part (``y[i] = max(j, A[i,j])`` is
+    O(nnz), not O(rows × columns)).  The output indices stay dense: an
+    unvisited output element would keep its ±inf initial value."""
+    return op.reduction in ("max", "min") and len(op.reduced) == 1
+
+
 def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, TensorInfo],
                                results: tuple[str, ...]) -> IterationSpaces:
     """Compute forward and propagated masks for every op.
@@ -168,7 +180,7 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
         masks = {}
         for ix in op.indices:
             m = _operator_mask(op, ix, value)
-            if op.reduction in ("max", "min"):
+            if op.reduction in ("max", "min") and not (sparse_reduction(op) and ix in op.reduced):
                 # implicit zeros take part in max/min: iterate every index densely
                 m = TRUE
             masks[ix] = m
