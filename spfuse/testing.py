@@ -27,7 +27,7 @@ from spfuse.frontend.ast import (REDUCTIONS, Access, Assignment, Binary, Expr, L
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse, parse_program
-from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit
+from spfuse.frontend.reductions import bound_indices, free_indices, make_reductions_explicit
 
 __all__ = ["dense_reference", "densify", "random_program", "programs", "random_sparse",
            "random_operands", "SPARSE_FORMATS"]
@@ -273,13 +273,7 @@ class _Gen:
 
     def statement(self, n: int, depth: int) -> Assignment:
         value = self.expr(depth)
-        bound = set()
-        stack = [value]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Reduce):
-                bound.add(e.index)
-            stack.extend(children(e))
+        bound = bound_indices(value)
         free = [k for k in free_indices(value) if k not in bound]
         keep = [k for k in self.rng.permutation(free) if self.rng.random() < 0.7] if free else []
         target = Access(f"R{n}", tuple(str(k) for k in keep))

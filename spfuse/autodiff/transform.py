@@ -36,7 +36,9 @@ from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Prog
                                  Where, iter_accesses)
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
-from spfuse.frontend.reductions import children, free_indices, make_reductions_explicit, map_children
+from spfuse.passes.rename import all_indices
+from spfuse.frontend.reductions import (bound_indices, children, free_indices, make_reductions_explicit,
+                                       map_children)
 from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 
 __all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
@@ -152,14 +154,8 @@ def _rename(e: Expr, mapping: Mapping[str, str]) -> Expr:
 
 
 def _all_indices(e: Expr) -> set[str]:
-    out = {k for a in iter_accesses(e) for k in a.indices}
-    stack = [e]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Reduce):
-            out.add(node.index)
-        stack.extend(children(node))
-    return out
+    """Every index name in ``e``: used by an access or bound by a reduction."""
+    return all_indices(e) | bound_indices(e)
 
 
 def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str, str]]:

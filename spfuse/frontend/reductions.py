@@ -15,7 +15,7 @@ from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
                                  Unary, Where)
 
-__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "reduce_index_position"]
+__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices", "reduce_index_position"]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
@@ -33,6 +33,22 @@ def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Where):
         return (e.cond, e.then, e.other)
     return ()
+
+
+def bound_indices(e: Expr) -> set[str]:
+    """Indices bound by a reduction somewhere inside ``e``.
+
+    >>> sorted(bound_indices(Reduce("sum", "j", Reduce("max", "k", Access("A", ("i", "j", "k"))))))
+    ['j', 'k']
+    """
+    out: set[str] = set()
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Reduce):
+            out.add(node.index)
+        stack.extend(children(node))
+    return out
 
 
 def map_children(e: Expr, f) -> Expr:
