@@ -13,8 +13,7 @@ from spfuse import io
 from spfuse._show_config import config_info, show_config
 from spfuse.api import Kernel, cache_info, clear_cache, compile, einsum, evaluate
 from spfuse.autodiff import vjp
-from spfuse.errors import (InvalidOperandError, OperandTypeError, ProgramError,
-                           SpfuseError, UnsupportedError)
+from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError, SpfuseError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor, as_tensor
 from spfuse.threads import get_num_threads, set_num_threads, threads

@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from typing import Any, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -203,7 +204,7 @@ def _has_diagonal(program: Program) -> bool:
     return any(len(set(a.indices)) != len(a.indices) for s in program.statements for a in iter_accesses(s.value))
 
 
-def _flavour(tensors: Mapping[str, Tensor]) -> Optional[str]:
+def _flavour(tensors: Mapping[str, Tensor]) -> str | None:
     """The sparse world results go back to: scipy (array before matrix), else pydata (COO before GCXS)."""
     origins = {t.origin for t in tensors.values()}
     for flavour in ("sparray", "spmatrix", *PYDATA_ORIGINS):
@@ -218,7 +219,7 @@ def _same_sparse_world(tensors: Mapping[str, Tensor]) -> bool:
     return bool(origins) and (origins <= {"sparray", "spmatrix"} or origins <= set(PYDATA_ORIGINS))
 
 
-def _convert(value: Union[np.ndarray, Tensor], out_format: Optional[str], flavour: Optional[str], dtype):
+def _convert(value: np.ndarray | Tensor, out_format: str | None, flavour: str | None, dtype):
     """A result in the caller's world (or the forced ``out_format``)."""
     if flavour in PYDATA_ORIGINS and out_format is None and isinstance(value, Tensor) and value.ndim >= 1:
         return to_pydata(value.astype(dtype) if value.dtype != dtype else value, flavour.split(".")[1])
@@ -330,7 +331,7 @@ class _Dispatch:
     kernel (or the generic executor) and how results are returned."""
 
     def __init__(self, program: Program, tensors: Mapping[str, Tensor], fusion: str,
-                 out_format: Optional[str]):
+                 out_format: str | None):
         _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
         self.diagonal = _has_diagonal(program)
         self.program = program
@@ -357,7 +358,7 @@ class _Dispatch:
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
-    def __call__(self, tensors: Mapping[str, Tensor], num_threads: Optional[int]):
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None):
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
         threads = threads_for_call(num_threads)
@@ -437,8 +438,8 @@ def _check_empty_max(plan: Plan) -> None:
                                      "no identity (numpy raises too)")
 
 
-def evaluate(program: str, /, *, out_format: Optional[str] = None, fusion: str = "auto",
-             num_threads: Optional[int] = None, **operands: Any):
+def evaluate(program: str, /, *, out_format: str | None = None, fusion: str = "auto",
+             num_threads: int | None = None, **operands: Any):
     """Evaluate an index-notation program over the given operands.
 
     Results come back in the caller's world: scipy.sparse in → scipy.sparse
@@ -457,9 +458,9 @@ def evaluate(program: str, /, *, out_format: Optional[str] = None, fusion: str =
     return _run(_parse(program), operands, out_format, fusion, num_threads)
 
 
-def einsum(*operands: Any, out: Optional[np.ndarray] = None, dtype: Any = None, order: str = "K",
-           casting: str = "safe", optimize: Any = False, out_format: Optional[str] = None, fusion: str = "auto",
-           num_threads: Optional[int] = None) -> Any:
+def einsum(*operands: Any, out: np.ndarray | None = None, dtype: Any = None, order: str = "K",
+           casting: str = "safe", optimize: Any = False, out_format: str | None = None, fusion: str = "auto",
+           num_threads: int | None = None) -> Any:
     """``numpy.einsum`` over sparse and dense operands: same calls, same answers.
 
     ``einsum(subscripts, *operands, ...)`` or the interleaved form
@@ -502,8 +503,8 @@ class Kernel:
     <spfuse.Kernel 'y[i] = A[i,j] * x[j]' fusion='auto' formats: A=csr>
     """
 
-    def __init__(self, program: str, declared: Mapping[str, Any], fusion: str, out_format: Optional[str],
-                 num_threads: Optional[int]):
+    def __init__(self, program: str, declared: Mapping[str, Any], fusion: str, out_format: str | None,
+                 num_threads: int | None):
         _check_choice(fusion, FUSION_STRATEGIES, "fusion")
         self.text = program
         self.program = _parse(program)
@@ -572,7 +573,7 @@ class Kernel:
         infos = self._infos(operands)
         return {m: try_plan(self.program, infos, m) for m in FUSION_STRATEGIES}
 
-    def explain(self, *, picture: Optional[Union[str, "os.PathLike[str]"]] = None, **operands: Any) -> str:
+    def explain(self, *, picture: str | os.PathLike[str] | None = None, **operands: Any) -> str:
         """The report of :mod:`spfuse.explain` (shapes from ``operands`` when given).
 
         ``picture="plan.svg"`` (or ``.png``, ``.pdf``) also draws the index
@@ -623,8 +624,8 @@ class Kernel:
         return f"<spfuse.Kernel {self.text!r} fusion={self.fusion!r}" + (f" formats: {fmts}>" if fmts else ">")
 
 
-def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
-            num_threads: Optional[int] = None, **declared: Any) -> Kernel:
+def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
+            num_threads: int | None = None, **declared: Any) -> Kernel:
     """Plan ``program`` once; call the result with operands to run it.
 
     ``declared`` gives each operand's format (``B="csr"``) or an example

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -245,7 +245,7 @@ def _calibrate(args, out, argv: Sequence[str]) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None, out=None) -> int:
+def main(argv: Sequence[str] | None = None, out=None) -> int:
     """Entry point of ``spfuse`` / ``python -m spfuse``; returns the exit status."""
     out = out or sys.stdout
     args = build_parser().parse_args(argv)

@@ -8,7 +8,7 @@ how each fused group is executed.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from spfuse.errors import UnsupportedError
 from spfuse.ir.tree import render
@@ -32,7 +32,7 @@ def classify(mode_report, auto_report) -> str:
     return "1"
 
 
-def _num(x: Optional[float]) -> str:
+def _num(x: float | None) -> str:
     return "?" if x is None else f"{x:.3g}"
 
 
@@ -65,7 +65,7 @@ def _order_lines(p) -> list[str]:
     return lines
 
 
-def explain_plans(plans: Mapping[str, object], chosen: str, execution: Optional[str] = None) -> str:
+def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | None = None) -> str:
     """Render the report for ``plans[chosen]``, comparing it with the other
     strategies in ``plans`` (values are ``Plan`` or ``UnsupportedError``)."""
     p = plans[chosen]

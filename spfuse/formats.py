@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import functools
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 __all__ = ["DENSE", "COMPRESSED", "LEVEL_KINDS", "FORMAT_NAMES", "INPUT_ONLY_NAMES",
            "Format", "as_format"]
@@ -91,7 +91,7 @@ class Format:
 
     # -- named constructors -------------------------------------------------
     @classmethod
-    def dense(cls, ndim: int) -> "Format":
+    def dense(cls, ndim: int) -> Format:
         """All levels dense, identity mode order.
 
         >>> Format.dense(3).levels
@@ -100,8 +100,8 @@ class Format:
         return _dense(_check_ndim(ndim))
 
     @classmethod
-    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
-    def csr(cls) -> "Format":
+    @functools.cache  # formats are immutable: share one per name
+    def csr(cls) -> Format:
         """Compressed sparse row: ``(dense, compressed)``, order ``(0, 1)``.
 
         >>> Format.csr().name
@@ -110,8 +110,8 @@ class Format:
         return cls((DENSE, COMPRESSED), (0, 1))
 
     @classmethod
-    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
-    def csc(cls) -> "Format":
+    @functools.cache  # formats are immutable: share one per name
+    def csc(cls) -> Format:
         """Compressed sparse column: ``(dense, compressed)``, order ``(1, 0)``.
 
         >>> Format.csc().mode_order
@@ -120,8 +120,8 @@ class Format:
         return cls((DENSE, COMPRESSED), (1, 0))
 
     @classmethod
-    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
-    def dcsr(cls) -> "Format":
+    @functools.cache  # formats are immutable: share one per name
+    def dcsr(cls) -> Format:
         """Doubly compressed sparse row: both levels compressed, order ``(0, 1)``.
 
         >>> Format.dcsr().levels
@@ -130,8 +130,8 @@ class Format:
         return cls((COMPRESSED, COMPRESSED), (0, 1))
 
     @classmethod
-    @functools.lru_cache(maxsize=None)  # formats are immutable: share one per name
-    def dcsc(cls) -> "Format":
+    @functools.cache  # formats are immutable: share one per name
+    def dcsc(cls) -> Format:
         """Doubly compressed sparse column: both compressed, order ``(1, 0)``.
 
         >>> Format.dcsc().name
@@ -140,7 +140,7 @@ class Format:
         return cls((COMPRESSED, COMPRESSED), (1, 0))
 
     @classmethod
-    def csf(cls, order: Union[int, Sequence[int]]) -> "Format":
+    def csf(cls, order: int | Sequence[int]) -> Format:
         """Compressed sparse fiber: every level compressed.
 
         ``order`` is either the number of modes (identity mode order) or the
@@ -157,7 +157,7 @@ class Format:
         return cls((COMPRESSED,) * len(order), order)
 
     @classmethod
-    def named(cls, name: str, ndim: int) -> "Format":
+    def named(cls, name: str, ndim: int) -> Format:
         """The named format ``name`` for a tensor with ``ndim`` modes.
 
         ``"coo"`` is accepted as an input name and becomes ``csr`` (2-D) or
@@ -269,7 +269,7 @@ class Format:
         return self.name
 
 
-def as_format(fmt: Union[str, Format, None], ndim: int, default: str = "dense") -> Format:
+def as_format(fmt: str | Format | None, ndim: int, default: str = "dense") -> Format:
     """Coerce a name, a :class:`Format` or ``None`` (→ ``default``) for ``ndim`` modes.
 
     >>> as_format("csr", 2) == Format.csr()

@@ -22,9 +22,10 @@ import io as _io
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Union
 
 import numpy as np
 import scipy.io
@@ -63,7 +64,7 @@ def read_mtx(path: PathLike) -> Tensor:
     return t
 
 
-def write_mtx(path: PathLike, obj: Any, *, comment: str = "", precision: Optional[int] = None) -> None:
+def write_mtx(path: PathLike, obj: Any, *, comment: str = "", precision: int | None = None) -> None:
     """Write a 2-D Tensor, scipy sparse matrix/array or numpy array as Matrix Market.
 
     Sparse formats are written as ``coordinate``, dense tensors and numpy
@@ -107,7 +108,7 @@ def _data_lines(text: str) -> list[tuple[int, list[str]]]:
     return out
 
 
-def _diagnose(text: str, path: str, ncols: Optional[int]) -> Optional[ValueError]:
+def _diagnose(text: str, path: str, ncols: int | None) -> ValueError | None:
     """Find the first malformed line of a .tns text; ``None`` if every line is fine."""
     for number, fields in _data_lines(text):
         if ncols is None:
@@ -133,7 +134,7 @@ def _diagnose(text: str, path: str, ncols: Optional[int]) -> Optional[ValueError
     return None
 
 
-def _header_shape(text: str) -> Optional[tuple[int, ...]]:
+def _header_shape(text: str) -> tuple[int, ...] | None:
     """A ``# shape: 3 4 5`` comment among the leading comment lines (written by write_tns)."""
     for line in text.splitlines():
         s = line.strip()
@@ -148,8 +149,8 @@ def _header_shape(text: str) -> Optional[tuple[int, ...]]:
     return None
 
 
-def read_tns(path: PathLike, shape: Optional[Sequence[int]] = None,
-             format: Union[str, Format] = "csf") -> Tensor:
+def read_tns(path: PathLike, shape: Sequence[int] | None = None,
+             format: str | Format = "csf") -> Tensor:
     """Read a FROSTT ``.tns`` file (``.tns.gz`` too) as a Tensor (CSF by default).
 
     ``shape`` defaults to a ``# shape:`` header comment when present (as
@@ -249,7 +250,7 @@ def write_tns(path: PathLike, obj: Any, *, header: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------- .mat and dispatch
-def read_mat(path: PathLike, key: Optional[str] = None) -> Tensor:
+def read_mat(path: PathLike, key: str | None = None) -> Tensor:
     """Read a MATLAB ``.mat`` file: SuiteSparse's ``Problem.A``, else variable ``key`` / the only matrix.
 
     >>> import tempfile, os, scipy.io, scipy.sparse as sp

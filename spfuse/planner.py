@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextvars
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Program
@@ -26,15 +26,14 @@ from spfuse.passes.build_trees import build_trees, op_extents
 from spfuse.passes.decompose import decompose
 from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
-from spfuse.passes.iteration_space import (IterationSpaces, propagate_iteration_spaces,
-                                           statement_masks)
+from spfuse.passes.iteration_space import IterationSpaces, propagate_iteration_spaces, statement_masks
 from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.max_fusion import maximal_statement_ops
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
 from spfuse.passes.reassociate import CONCORDANT_MARGIN, TEMPLATE_MARGIN, Association, reassociate
-from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.redundancy import RedundancyReport, analyse
+from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.tiling import choose_tiles
 
 __all__ = ["FUSION_STRATEGIES", "Plan", "plan_program"]
@@ -50,7 +49,7 @@ class Plan:
     fusion: str
     inputs: Mapping[str, TensorInfo]
     ops: tuple
-    spaces: Optional[IterationSpaces]
+    spaces: IterationSpaces | None
     masks: Mapping[int, Mapping[str, object]]
     orders: Mapping[int, tuple[str, ...]]
     unfused: Root
@@ -82,7 +81,7 @@ class Plan:
         return tuple(n.index for n in self.tree.children if isinstance(n, Loop) and n.parallel)
 
     @property
-    def extents(self) -> dict[str, Optional[int]]:
+    def extents(self) -> dict[str, int | None]:
         return {n.index.upper(): n.extent for n in iter_nodes(self.tree) if isinstance(n, Loop)}
 
 
@@ -210,11 +209,11 @@ RESTORE_MIN_NS = 20e6
 RESTORE_MARGIN = 2.0
 
 
-def _estimated_ns(plan: "Plan") -> float:
+def _estimated_ns(plan: Plan) -> float:
     return sum(c.best.total for c in plan.order_choices.values())
 
 
-def with_storage_orders(plan: "Plan", planner) -> "Plan":
+def with_storage_orders(plan: Plan, planner) -> Plan:
     """``plan``, or the plan with one 2-D sparse operand read in the other
     storage order (CSR as CSC, or back) when that is estimated cheaper by
     :data:`RESTORE_MARGIN`, the conversion included (the lowering converts

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional, Sequence, Union
+from typing import Any, ClassVar, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -113,7 +114,7 @@ class CompressedLevel:
         object.__setattr__(self, "crd", np.asarray(self.crd))
 
     @classmethod
-    def _wrap(cls, size: int, pos: np.ndarray, crd: np.ndarray) -> "CompressedLevel":
+    def _wrap(cls, size: int, pos: np.ndarray, crd: np.ndarray) -> CompressedLevel:
         """A level over arrays that are already ndarrays (no coercion): the per-call fast path."""
         obj = cls.__new__(cls)
         object.__setattr__(obj, "size", size)
@@ -190,7 +191,7 @@ def _build_levels(sc: np.ndarray, vals: np.ndarray, sshape: Sequence[int],
             out[0] = vals.sum()
         return (), out
     levels: list[Level] = []
-    parent: Optional[np.ndarray] = None  # position of each entry at the previous level
+    parent: np.ndarray | None = None  # position of each entry at the previous level
     nparent = 1
     for level, (kind, size) in enumerate(zip(kinds, sshape)):
         c = sc[level]
@@ -276,7 +277,7 @@ class Tensor:
     __slots__ = ("_shape", "_format", "_levels", "_values", "_index_dtype", "_coords", "origin")
 
     def __init__(self, shape: Sequence[int], format: FormatLike, levels: Sequence[Level],
-                 values: Any, *, origin: Optional[str] = None, name: str = "operand") -> None:
+                 values: Any, *, origin: str | None = None, name: str = "operand") -> None:
         shape = V.check_shape(shape, name)
         try:
             fmt = as_format(format, len(shape))
@@ -325,7 +326,7 @@ class Tensor:
 
     # -- trusted construction -------------------------------------------------
     def _init(self, shape: tuple[int, ...], fmt: Format, levels: tuple[Level, ...],
-              values: np.ndarray, origin: Optional[str]) -> None:
+              values: np.ndarray, origin: str | None) -> None:
         counts = list(shape)
         counts.append(len(values))
         npos = 1
@@ -344,11 +345,11 @@ class Tensor:
         self._levels = tuple(fixed)
         self._values = _readonly(np.ascontiguousarray(values))
         self._index_dtype = idx
-        self._coords: Optional[np.ndarray] = None
+        self._coords: np.ndarray | None = None
         self.origin = origin
 
     @classmethod
-    def _fast_dense(cls, arr: np.ndarray) -> Optional["Tensor"]:
+    def _fast_dense(cls, arr: np.ndarray) -> Tensor | None:
         """The common dense operand (C-contiguous native float32/float64 ndarray)
         wrapped in a few microseconds, or None: the general path decides."""
         shape = arr.shape
@@ -368,7 +369,7 @@ class Tensor:
         return obj
 
     @classmethod
-    def _fast_compressed(cls, m: Any, origin: str, scan: bool = True) -> Optional["Tensor"]:
+    def _fast_compressed(cls, m: Any, origin: str, scan: bool = True) -> Tensor | None:
         """A canonical scipy CSR/CSC matrix wrapped zero-copy after the one-pass
         scan, or None when anything is unusual (dtypes, slack, unsorted rows,
         an error to word): the general path then handles it.
@@ -410,7 +411,7 @@ class Tensor:
 
     @classmethod
     def _trusted(cls, shape: Sequence[int], fmt: Format, levels: Sequence[Level], values: np.ndarray,
-                 origin: Optional[str] = None) -> "Tensor":
+                 origin: str | None = None) -> Tensor:
         """Wrap parts known to be valid and canonical (no O(nnz) checks).
 
         For spfuse's own code (constructors, kernels producing results).
@@ -422,8 +423,8 @@ class Tensor:
 
     @classmethod
     def _assemble(cls, sc: np.ndarray, vals: np.ndarray, shape: tuple[int, ...], fmt: Format,
-                  origin: Optional[str], sum_duplicates: bool = True, name: str = "operand",
-                  presorted: bool = False) -> "Tensor":
+                  origin: str | None, sum_duplicates: bool = True, name: str = "operand",
+                  presorted: bool = False) -> Tensor:
         sshape = fmt.storage_shape(shape)
         if not presorted:
             sc, vals = _sort_dedupe(sc, vals, sshape, sum_duplicates, name)
@@ -432,7 +433,7 @@ class Tensor:
 
     # -- constructors ---------------------------------------------------------
     @classmethod
-    def from_numpy(cls, a: Any, format: FormatLike = "dense", *, name: str = "operand") -> "Tensor":
+    def from_numpy(cls, a: Any, format: FormatLike = "dense", *, name: str = "operand") -> Tensor:
         """A tensor from a numpy array (or anything ``np.asarray`` accepts).
 
         ``format="dense"`` stores the array itself (no copy when it is already
@@ -462,7 +463,7 @@ class Tensor:
 
     @classmethod
     def from_coo(cls, coords: Any, values: Any, shape: Sequence[int], format: FormatLike = "csf", *,
-                 sum_duplicates: bool = True, name: str = "operand") -> "Tensor":
+                 sum_duplicates: bool = True, name: str = "operand") -> Tensor:
         """A tensor from coordinates ``coords`` (an ``(ndim, nnz)`` int array) and ``values``.
 
         Entries may come in any order; they are sorted in the format's mode
@@ -489,7 +490,7 @@ class Tensor:
                              sum_duplicates=sum_duplicates, name=name)
 
     @classmethod
-    def from_scipy(cls, m: Any, format: Optional[FormatLike] = None, *, name: str = "operand") -> "Tensor":
+    def from_scipy(cls, m: Any, format: FormatLike | None = None, *, name: str = "operand") -> Tensor:
         """A tensor from a ``scipy.sparse`` array or matrix (any scipy format).
 
         Canonical CSR/CSC (sorted indices, no duplicates) with float32/float64
@@ -530,7 +531,7 @@ class Tensor:
 
     @classmethod
     def from_csr(cls, data: Any, indices: Any, indptr: Any, shape: Sequence[int], *,
-                 name: str = "operand") -> "Tensor":
+                 name: str = "operand") -> Tensor:
         """A CSR tensor from scipy-style ``(data, indices, indptr)`` arrays (validated).
 
         >>> Tensor.from_csr([5.0, 6.0], [2, 0], [0, 1, 2], (2, 3)).todense()
@@ -541,7 +542,7 @@ class Tensor:
 
     @classmethod
     def from_csc(cls, data: Any, indices: Any, indptr: Any, shape: Sequence[int], *,
-                 name: str = "operand") -> "Tensor":
+                 name: str = "operand") -> Tensor:
         """A CSC tensor from scipy-style ``(data, indices, indptr)`` arrays (validated).
 
         >>> Tensor.from_csc([5.0, 6.0], [1, 0], [0, 1, 1, 2], (2, 3)).todense()
@@ -552,7 +553,7 @@ class Tensor:
 
     @classmethod
     def _from_compressed(cls, data: Any, indices: Any, indptr: Any, shape: Any, kind: str, name: str,
-                         origin: Optional[str], slack: bool) -> "Tensor":
+                         origin: str | None, slack: bool) -> Tensor:
         shape = V.check_shape(shape, name)
         if len(shape) != 2:
             raise V.invalid(name, f"{kind.upper()} arrays need a 2-d shape", "shape == (n_rows, n_cols)",
@@ -684,7 +685,7 @@ class Tensor:
                 f"nnz={self.nnz} index={self._index_dtype}>")
 
     # -- conversions ----------------------------------------------------------
-    def asformat(self, format: FormatLike) -> "Tensor":
+    def asformat(self, format: FormatLike) -> Tensor:
         """This tensor in another format (returns ``self`` when it already matches).
 
         Any conversion works, including mode-order permutations (CSR↔CSC,
@@ -727,7 +728,7 @@ class Tensor:
         presorted = fmt.mode_order == self._format.mode_order  # walk order is lexicographic
         return Tensor._assemble(sc, np.array(vals), self._shape, fmt, self.origin, presorted=presorted)
 
-    def astype(self, dtype: Any) -> "Tensor":
+    def astype(self, dtype: Any) -> Tensor:
         """Same pattern with values cast to ``dtype`` (float32 or float64).
 
         >>> Tensor.from_numpy([1.0, 2.0]).astype("float32").dtype
@@ -738,7 +739,7 @@ class Tensor:
             return self
         return Tensor._trusted(self._shape, self._format, self._levels, self._values.astype(dt), self.origin)
 
-    def with_values(self, values: Any) -> "Tensor":
+    def with_values(self, values: Any) -> Tensor:
         """Same shape, format and index arrays with new ``values`` (same length).
 
         >>> t = Tensor.from_numpy([[0.0, 2.0], [3.0, 0.0]], "csr")
@@ -751,7 +752,7 @@ class Tensor:
                             f"len(values) == {vals.shape[0]}")
         return Tensor._trusted(self._shape, self._format, self._levels, vals, self.origin)
 
-    def _with_kernel_values(self, values: np.ndarray) -> "Tensor":
+    def _with_kernel_values(self, values: np.ndarray) -> Tensor:
         """``with_values`` for a kernel's fresh output: ``values`` is already a
         C-contiguous array of ``nnz`` entries of a value dtype, so nothing is
         checked or cast (the levels are this tensor's, already valid)."""
@@ -761,7 +762,7 @@ class Tensor:
         obj._index_dtype, obj._coords, obj.origin = self._index_dtype, None, None
         return obj
 
-    def transpose(self, axes: Optional[Sequence[int]] = None) -> "Tensor":
+    def transpose(self, axes: Sequence[int] | None = None) -> Tensor:
         """Permute the modes without moving data (only the format's mode order changes).
 
         ``axes`` as in ``numpy.transpose`` (default: reverse). A CSR matrix
@@ -782,7 +783,7 @@ class Tensor:
         return Tensor._trusted(shape, fmt, self._levels, self._values, self.origin)
 
     @property
-    def T(self) -> "Tensor":
+    def T(self) -> Tensor:
         """``transpose()`` (all modes reversed).
 
         >>> Tensor.from_numpy(np.zeros((2, 5)), "csr").T.shape
@@ -790,7 +791,7 @@ class Tensor:
         """
         return self.transpose()
 
-    def copy(self) -> "Tensor":
+    def copy(self) -> Tensor:
         """A deep copy (new arrays).
 
         >>> t = Tensor.from_numpy([[1.0, 0.0]], "csr"); c = t.copy()
@@ -829,7 +830,7 @@ class Tensor:
         return ("spfuse.Tensor", self._shape, self._format.name, self._format.mode_order, self.origin,
                 self._values, *arrays)
 
-    def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """``np.asarray(tensor)``: dense formats give a (read-only) view unless a copy is asked.
 
         Honours numpy 2's ``copy`` keyword: ``copy=False`` raises ``ValueError``
@@ -913,7 +914,7 @@ explicitly: numpy.exp(t.todense())
         m.__dict__.update(attrs, _shape=self._shape, data=data, indices=indices, indptr=indptr)
         return m
 
-    def to_scipy(self, flavour: Optional[str] = None) -> Any:
+    def to_scipy(self, flavour: str | None = None) -> Any:
         """A scipy.sparse object: ``csr``/``csc`` formats share memory (zero-copy).
 
         ``flavour`` is ``"sparray"`` (``csr_array`` ...) or ``"spmatrix"``
@@ -953,8 +954,8 @@ explicitly: numpy.exp(t.todense())
 _ARRAY_FUNCTION_ATTRS = {np.shape: "shape", np.ndim: "ndim", np.size: "size"}
 
 
-@functools.lru_cache(maxsize=None)
-def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
+@functools.cache
+def _scipy_direct_attrs(cls: Any) -> dict | None:
     """The instance attributes a canonical ``cls`` (scipy CSR/CSC) object
     holds besides its shape and arrays, or None when this scipy stores
     anything else.
@@ -984,7 +985,7 @@ def _scipy_direct_attrs(cls: Any) -> Optional[dict]:
     return attrs if same else None
 
 
-def as_tensor(obj: Any, name: str = "operand", format: Optional[FormatLike] = None) -> Tensor:
+def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None) -> Tensor:
     """The engine's single entry point: anything an operand may be → a validated canonical Tensor.
 
     Accepts a :class:`Tensor`, a ``scipy.sparse`` array/matrix (N-d

@@ -18,12 +18,12 @@ Semantics notes (the engine follows the same conventions):
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from spfuse.frontend.ast import (REDUCTIONS, Access, Assignment, Binary, Expr, Literal, Program,
-                                 Reduce, Unary, Where)
+from spfuse.frontend.ast import REDUCTIONS, Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse, parse_program

@@ -33,7 +33,8 @@ spfuse.errors.InvalidOperandError: operand 'B': pos is not monotone non-decreasi
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

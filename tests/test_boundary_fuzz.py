@@ -42,8 +42,9 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -806,7 +807,8 @@ if __name__ == "__main__":
 # Beyond tests/test_engine.py (float64, int32 indices, no zero-size extents,
 # default out_format): float32 values, int64 index arrays, zero-size extents,
 # forced output formats, and einsum with random subscripts against np.einsum.
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 from spfuse.testing import programs, random_operands  # noqa: E402
 

@@ -272,6 +272,7 @@ def test_forced_orders_agree_with_the_full_search(monkeypatch):
     import sys
     sys.path.insert(0, "tests")
     from kernels import KERNELS, infos
+
     from spfuse.passes import loop_order
     from spfuse.planner import try_plan
 

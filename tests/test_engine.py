@@ -5,10 +5,11 @@ import hashlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kernels import KERNELS, operands
 
 import spfuse
-from kernels import KERNELS, operands
 from spfuse.tensor import Tensor
 from spfuse.testing import dense_reference, programs, random_operands
 

@@ -14,15 +14,14 @@ import pytest
 import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_looptree import both_threads, rand_csr
 
 import spfuse
 from spfuse.api import _info, _parse
 from spfuse.passes.formats import DENSE_SCATTER_MAX
 from spfuse.planner import plan_program
-from spfuse.runtime.looptree import LoopTreeBuilder, const, run, unary, where
+from spfuse.runtime.looptree import LoopTreeBuilder, const, unary, where
 from spfuse.tensor import as_tensor
-
-from test_looptree import both_threads, rand_csr
 
 
 def _plan(text, **ops):

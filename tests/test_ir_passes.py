@@ -4,8 +4,8 @@ No execution here: these pin what each pass decides (ReACT Figure 1 and
 Listings, Table 2) so a regression shows up as a changed structure.
 """
 import pytest
-
 from kernels import KERNELS, infos
+
 from spfuse.errors import UnsupportedError
 from spfuse.explain import classify
 from spfuse.frontend.parser import parse_program

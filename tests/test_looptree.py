@@ -8,8 +8,17 @@ import pytest
 import scipy.sparse as sp
 
 from spfuse.errors import InvalidOperandError, ProgramError
-from spfuse.runtime.looptree import (LoopTreeBuilder, access_from_arrays, compare, const,
-                                     maximum, minimum, run, unary, where)
+from spfuse.runtime.looptree import (
+    LoopTreeBuilder,
+    access_from_arrays,
+    compare,
+    const,
+    maximum,
+    minimum,
+    run,
+    unary,
+    where,
+)
 
 SEED = 1234
 
@@ -450,7 +459,8 @@ def test_parallel_bigger_identical():
 # ------------------------------------------------------------ hypothesis ---
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @st.composite

@@ -12,10 +12,11 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kernels import KERNELS, infos, operands
 
 import spfuse
-from kernels import KERNELS, infos, operands
 from spfuse.api import _execute_generic, _info, _parse, _prepare, describe_execution
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.tree import loop_shape

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import given, settings
 
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import (Access, Assignment, Binary, Literal, Reduce, Span,
-                                 Unary, Where)
+from spfuse.frontend.ast import Access, Assignment, Binary, Literal, Reduce, Span, Unary, Where
 from spfuse.frontend.canonical import canonical_key, to_text
 from spfuse.frontend.lexer import tokenize
 from spfuse.frontend.parser import parse, parse_expression, parse_program

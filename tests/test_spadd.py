@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from kernels import assert_weighted_union
 
 import spfuse
-from kernels import assert_weighted_union
 from spfuse.passes.statistics import SPADD_COSTS, choose_spadd, spadd_stats
 
 K = pytest.importorskip("spfuse._kernels._csr_kernels")
@@ -289,7 +289,8 @@ def test_spadd_stats_density_and_rows():
 
 # ---------------------------------------------------------------- property
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-
 from kernels import assert_weighted_union
 
 K = pytest.importorskip("spfuse._kernels._csr_kernels")

@@ -611,6 +611,7 @@ def test_property_scipy_roundtrip(m, n, density, cls, index, shuffle, seed):
 @pytest.mark.parametrize("cls_name", ["csr_array", "csc_array", "csr_matrix", "csc_matrix"])
 def test_scipy_results_built_directly_equal_the_constructors(cls_name):
     import scipy.sparse as sp
+
     from spfuse.tensor import _scipy_direct_attrs
     cls = getattr(sp, cls_name)
     dense = np.array([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
@@ -627,6 +628,7 @@ def test_scipy_results_built_directly_equal_the_constructors(cls_name):
 
 def test_scipy_class_with_extra_state_falls_back_to_its_constructor():
     import scipy.sparse as sp
+
     from spfuse.tensor import _scipy_direct_attrs
 
     class Tagged(sp.csr_array):

@@ -8,8 +8,7 @@ from spfuse.frontend.ast import Reduce, Unary
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
-from spfuse.testing import (dense_reference, densify, programs, random_operands, random_program,
-                            random_sparse)
+from spfuse.testing import dense_reference, densify, programs, random_operands, random_program, random_sparse
 
 # ``rng`` is the shared fixture of tests/conftest.py (seeded by SPFUSE_TEST_SEED)
 

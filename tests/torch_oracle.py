@@ -9,7 +9,8 @@ between ties -- the rule spfuse's adjoint mirrors.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

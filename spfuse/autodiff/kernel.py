@@ -1,7 +1,8 @@
 """Gradients of a compiled :class:`spfuse.Kernel` (what ``Kernel.vjp`` runs)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from spfuse.autodiff.run import cached_adjoint, vjp
 from spfuse.autodiff.transform import Adjoint

@@ -8,7 +8,8 @@ sparse operand's pattern, ones vectors, and the forward temporaries kept.
 from __future__ import annotations
 
 import functools
-from typing import Any, Iterable, Mapping, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -87,7 +88,7 @@ def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
 SPLIT_ABOVE = 10
 
 
-def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: Optional[int]) -> dict:
+def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None) -> dict:
     from spfuse.api import evaluate
     from spfuse.frontend.canonical import to_text
     env = dict(ops)
@@ -100,8 +101,8 @@ def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_thread
 
 
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
-                saved: Optional[Mapping[str, Any]] = None, *, fusion: str = "auto",
-                num_threads: Optional[int] = None, split: Optional[bool] = None) -> dict[str, Any]:
+                saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
+                num_threads: int | None = None, split: bool | None = None) -> dict[str, Any]:
     """Evaluate ``adj`` and return, per ``wrt`` name, the raw gradient: a dense
     ``ndarray`` of the operand's shape, or for a sparse operand the values
     array on its pattern (storage order of ``tensors[name]``).
@@ -183,8 +184,8 @@ def _in_world(original: Any, t: Tensor, grad: np.ndarray) -> Any:
     return grad
 
 
-def vjp(program: Union[str, Program], cotangent: Any, wrt: Optional[Iterable[str]] = None, *,
-        temporaries: str = "auto", fusion: str = "auto", num_threads: Optional[int] = None,
+def vjp(program: str | Program, cotangent: Any, wrt: Iterable[str] | None = None, *,
+        temporaries: str = "auto", fusion: str = "auto", num_threads: int | None = None,
         **operands: Any) -> dict[str, Any]:
     """Vector-Jacobian product: the gradients of ``<cotangent, program(operands)>``.
 

@@ -28,18 +28,16 @@ Choices made visible by :meth:`Adjoint.describe`:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Union
 
+from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 from spfuse.errors import ProgramError, UnsupportedError
-from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary,
-                                 Where, iter_accesses)
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where, iter_accesses
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
+from spfuse.frontend.reductions import bound_indices, children, free_indices, make_reductions_explicit, map_children
 from spfuse.passes.rename import all_indices
-from spfuse.frontend.reductions import (bound_indices, children, free_indices, make_reductions_explicit,
-                                       map_children)
-from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 
 __all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
 
@@ -61,7 +59,7 @@ class Adjoint:
 
     forward: Program
     wrt: tuple[str, ...]
-    program: Optional[Program]
+    program: Program | None
     gradients: Mapping[str, str]
     cotangents: Mapping[str, str]
     patterns: Mapping[str, str]
@@ -77,7 +75,7 @@ class Adjoint:
         """The adjoint program in index notation ('' when no gradient flows)."""
         return self.program.text if self.program is not None else ""
 
-    def saving_program(self, with_results: bool = True) -> Optional[Program]:
+    def saving_program(self, with_results: bool = True) -> Program | None:
         """The forward program extended to also return the kept temporaries
         (``T_saved[o] = T[o]``); with ``with_results=False`` only the statements
         the kept temporaries need.  ``None`` when nothing is kept."""
@@ -393,7 +391,7 @@ class _Builder:
 
         return walk(term)
 
-    def structural_mask(self, name: str) -> Optional[Expr]:
+    def structural_mask(self, name: str) -> Expr | None:
         """``A[o] / A[o]`` (1 on A's pattern) when temporary ``name[o]`` is a
         product with the sparse input ``A[o]`` at its root: ``name`` is then
         zero off that pattern, every path out of its adjoint multiplies by
@@ -482,8 +480,8 @@ class _Builder:
         return (sorted(kept, key=order.index), sorted(recomputed, key=order.index), reasons)
 
 
-def adjoint(program: Union[str, Program], wrt: Optional[Iterable[str]] = None,
-            cotangents: Optional[Iterable[str]] = None, sparse: Iterable[str] = (),
+def adjoint(program: str | Program, wrt: Iterable[str] | None = None,
+            cotangents: Iterable[str] | None = None, sparse: Iterable[str] = (),
             temporaries: str = "auto") -> Adjoint:
     """Derive the adjoint (reverse-mode) program of ``program``.
 

@@ -32,7 +32,8 @@ True
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION", "ENGINE_MARGIN"]
 
@@ -53,7 +54,7 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 / 10 else f"{nbytes / 2**20:.1f} MiB"
 
 
-def _nnz_of_atom(plan, atom: str) -> Optional[int]:
+def _nnz_of_atom(plan, atom: str) -> int | None:
     name = plan.atoms[atom][1] if atom in plan.atoms else atom
     info = plan.inputs.get(name)
     return None if info is None else info.nnz
@@ -110,7 +111,7 @@ def result_coordinate_bytes(plan) -> tuple[int, str]:
     return total, what
 
 
-def estimated_seconds(plan, auto_plan=None, auto_seconds: Optional[float] = None) -> Optional[float]:
+def estimated_seconds(plan, auto_plan=None, auto_seconds: float | None = None) -> float | None:
     """Estimated seconds of one call of ``plan`` (None when unknown).
 
     With the measured time of the ``auto`` plan on the same operands, the
@@ -132,7 +133,7 @@ def estimated_seconds(plan, auto_plan=None, auto_seconds: Optional[float] = None
 
 
 def skip_reason(program: str, operands: Mapping[str, Any], fusion: str, max_bytes: int,
-                max_seconds: float, auto_seconds: Optional[float] = None, generic: bool = False) -> Optional[str]:
+                max_seconds: float, auto_seconds: float | None = None, generic: bool = False) -> str | None:
     """Why ``spfuse.compile(program, fusion=fusion)`` should not run on ``operands`` (None: run it).
 
     ``auto_seconds``: a measured call of ``fusion="auto"`` on the same operands

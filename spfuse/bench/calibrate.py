@@ -32,7 +32,7 @@ import datetime
 import json
 import platform
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -152,7 +152,7 @@ def format_constants(c: CostConstants) -> str:
     return "\n".join(rows)
 
 
-def write_json(c: CostConstants, path: str, command: Optional[str] = None) -> None:
+def write_json(c: CostConstants, path: str, command: str | None = None) -> None:
     """Write ``c`` as the JSON ``SPFUSE_COST_MODEL`` reads (with a ``meta`` record)."""
     data = dict(c.as_dict())
     data["meta"] = {"source": c.source, "command": command or "python -m spfuse calibrate",

@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from typing import Optional, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -372,9 +372,9 @@ def _plot(path: str, projection: list[dict]) -> None:
     plt.close(fig)
 
 
-def run_dask_suite(size: str = "small", repeat: Optional[int] = None, kernels: Optional[str] = None,
-                   json_path: Optional[str] = None, plot_path: Optional[str] = None,
-                   memory_limit: str = "2GiB", out: Optional[TextIO] = None) -> list[dict]:
+def run_dask_suite(size: str = "small", repeat: int | None = None, kernels: str | None = None,
+                   json_path: str | None = None, plot_path: str | None = None,
+                   memory_limit: str = "2GiB", out: TextIO | None = None) -> list[dict]:
     """Run the four studies and the projection; print tables; return every row.
 
     Starts its own LocalClusters (a few minutes for ``size="small"``)::

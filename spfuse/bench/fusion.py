@@ -26,11 +26,11 @@ import math
 import os
 import sys
 import time
-from typing import Optional, TextIO
-
+from typing import TextIO
 
 import spfuse
-from spfuse.bench import harness, peers as peers_mod, report, suite
+from spfuse.bench import harness, report, suite
+from spfuse.bench import peers as peers_mod
 
 __all__ = ["SEEDED", "run_fusion_study", "within", "cost_models"]
 
@@ -42,7 +42,7 @@ GEN = "spfuse[auto,generic]"
 STRATEGIES = ("spfuse", "spfuse[max]", "spfuse[none]", GEN)
 
 
-def within(auto: Optional[float], others: list[Optional[float]], tol: float = 0.10) -> Optional[bool]:
+def within(auto: float | None, others: list[float | None], tol: float = 0.10) -> bool | None:
     """Is ``auto`` at most ``tol`` slower than the best of the measured ``others``? None: nothing to compare.
 
     >>> within(1.05, [1.0, 3.0]), within(1.2, [1.0, None]), within(1.0, [None, None])
@@ -117,19 +117,19 @@ def _times(g: dict) -> tuple[dict, set]:
     return t, single
 
 
-def _ratio(a, b) -> Optional[float]:
+def _ratio(a, b) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
-def _fmt_ratio(x: Optional[float]) -> str:
+def _fmt_ratio(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return f"{x:.3g}x"
 
 
-def run_fusion_study(size: str = "small", kernels: Optional[str] = None, threads: Optional[list[int]] = None,
-                     repeat: Optional[int] = None, out: TextIO = sys.stdout, progress: bool = True,
-                     json_path: Optional[str] = None, call_budget: Optional[float] = None) -> dict:
+def run_fusion_study(size: str = "small", kernels: str | None = None, threads: list[int] | None = None,
+                     repeat: int | None = None, out: TextIO = sys.stdout, progress: bool = True,
+                     json_path: str | None = None, call_budget: float | None = None) -> dict:
     """Run auto/max/none on every kernel and synthetic input of ``size``; print tables and the summary.
 
     ``call_budget`` overrides the size's (a strategy whose checked call takes

@@ -31,11 +31,12 @@ import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Optional
-
+from collections.abc import Callable
+from typing import Any
 
 import spfuse
-from spfuse.bench import budget, compare, peers as peers_mod
+from spfuse.bench import budget, compare
+from spfuse.bench import peers as peers_mod
 from spfuse.bench.suite import BenchKernel, Input, Size
 
 __all__ = ["Record", "run_case", "planning_times", "nbytes_moved"]
@@ -51,19 +52,19 @@ class Record:
     peer: str
     threads: int
     status: str                       #: ok, n/a, skip, slow, MISMATCH, error, unsupported
-    median: Optional[float] = None    #: seconds
+    median: float | None = None    #: seconds
     times: list = dataclasses.field(default_factory=list)
-    ratio: Optional[float] = None     #: peer time / spfuse time (>1: spfuse faster)
-    gbps: Optional[float] = None      #: achieved bandwidth (SpMV, SpMM only)
+    ratio: float | None = None     #: peer time / spfuse time (>1: spfuse faster)
+    gbps: float | None = None      #: achieved bandwidth (SpMV, SpMM only)
     note: str = ""
-    first_call: Optional[float] = None  #: seconds of the checked first call (also for ``slow`` peers)
+    first_call: float | None = None  #: seconds of the checked first call (also for ``slow`` peers)
 
     def as_dict(self) -> dict:
         """A JSON-ready dict."""
         return dataclasses.asdict(self)
 
 
-def nbytes_moved(kernel: str, operands: dict) -> Optional[int]:
+def nbytes_moved(kernel: str, operands: dict) -> int | None:
     """Compulsory bytes of SpMV (indptr+indices+data+x+y) and SpMM (A+B+C); None otherwise."""
     if kernel not in ("SpMV", "SpMM"):
         return None
@@ -109,8 +110,8 @@ def _all_threads_for(peers: list, n: int):
 
 
 def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[int], repeat: int,
-             peer_names: Optional[list[str]] = None, peer_list: Optional[list] = None,
-             tick: Callable[[], None] = lambda: None, known_slow: Optional[set] = None,
+             peer_names: list[str] | None = None, peer_list: list | None = None,
+             tick: Callable[[], None] = lambda: None, known_slow: set | None = None,
              check_budget: bool = True) -> list[Record]:
     """Check and time every peer on one input and kernel; one :class:`Record` per peer and thread count.
 

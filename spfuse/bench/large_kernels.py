@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -29,7 +29,8 @@ import contextlib
 import dataclasses
 import signal
 import threading
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -82,7 +83,7 @@ class CallTimeout(Skip):
 
 
 @contextlib.contextmanager
-def deadline(seconds: Optional[float]):
+def deadline(seconds: float | None):
     """Raise :class:`CallTimeout` in the block after ``seconds`` (SIGALRM; spfuse's kernels are interruptible).
 
     A no-op off the main thread, without ``setitimer``, or for ``None``.
@@ -116,10 +117,10 @@ class Spelling:
     """Another way to write the same computation in spfuse: program text and operand change."""
 
     label: str
-    program: Optional[str] = None                    #: None: the program as written
+    program: str | None = None                    #: None: the program as written
     adapt: Callable[[dict], dict] = lambda o: o      #: operands as written -> this spelling's (not timed)
 
-    def impl(self, program: str, call_limit: Optional[float] = None) -> Impl:
+    def impl(self, program: str, call_limit: float | None = None) -> Impl:
         """The spelling as a bench :class:`~spfuse.bench.peers.Impl`; its first call stops after ``call_limit`` s.
 
         Only the first (checked) call runs under the :func:`deadline`: a
@@ -670,7 +671,7 @@ PROGRAMS = [
 PROGRAMS_BY_NAME = {p.name: p for p in PROGRAMS}
 
 
-def select_programs(spec: Optional[str]) -> list[OffProgram]:
+def select_programs(spec: str | None) -> list[OffProgram]:
     """Programs named in a comma-separated ``spec`` (case-insensitive); all when ``None``.
 
     >>> [p.name for p in select_programs("at-spmv, GCN")]

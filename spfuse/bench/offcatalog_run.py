@@ -36,10 +36,11 @@ import math
 import os
 import sys
 import time
-from typing import Optional, TextIO
+from typing import TextIO
 
 import spfuse
-from spfuse.bench import harness, offcatalog, peers as peers_mod, report
+from spfuse.bench import harness, offcatalog, report
+from spfuse.bench import peers as peers_mod
 
 __all__ = ["run_offcatalog", "render", "peer_summary", "cliff_summary", "build_peers", "execution_line",
            "engine_of", "spelling_peer", "main", "CLIFF_LIMIT", "TARGETS", "GEOMEAN_TARGET"]
@@ -61,7 +62,7 @@ def spelling_peer(index: int) -> str:
     return "spfuse" if index == 0 else f"spfuse~{index}"
 
 
-def _library_peer(name: str, programs: list) -> Optional[peers_mod.Peer]:
+def _library_peer(name: str, programs: list) -> peers_mod.Peer | None:
     mod = peers_mod._try_import(name)
     if mod is None:
         return None
@@ -77,8 +78,8 @@ def _library_peer(name: str, programs: list) -> Optional[peers_mod.Peer]:
     return peers_mod.Peer(name, peers_mod._version(mod), impls, threads=peers_mod.blas_limits, threads_note=note)
 
 
-def build_peers(programs: list, libraries: Optional[list] = None,
-                call_limit: Optional[float] = None) -> tuple[list, list[str]]:
+def build_peers(programs: list, libraries: list | None = None,
+                call_limit: float | None = None) -> tuple[list, list[str]]:
     """spfuse (as written), one peer per further spelling index, then the importable libraries.
 
     ``call_limit``: seconds after which a spfuse spelling's first call is
@@ -141,14 +142,14 @@ def engine_of(line: str) -> str:
     return line[:40]
 
 
-def _stopped_after(rec: Optional[dict]) -> Optional[float]:
+def _stopped_after(rec: dict | None) -> float | None:
     """The call limit a record's call was stopped at (None: not stopped)."""
     if rec is None or rec["status"] != "skip" or not rec["note"].startswith(offcatalog.CallTimeout.PREFIX):
         return None
     return float(rec["note"].split()[2])
 
 
-def _measure(rec: Optional[dict]) -> tuple[Optional[float], str]:
+def _measure(rec: dict | None) -> tuple[float | None, str]:
     """``(seconds, how)`` of a record (a dict of :meth:`Record.as_dict`).
 
     ``how`` is ``median``; ``single`` (over the call budget: the checked
@@ -179,7 +180,7 @@ def _fmt(m: tuple) -> str:
     return (">" if how == "bound" else "") + report.fmt_time(t) + ("(1)" if how == "single" else "")
 
 
-def _ratio(num: tuple, den: tuple) -> tuple[Optional[float], str]:
+def _ratio(num: tuple, den: tuple) -> tuple[float | None, str]:
     """``num / den`` of two measures and its side: ``""`` exact, ``">"`` a lower, ``"<"`` an upper bound.
 
     >>> _ratio((2.0, "median"), (1.0, "median")), _ratio((30.0, "bound"), (1.0, "median"))
@@ -197,7 +198,7 @@ def _ratio_text(r: tuple) -> str:
     return "-" if r[0] is None else f"{r[1]}{r[0]:.3g}x"
 
 
-def _at_least(r: tuple, limit: float) -> Optional[bool]:
+def _at_least(r: tuple, limit: float) -> bool | None:
     """Is the ratio ``r`` >= ``limit``? None when a bound leaves it open."""
     x, side = r
     if x is None or (side == "<" and x >= limit) or (side == ">" and x < limit):
@@ -205,12 +206,12 @@ def _at_least(r: tuple, limit: float) -> Optional[bool]:
     return x >= limit
 
 
-def _geomean(xs: list) -> Optional[float]:
+def _geomean(xs: list) -> float | None:
     xs = [x for x in xs if x and x > 0 and math.isfinite(x)]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def _verdict(ok: Optional[bool], yes: str = "pass", no: str = "FAIL") -> str:
+def _verdict(ok: bool | None, yes: str = "pass", no: str = "FAIL") -> str:
     return {True: yes, False: no, None: "-"}[ok]
 
 
@@ -270,7 +271,7 @@ def cliff_summary(res: dict) -> list[dict]:
     return out
 
 
-def render(res: dict, out: Optional[TextIO] = None) -> None:
+def render(res: dict, out: TextIO | None = None) -> None:
     """Print the tables of a run (the dict :func:`run_offcatalog` returns, or its JSON) to ``out`` (stdout)."""
     out = out or sys.stdout
     w = lambda s="": print(s, file=out)  # noqa: E731
@@ -368,10 +369,10 @@ def render(res: dict, out: Optional[TextIO] = None) -> None:
     w(f"wall time {meta['wall_seconds']:.1f} s")
 
 
-def run_offcatalog(size: str = "small", programs: Optional[str] = None, threads: Optional[list[int]] = None,
-                   repeat: Optional[int] = None, out: TextIO = sys.stdout, progress: bool = True,
-                   json_path: Optional[str] = None, call_budget: Optional[float] = None,
-                   peers: Optional[list[str]] = None, call_limit: Optional[float] = None) -> dict:
+def run_offcatalog(size: str = "small", programs: str | None = None, threads: list[int] | None = None,
+                   repeat: int | None = None, out: TextIO = sys.stdout, progress: bool = True,
+                   json_path: str | None = None, call_budget: float | None = None,
+                   peers: list[str] | None = None, call_limit: float | None = None) -> dict:
     """Run the off-catalogue suite at ``size`` and print its tables; returns everything measured as a dict.
 
     ``programs``: comma-separated names (default all); ``peers``: libraries

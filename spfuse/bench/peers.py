@@ -23,7 +23,8 @@ import functools
 import importlib
 import re
 import warnings
-from typing import Any, Callable, ContextManager, Optional
+from collections.abc import Callable
+from typing import Any, ContextManager
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +66,7 @@ class Peer:
     threads: Callable[[int], ContextManager] = lambda n: contextlib.nullcontext()
     threads_note: str = ""
     is_spfuse: bool = False
-    fusion: Optional[str] = None      #: the fusion strategy of a spfuse peer
+    fusion: str | None = None      #: the fusion strategy of a spfuse peer
 
 
 def _try_import(name: str):
@@ -522,7 +523,7 @@ def all_peers() -> list[Peer]:
 OPTIONAL = ("graphblas", "torch", "sparse")
 
 
-def available_peers(names: Optional[list[str]] = None) -> tuple[list[Peer], list[str]]:
+def available_peers(names: list[str] | None = None) -> tuple[list[Peer], list[str]]:
     """Peers to run (all, or those in ``names``) and notes on optional ones that are missing."""
     peers = all_peers()
     have = {p.name for p in peers}

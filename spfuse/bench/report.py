@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 __all__ = ["fmt_time", "tables", "bandwidth_table", "planning_table", "summary_table", "write_json",
            "plot_speedups", "SECTION_TITLES"]
@@ -23,7 +23,7 @@ SECTION_TITLES = {"synthetic": "synthetic inputs", "builtin": "shipped real inpu
                   "data": "inputs from --data"}
 
 
-def machine_line(load: Optional[float] = None) -> str:
+def machine_line(load: float | None = None) -> str:
     """The ``machine:`` header line of every study (load average when known).
 
     >>> machine_line().startswith("machine: ")
@@ -37,7 +37,7 @@ def machine_line(load: Optional[float] = None) -> str:
             f"numpy {np.__version__}" + (f", load average {load:.2f} before the run" if load is not None else ""))
 
 
-def fmt_time(t: Optional[float]) -> str:
+def fmt_time(t: float | None) -> str:
     """Seconds as a short string with a unit."""
     if t is None:
         return "-"

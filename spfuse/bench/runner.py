@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Optional, TextIO
-
+from typing import TextIO
 
 import spfuse
-from spfuse.bench import harness, peers as peers_mod, report, stream, suite
+from spfuse.bench import harness, report, stream, suite
+from spfuse.bench import peers as peers_mod
 
 __all__ = ["run_benchmark", "Progress"]
 
@@ -67,11 +67,11 @@ def _cases(inputs, kernels):
     return [(i, k) for i in inputs for k in kernels if k.kind == i.kind]
 
 
-def run_benchmark(size: str = "small", kernels: Optional[str] = None, threads: Optional[list[int]] = None,
-                  repeat: Optional[int] = None, data: Optional[str] = None, json_path: Optional[str] = None,
-                  plot_path: Optional[str] = None, peers: Optional[list[str]] = None, out: TextIO = sys.stdout,
-                  progress: bool = True, planning: bool = True, stream_bytes: Optional[int] = None,
-                  peer_list: Optional[list] = None) -> list:
+def run_benchmark(size: str = "small", kernels: str | None = None, threads: list[int] | None = None,
+                  repeat: int | None = None, data: str | None = None, json_path: str | None = None,
+                  plot_path: str | None = None, peers: list[str] | None = None, out: TextIO = sys.stdout,
+                  progress: bool = True, planning: bool = True, stream_bytes: int | None = None,
+                  peer_list: list | None = None) -> list:
     """Run the suite and print the report to ``out``; returns the :class:`~spfuse.bench.harness.Record` list."""
     t_start = time.perf_counter()
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -118,7 +119,7 @@ def synthetic_inputs(size: Size, seed: int = 0) -> list[Input]:
                   random_tensor(size.tensor_shape, size.tensor_nnz, seed + 2), seed + 2)]
 
 
-def _as_input(name: str, section: str, t: spfuse.Tensor) -> Optional[Input]:
+def _as_input(name: str, section: str, t: spfuse.Tensor) -> Input | None:
     if t.ndim == 2:
         m = t.to_scipy("sparray").tocsr().astype(np.float64)
         m.sum_duplicates()
@@ -244,7 +245,7 @@ KERNELS = [
 KERNELS_BY_NAME = {k.name: k for k in KERNELS}
 
 
-def select_by_name(spec: Optional[str], by_name: dict, what: str = "kernel") -> list:
+def select_by_name(spec: str | None, by_name: dict, what: str = "kernel") -> list:
     """Entries of ``by_name`` named in a comma-separated ``spec`` (case-insensitive); all when ``None``.
 
     >>> select_by_name("b, A", {"A": 1, "B": 2})
@@ -261,7 +262,7 @@ def select_by_name(spec: Optional[str], by_name: dict, what: str = "kernel") -> 
     return out
 
 
-def select_kernels(spec: Optional[str]) -> list[BenchKernel]:
+def select_kernels(spec: str | None) -> list[BenchKernel]:
     """Kernels named in a comma-separated ``spec`` (case-insensitive); all when ``None``.
 
     >>> [k.name for k in select_kernels("spmv,SDDMM")]

@@ -26,7 +26,8 @@ import os
 import statistics
 import sys
 import time
-from typing import Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 import numpy as np
 
@@ -70,7 +71,7 @@ def _time(f) -> float:
 
 
 def run_tiling_study(ks: Sequence[int] = (64, 256, 1024, 4096), rows: int = 200_000, row_nnz: int = 10,
-                     threads: Optional[list[int]] = None, repeat: int = 3, mem_bytes: int = 4 << 30,
+                     threads: list[int] | None = None, repeat: int = 3, mem_bytes: int = 4 << 30,
                      fixed_tiles: Sequence[int] = (64, 256, 1024), out: TextIO = sys.stdout,
                      seed: int = 0) -> list[dict]:
     """Time SpMM tiled (planner's tile and ``fixed_tiles``) vs untiled; print a table; return the rows.
@@ -157,7 +158,7 @@ def _report(records, out, threads, repeat, rows, row_nnz, mem_bytes, load, elaps
     w(f"wall time {elapsed:.1f} s")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``python -m spfuse.bench.tiling [--rows N] [--ks 64,256] [--threads 1,2] [--repeat R] [--mem-gib G]``."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m spfuse.bench.tiling", description=run_tiling_study.__doc__)

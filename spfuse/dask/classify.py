@@ -32,8 +32,8 @@ Nothing here imports dask: the classification is plain data.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import (

@@ -22,7 +22,7 @@ array([2., 2.])
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,7 +58,7 @@ def _dense(p: Any) -> np.ndarray:
     return p.toarray() if sp.issparse(p) else np.asarray(p)
 
 
-def add_partials(parts: Any, axis: Any = None, keepdims: Optional[bool] = None) -> Any:
+def add_partials(parts: Any, axis: Any = None, keepdims: bool | None = None) -> Any:
     """The sum of the partials in ``parts`` (``None`` when every one was skipped).
 
     >>> import spfuse

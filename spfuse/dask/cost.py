@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import functools
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -218,7 +219,7 @@ def _default_placement(lay: Any, nworkers: int) -> dict:
     return where
 
 
-def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Optional[Mapping] = None,
+def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | None = None,
                   nworkers: int = 2, finalize: bool = True) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
@@ -324,7 +325,7 @@ def _topological(graph: Mapping, leaves: set) -> list:
     return [k for k in order if k not in leaves]
 
 
-def cost(program: Any, /, *, nworkers: int = 2, placement: Optional[Mapping] = None, strategy: Optional[str] = None,
+def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None, strategy: str | None = None,
          finalize: bool = True, **operands: Any) -> CommCost:
     """Predicted bytes each of ``nworkers`` workers receives for ``program`` on ``operands``.
 

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import dask
 import dask.array as da
@@ -124,8 +125,8 @@ class DaskKernel:
     <spfuse.dask.DaskKernel 'y[i] = A[i,j] * x[j]' fusion='auto'>
     """
 
-    def __init__(self, program: str, *, fusion: str = "auto", out_format: Optional[str] = None,
-                 num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
+    def __init__(self, program: str, *, fusion: str = "auto", out_format: str | None = None,
+                 num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
                  strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
@@ -303,7 +304,7 @@ class DaskKernel:
         lay = self.layout(**operands)
         return self._build(lay, self.choose_strategy(lay))[0]
 
-    def cost(self, *, nworkers: int = 2, placement: Optional[Mapping] = None, finalize: bool = True,
+    def cost(self, *, nworkers: int = 2, placement: Mapping | None = None, finalize: bool = True,
              **operands: Any):
         """The communication cost model's prediction for a call (see :func:`spfuse.dask.cost`).
 
@@ -507,8 +508,8 @@ def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
     return block
 
 
-def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
-            num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True,
+def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
+            num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
             strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES) -> DaskKernel:
     """Plan ``program`` for Dask once; call the result with operands.
 
@@ -528,8 +529,8 @@ def compile(program: str, /, *, fusion: str = "auto", out_format: Optional[str] 
                       split_every=split_every, prune=prune, strategy=strategy, broadcast_bytes=broadcast_bytes)
 
 
-def evaluate(program: str, /, *, fusion: str = "auto", out_format: Optional[str] = None,
-             num_threads: Optional[int] = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
+def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
+             num_threads: int | None = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
              broadcast_bytes: int = BROADCAST_BYTES, **operands: Any):
     """Evaluate ``program`` on dask (and numpy/scipy) operands; returns lazy dask array(s).
 

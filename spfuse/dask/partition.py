@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Union
 
 import dask
 import dask.array as da
@@ -67,7 +68,7 @@ def balanced_boundaries(indptr: Any, nblocks: int) -> np.ndarray:
     return bounds if nrows else np.array([0, 0])
 
 
-def _row_bounds(nrows: int, indptr: Optional[np.ndarray], chunks: Chunks) -> np.ndarray:
+def _row_bounds(nrows: int, indptr: np.ndarray | None, chunks: Chunks) -> np.ndarray:
     """Row boundaries from ``chunks``: None (one block per 2**20 stored entries), a block count, or row counts."""
     if chunks is None:
         nnz = int(indptr[-1]) if indptr is not None else nrows
@@ -129,7 +130,7 @@ def _block_meta(block: Any) -> tuple[int, tuple]:
     return int(csr.nnz), (np.unique(csr.indices).astype(np.int64),)
 
 
-def block_info(arr: "da.Array", compute: bool = True) -> Optional[BlockInfo]:
+def block_info(arr: da.Array, compute: bool = True) -> BlockInfo | None:
     """The :class:`BlockInfo` of a row-partitioned sparse dask array.
 
     Arrays built by :func:`from_scipy`/:func:`from_tensor` have it already;
@@ -150,7 +151,7 @@ def block_info(arr: "da.Array", compute: bool = True) -> Optional[BlockInfo]:
     return info
 
 
-def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, prefix: str) -> "da.Array":
+def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, prefix: str) -> da.Array:
     """A dask array over already-sliced blocks along axis 0 (the data sit in the graph)."""
     name = f"{prefix}-{dask.base.tokenize(*blocks, tuple(bounds))}"
     rest = (0,) * (len(shape) - 1)
@@ -163,7 +164,7 @@ def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, pref
     return arr
 
 
-def with_meta(arr: "da.Array", meta: Any) -> "da.Array":
+def with_meta(arr: da.Array, meta: Any) -> da.Array:
     """``arr`` with ``meta`` as its meta as given: Dask turns a meta it cannot
     slice (a :class:`spfuse.Tensor`) into an empty numpy array otherwise.
 
@@ -177,7 +178,7 @@ def with_meta(arr: "da.Array", meta: Any) -> "da.Array":
     return arr
 
 
-def from_scipy(A: Any, chunks: Chunks = None) -> "da.Array":
+def from_scipy(A: Any, chunks: Chunks = None) -> da.Array:
     """A dask array of CSR row blocks from a scipy sparse matrix or array.
 
     ``chunks``: ``None`` (about 2**20 stored entries per block), a number of
@@ -230,7 +231,7 @@ def slice_block(block: Any, axis: int, lo: int, hi: int) -> Any:
     return block[tuple(index)]
 
 
-def from_tensor(X: Any, chunks: Chunks = None) -> "da.Array":
+def from_tensor(X: Any, chunks: Chunks = None) -> da.Array:
     """A dask array of :class:`spfuse.Tensor` slabs along mode 0 (balanced by stored entries).
 
     >>> import numpy as np
@@ -251,7 +252,7 @@ def from_tensor(X: Any, chunks: Chunks = None) -> "da.Array":
     return _from_blocks(blocks, bounds, t.shape, meta, "spfuse-tensor")
 
 
-def from_mtx(path: Union[str, os.PathLike], chunks: Chunks = None) -> "da.Array":
+def from_mtx(path: str | os.PathLike, chunks: Chunks = None) -> da.Array:
     """A Matrix Market file as a dask array of CSR row blocks (read on the client).
 
     >>> import tempfile, os, numpy as np, spfuse
@@ -270,7 +271,7 @@ def _load_npz(path: str) -> Any:
     return sp.csr_array(sp.load_npz(path))  # the flavour the array's meta promises
 
 
-def from_npz(paths: Sequence[Union[str, os.PathLike]]) -> "da.Array":
+def from_npz(paths: Sequence[str | os.PathLike]) -> da.Array:
     """Row blocks stored one per ``scipy.sparse.save_npz`` file, read lazily by the workers.
 
     Only each file's ``shape`` entry is read on the client; a block's

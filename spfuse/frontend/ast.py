@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Union
 
 __all__ = [
     "Span", "Access", "Literal", "Binary", "Unary", "Where", "Reduce",
@@ -55,8 +55,8 @@ class Binary:
     """``left op right`` with ``op`` one of ``+ - * /`` (element-wise)."""
 
     op: str
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     span: Span = field(default=_NOSPAN, compare=False)
 
 
@@ -65,7 +65,7 @@ class Unary:
     """``fn(arg)`` for ``fn`` in :data:`UNARY_FUNCTIONS`; ``-x`` parses as ``neg(x)``."""
 
     fn: str
-    arg: "Expr"
+    arg: Expr
     span: Span = field(default=_NOSPAN, compare=False)
 
 
@@ -73,9 +73,9 @@ class Unary:
 class Where:
     """``where(cond, then, other)``: ``then`` where ``cond != 0``, else ``other``."""
 
-    cond: "Expr"
-    then: "Expr"
-    other: "Expr"
+    cond: Expr
+    then: Expr
+    other: Expr
     span: Span = field(default=_NOSPAN, compare=False)
 
 
@@ -89,12 +89,12 @@ class Reduce:
 
     op: str
     index: str
-    body: "Expr"
+    body: Expr
     span: Span = field(default=_NOSPAN, compare=False)
     implicit: bool = field(default=False, compare=False)
     #: ``op(index in pattern, body)``: only where ``pattern`` is stored
     #: (:mod:`spfuse.frontend.patterns`; lowered away by ``parse_program``).
-    pattern: Optional[Access] = None
+    pattern: Access | None = None
 
 
 Expr = Union[Access, Literal, Binary, Unary, Where, Reduce]

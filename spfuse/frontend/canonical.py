@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import math
 
-from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
-                                 Unary, Where)
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
 
 __all__ = ["to_text", "canonical_key"]
 

@@ -9,7 +9,8 @@ Every error is a :class:`~spfuse.errors.ProgramError` pointing at the token.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Access, Expr, Program, Reduce

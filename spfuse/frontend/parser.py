@@ -24,8 +24,20 @@ from __future__ import annotations
 from functools import lru_cache
 
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import (REDUCTIONS, UNARY_FUNCTIONS, Access, Assignment, Binary,
-                                 Expr, Literal, Program, Reduce, Span, Unary, Where)
+from spfuse.frontend.ast import (
+    REDUCTIONS,
+    UNARY_FUNCTIONS,
+    Access,
+    Assignment,
+    Binary,
+    Expr,
+    Literal,
+    Program,
+    Reduce,
+    Span,
+    Unary,
+    Where,
+)
 from spfuse.frontend.lexer import tokenize
 from spfuse.frontend.patterns import lower_pattern_reductions
 from spfuse.frontend.reductions import make_reductions_explicit

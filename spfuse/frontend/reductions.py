@@ -12,8 +12,7 @@ from __future__ import annotations
 import re
 
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import (Access, Assignment, Binary, Expr, Literal, Program, Reduce,
-                                 Unary, Where)
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
 
 __all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices", "reduce_index_position"]
 

@@ -28,10 +28,10 @@ class Mask:
 
     terms: frozenset  # frozenset[frozenset[str]]
 
-    def __and__(self, other: "Mask") -> "Mask":
+    def __and__(self, other: Mask) -> Mask:
         return Mask(_absorb(frozenset(a | b for a in self.terms for b in other.terms)))
 
-    def __or__(self, other: "Mask") -> "Mask":
+    def __or__(self, other: Mask) -> Mask:
         return Mask(_absorb(self.terms | other.terms))
 
     @property
@@ -55,7 +55,7 @@ class Mask:
         """True when the mask is one intersection of atoms (co-iterate by ∧)."""
         return len(self.terms) == 1
 
-    def rename(self, mapping: dict) -> "Mask":
+    def rename(self, mapping: dict) -> Mask:
         return Mask(_absorb(frozenset(frozenset(mapping.get(a, a) for a in t) for t in self.terms)))
 
     def __str__(self) -> str:

@@ -18,7 +18,7 @@ storage format and (when known) shape -- planning works from this alone, so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Union
 
 from spfuse.frontend.ast import Span
 
@@ -65,9 +65,9 @@ class UnitOp:
     id: int
     out: str
     out_indices: tuple[str, ...]
-    operator: Optional[str]
+    operator: str | None
     args: tuple[Leaf, ...]
-    reduction: Optional[str] = None
+    reduction: str | None = None
     reduced: tuple[str, ...] = ()
     statement: int = 0
     span: Span = field(default=Span(0, 0), compare=False)
@@ -152,9 +152,9 @@ class TensorInfo:
     ndim: int
     levels: tuple[str, ...]
     mode_order: tuple[int, ...]
-    shape: tuple[Optional[int], ...]
+    shape: tuple[int | None, ...]
     role: str = Role.INPUT
-    nnz: Optional[int] = None
+    nnz: int | None = None
 
     @property
     def is_sparse(self) -> bool:
@@ -179,6 +179,6 @@ class TensorInfo:
         return "(" + ",".join(f"{lv}:{m}" for lv, m in zip(self.levels, self.mode_order)) + ")"
 
     @staticmethod
-    def dense(name: str, shape: tuple, role: str = Role.INPUT) -> "TensorInfo":
+    def dense(name: str, shape: tuple, role: str = Role.INPUT) -> TensorInfo:
         n = len(shape)
         return TensorInfo(name, n, ("dense",) * n, tuple(range(n)), tuple(shape), role)

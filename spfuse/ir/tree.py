@@ -6,8 +6,9 @@ after fusion: ``binds`` holds ``(op_id, index_name)`` pairs.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Iterator, Optional, Union
+from typing import Union
 
 from spfuse.ir.masks import TRUE, Mask  # noqa: F401  (TRUE: used by the doctests)
 from spfuse.ir.ops import UnitOp
@@ -44,7 +45,7 @@ class Loop:
     """An index node: one loop over ``index`` restricted to ``mask``."""
 
     index: str
-    extent: Optional[int]
+    extent: int | None
     mask: Mask
     binds: frozenset
     children: tuple
@@ -56,7 +57,7 @@ class Loop:
         par = "  [parallel]" if self.parallel else ""
         return f"for {self.index} < {ext} ({space}){par}"
 
-    def bound(self, op_id: int) -> Optional[str]:
+    def bound(self, op_id: int) -> str | None:
         """The index name of op ``op_id`` this loop iterates, if any."""
         for o, ix in self.binds:
             if o == op_id:

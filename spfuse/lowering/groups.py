@@ -16,9 +16,10 @@ dense, so this costs no extra memory).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Group:
     outputs: tuple[str, ...]
     kernel: str
     names: tuple[str, ...] = ()
-    einsum: Optional[tuple] = None
+    einsum: tuple | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
@@ -85,7 +86,7 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str):
     return out, root.out_indices, tuple(summed), factors
 
 
-def _gemm_roles(einsum, infos) -> Optional[tuple]:
+def _gemm_roles(einsum, infos) -> tuple | None:
     """``(X, Y, x_t, y_t, out_t)`` when the einsum is one dense 2-D × 2-D product:
     ``out = op(X) @ op(Y)`` with the transposes flagged."""
     out, out_ix, summed, factors = einsum

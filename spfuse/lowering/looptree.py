@@ -12,8 +12,9 @@ coordinate lists canonicalised afterwards (SpGEMM, SpAdd).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class OutputSpec:
     name: str
     kind: str
     shape: tuple[int, ...]
-    pattern_of: Optional[Any] = None  # the Tensor whose pattern a "pattern" output shares
+    pattern_of: Any | None = None  # the Tensor whose pattern a "pattern" output shares
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,9 @@ class LoweredProgram:
     plan: Any  # LoopTreePlan
     outputs: tuple[OutputSpec, ...]
     transposed: tuple[str, ...]  # operands converted to a concordant mode order
-    binding: Optional[Binding] = None
+    binding: Binding | None = None
 
-    def rebind(self, operands: Mapping[str, Any]) -> "LoweredProgram":
+    def rebind(self, operands: Mapping[str, Any]) -> LoweredProgram:
         """This lowering over another call's operands (same signature)."""
         b = self.binding
         tensors = []
@@ -181,7 +182,7 @@ class _Lowerer:
             self.accesses[key] = self.b.access(tensor, vars_, name=ref.name, check=False)
         return self.accesses[key]
 
-    def _atom_binding(self, op, atom: str, seen=()) -> Optional[tuple[str, ...]]:
+    def _atom_binding(self, op, atom: str, seen=()) -> tuple[str, ...] | None:
         """Indices of ``op`` that the modes of mask atom ``atom`` correspond to."""
         statement, tensor, indices, _ = self.plan.atoms[atom]
         if op.statement == statement and any(r.name == tensor and r.indices == indices for r in op.refs):
@@ -453,7 +454,7 @@ def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
     return LoweredProgram(built, tuple(lo.outputs), tuple(lo.transposed), _binding(lo, built))
 
 
-def _binding(lo: _Lowerer, built) -> Optional[Binding]:
+def _binding(lo: _Lowerer, built) -> Binding | None:
     """How ``built``'s arrays come from the operands, or None when some do not."""
     if lo.baked:
         return None

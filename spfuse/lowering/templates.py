@@ -15,8 +15,9 @@ generic loop-tree executor.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def _kind(info: TensorInfo) -> str:
     return "other"
 
 
-def _einsum(program) -> Optional[tuple]:
+def _einsum(program) -> tuple | None:
     """``(out_name, out_indices, summed, [(name, indices)])`` or None."""
     if len(program.statements) != 1:
         return None
@@ -390,7 +391,7 @@ def _match_sddmm_div(plan, infos):
 MAX_WORKSPACE_COLUMNS = 2**25
 
 
-def match_template(plan) -> Optional[TemplateMatch]:
+def match_template(plan) -> TemplateMatch | None:
     """The template kernel for ``plan`` (auto fusion only), or None.
 
     A whole-program template implements the program as written, fused; when
@@ -413,7 +414,7 @@ def match_template(plan) -> Optional[TemplateMatch]:
     return m
 
 
-def _match(plan) -> Optional[TemplateMatch]:
+def _match(plan) -> TemplateMatch | None:
     infos = plan.inputs
     ein = _einsum(plan.program)
     result = plan.results[0] if plan.results else None

@@ -1,17 +1,17 @@
 """One index tree per unit operation (ReACT 4.1.1)."""
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
-from spfuse.ir.masks import Mask, TRUE
+from spfuse.ir.masks import TRUE, Mask
 from spfuse.ir.tree import Compute, Loop, Root
 
 __all__ = ["build_trees", "op_extents"]
 
 
-def op_extents(op, shapes: Mapping[str, tuple]) -> dict[str, Optional[int]]:
+def op_extents(op, shapes: Mapping[str, tuple]) -> dict[str, int | None]:
     """Extent of every index of ``op`` read off the shapes of its operands."""
-    ext: dict[str, Optional[int]] = {}
+    ext: dict[str, int | None] = {}
     refs = list(op.refs) + [type(op.refs[0])(op.out, op.out_indices)] if op.refs else []
     for ref in refs:
         shape = shapes.get(ref.name)

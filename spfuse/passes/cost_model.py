@@ -52,8 +52,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping, Optional
 
 from spfuse.ir.masks import Mask
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
@@ -100,7 +100,7 @@ class CostConstants:
         return {n: getattr(self, n) for n in self.names()}
 
     @classmethod
-    def from_mapping(cls, data, source: str) -> "CostConstants":
+    def from_mapping(cls, data, source: str) -> CostConstants:
         """Validated constants from a mapping (a parsed JSON object).
 
         Every field of :meth:`names` must be present, finite and positive; a
@@ -290,7 +290,7 @@ class _Operand:
         return v
 
 
-_MASK_OPERANDS: dict[tuple, "_Operand"] = {}
+_MASK_OPERANDS: dict[tuple, _Operand] = {}
 
 
 class OpModel:
@@ -303,8 +303,8 @@ class OpModel:
     """
 
     def __init__(self, op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
-                 atoms: Mapping[str, tuple] = {}, shapes: Optional[Mapping[str, tuple]] = None,
-                 constants: Optional[CostConstants] = None, forward: Optional[Mapping[str, Mask]] = None):
+                 atoms: Mapping[str, tuple] = {}, shapes: Mapping[str, tuple] | None = None,
+                 constants: CostConstants | None = None, forward: Mapping[str, Mask] | None = None):
         self.op = op
         self.c = constants or active_constants()
         refs = op.refs
@@ -349,7 +349,7 @@ class OpModel:
         self.sparse_out = frozenset(ix for ix in op.out_indices for term in self.loop_masks[ix] or ()
                                     for atom in term if atom[0] != "demand")
         self._step_cache: dict[tuple, tuple] = {}
-        self._needs: Optional[dict] = None
+        self._needs: dict | None = None
 
     # -- setup ----------------------------------------------------------------
     def _extents(self, op, infos, shapes) -> dict[str, float]:
@@ -502,7 +502,7 @@ class OpModel:
             return o.nnz * (self.c.transpose_csf if o.csf else self.c.transpose_sparse)
         return o.size * self.c.transpose_dense
 
-    def extend(self, bound: int, n: float, flags: int, ix: str, forbid: int = 0) -> Optional[tuple]:
+    def extend(self, bound: int, n: float, flags: int, ix: str, forbid: int = 0) -> tuple | None:
         """Visit loop ``ix`` after the indices ``bound`` (``n`` iterations reach it).
 
         Returns ``(computation, transposition, iterations below, flags, steps)``

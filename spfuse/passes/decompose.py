@@ -21,10 +21,9 @@ the algebraic half of removing ReACT's reduction redundancy.
 from __future__ import annotations
 
 import itertools
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
-from spfuse.frontend.ast import (Access, Binary, Expr, Literal, Program,
-                                 Reduce, Unary, Where)
+from spfuse.frontend.ast import Access, Binary, Expr, Literal, Program, Reduce, Unary, Where
 from spfuse.ir.ops import Const, Leaf, Ref, UnitOp
 from spfuse.passes.rename import distinct_binders
 
@@ -142,7 +141,7 @@ def sum_terms(expr: Expr) -> list[tuple[float, Expr]]:
     return out
 
 
-def _scaled_access(e: Binary) -> Optional[tuple[float, Access]]:
+def _scaled_access(e: Binary) -> tuple[float, Access] | None:
     if isinstance(e.left, Literal) and isinstance(e.right, Access):
         return float(e.left.value), e.right
     if isinstance(e.right, Literal) and isinstance(e.left, Access):

@@ -22,7 +22,6 @@ stream.  Lowering stores every result the way this pass decides.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from spfuse.ir.tree import paths_to_computes
 
@@ -46,7 +45,7 @@ class FormatDecision:
     name: str
     levels: tuple[str, ...]
     mode_order: tuple[int, ...]
-    workspace: Optional[str]
+    workspace: str | None
     reason: str
 
     @property

@@ -14,8 +14,8 @@ stored.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from spfuse.ir.masks import FALSE, TRUE, Mask, atom
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
@@ -92,7 +92,7 @@ class _Values:
                      if info.mode_is_compressed(m) else TRUE for m in range(info.ndim))
 
 
-def _leaf_mask(leaf, index: str, value: "_Values", statement: int) -> Mask:
+def _leaf_mask(leaf, index: str, value: _Values, statement: int) -> Mask:
     if isinstance(leaf, Const):
         return FALSE if leaf.value == 0 else TRUE
     dims = value.dims(statement, leaf)
@@ -213,7 +213,7 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
     return IterationSpaces(forward, final, values, dict(labels.refs))
 
 
-def expression_mask(expr, index: str, value: "_Values", statement: int = 0) -> Mask:
+def expression_mask(expr, index: str, value: _Values, statement: int = 0) -> Mask:
     """Mask of a whole AST expression at ``index`` (used by maximal fusion)."""
     from spfuse.frontend.ast import Access, Binary, Literal, Reduce, Unary, Where
 

@@ -22,7 +22,7 @@ ReACT's trees (``i,k,j`` for ``T[i,j] = C[i,k]·D[k,j]``).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 from spfuse.ir.masks import Mask
 from spfuse.ir.ops import TensorInfo, UnitOp
@@ -54,8 +54,8 @@ class OrderChoice:
 
     __slots__ = ("_best", "_order", "cycle", "_model", "_keep", "_runner", "_make")
 
-    def __init__(self, best: Optional[OrderCost], cycle: tuple[str, ...] = (), model: Optional[OpModel] = None,
-                 keep: tuple = (), order: Optional[tuple] = None, make=None):
+    def __init__(self, best: OrderCost | None, cycle: tuple[str, ...] = (), model: OpModel | None = None,
+                 keep: tuple = (), order: tuple | None = None, make=None):
         self._best, self._order = best, order if best is None else best.order
         self.cycle = cycle  # how mode-order cycles were broken, one line each
         self._model, self._keep, self._runner, self._make = model, keep, None, make
@@ -91,7 +91,7 @@ class OrderChoice:
         return self._runner
 
     @property
-    def runner_up(self) -> Optional[OrderCost]:
+    def runner_up(self) -> OrderCost | None:
         """The cheapest other order (None when the op has one index)."""
         return self._runner_up()[0]
 
@@ -118,7 +118,7 @@ def _reaches(edges: Mapping[str, set], src: str, dst: str) -> bool:
 
 
 def _forced_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
-                  atoms: Mapping[str, tuple]) -> Optional[tuple[str, ...]]:
+                  atoms: Mapping[str, tuple]) -> tuple[str, ...] | None:
     """The order, when the inputs' storage orders and the masks' prefixes
     admit exactly one (SpMM, SpGEMM, SpAdd): no cost to compare.
 
@@ -278,9 +278,9 @@ def _search(model: OpModel, keep, hard: bool, top: int = 2, exclude=()) -> list:
 
 
 def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
-                 atoms: Mapping[str, tuple] = {}, shapes: Optional[Mapping[str, tuple]] = None,
-                 constants: Optional[CostConstants] = None,
-                 forward: Optional[Mapping[str, Mask]] = None) -> OrderChoice:
+                 atoms: Mapping[str, tuple] = {}, shapes: Mapping[str, tuple] | None = None,
+                 constants: CostConstants | None = None,
+                 forward: Mapping[str, Mask] | None = None) -> OrderChoice:
     """The cheapest loop order of ``op`` and the runner-up (see module docstring).
 
     ``forward`` are the op's masks before consumers' demand was propagated
@@ -312,7 +312,7 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
 
 
 def order_loops(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
-                atoms: Mapping[str, tuple] = {}, shapes: Optional[Mapping[str, tuple]] = None) -> tuple[str, ...]:
+                atoms: Mapping[str, tuple] = {}, shapes: Mapping[str, tuple] | None = None) -> tuple[str, ...]:
     """Cheapest loop order for ``op`` (:func:`choose_order` without the numbers).
 
     >>> from spfuse.ir.ops import Ref, UnitOp, TensorInfo

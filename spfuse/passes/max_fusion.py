@@ -8,13 +8,13 @@ statements -- ``B / sum(k, C*D)`` (SDDMM-div), ``exp(sum(...))``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Access, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
 from spfuse.ir.ops import Ref
 from spfuse.passes.rename import all_indices as _all_indices
-from spfuse.passes.rename import distinct_binders, rename as _rename
+from spfuse.passes.rename import distinct_binders
+from spfuse.passes.rename import rename as _rename
 
 __all__ = ["StatementOp", "lift_sums", "maximal_statement_ops"]
 
@@ -27,10 +27,10 @@ class StatementOp:
     out: str
     out_indices: tuple[str, ...]
     expr: Expr
-    reduction: Optional[str]
+    reduction: str | None
     reduced: tuple[str, ...]
     statement: int
-    operator: Optional[str] = field(default=None)
+    operator: str | None = field(default=None)
 
     @property
     def refs(self) -> tuple[Ref, ...]:
@@ -71,7 +71,7 @@ def _has_reduce(e: Expr) -> bool:
     return False
 
 
-def lift_sums(e: Expr) -> Optional[tuple[tuple[str, ...], Expr]]:
+def lift_sums(e: Expr) -> tuple[tuple[str, ...], Expr] | None:
     """``(summed indices, body)`` with every sum lifted to the top, or ``None``
     when distributivity does not allow it.
 

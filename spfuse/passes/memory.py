@@ -10,10 +10,10 @@ pattern (SDDMM's ``T[j]`` becomes one value per stored entry of B's row).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
 
-from spfuse.ir.masks import Mask, TRUE
+from spfuse.ir.masks import TRUE, Mask
 from spfuse.ir.tree import Loop, Reset, Root, paths_to_computes
 
 __all__ = ["Temporary", "reduce_dimensions", "full_temporaries", "RESET_VALUE"]
@@ -36,8 +36,8 @@ class Temporary:
     dims: tuple[str, ...]
     kept: tuple[str, ...]
     masks: tuple[Mask, ...]
-    extents: tuple[Optional[int], ...]
-    reset_under: Optional[str] = None
+    extents: tuple[int | None, ...]
+    reset_under: str | None = None
 
     @property
     def format(self) -> str:

@@ -24,9 +24,9 @@ the fused template that implements it).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import Callable, Mapping, Optional, Union
 
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 
@@ -60,8 +60,8 @@ class Association:
     factors: tuple[str, ...]
     written: str
     chosen: str
-    written_cost: Optional[float]
-    chosen_cost: Optional[float]
+    written_cost: float | None
+    chosen_cost: float | None
     reason: str
     tree: object = field(default=None, compare=False, repr=False)  # nested pairs of factor positions
 
@@ -120,7 +120,7 @@ def _text(tree, names) -> str:
     return f"({l}·{r})"
 
 
-def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> Optional[float]:
+def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> float | None:
     """Multiply-adds of evaluating a binary contraction ``tree`` over ``factors``
     (``None`` when it forms a pair that sums no index).
 
@@ -238,7 +238,7 @@ def _best_tree(factors, out_indices, extents, density, storage=None, concordant=
     return best.get(full)
 
 
-def _density(ref: Ref, inputs, dense_temps) -> Optional[float]:
+def _density(ref: Ref, inputs, dense_temps) -> float | None:
     info = inputs.get(ref.name)
     if info is None:
         return 1.0 if ref.name in dense_temps else None
@@ -278,7 +278,7 @@ def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, 
 
 
 def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[str, tuple],
-                concordant_margin: Union[None, float, Callable[[], float]] = None):
+                concordant_margin: None | float | Callable[[], float] = None):
     """Re-form every contraction chain of ≥3 factors into its cheapest tree.
 
     A tree without projected temporaries is kept over a cheaper one with
@@ -354,7 +354,7 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
         why = (f"nnz of {', '.join(dict.fromkeys(unknown))} unknown at planning time"
                if all(f in inputs for f in unknown) else "a factor is a sparse temporary")
         return _association(root, labels, written, written, None, None, why, chain.written)
-    extents: dict[str, Optional[int]] = {}
+    extents: dict[str, int | None] = {}
     for f in factors:
         for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices))):
             extents[ix] = n if extents.get(ix) is None else extents[ix]
@@ -404,7 +404,7 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
     return _association(root, labels, written, written, w_cost, w_cost, why + note, chain.written)
 
 
-def _storage(ref: Ref, inputs) -> Optional[list]:
+def _storage(ref: Ref, inputs) -> list | None:
     """``(index, compressed)`` per storage level of a sparse input factor, else None."""
     info = inputs.get(ref.name)
     if info is None or not info.is_sparse:

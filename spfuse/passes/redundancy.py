@@ -14,8 +14,8 @@ and, when extents and nnz are known, numerically.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from spfuse.frontend.ast import Access, Binary, Literal, Unary, Where
 from spfuse.ir.ops import TensorInfo
@@ -33,7 +33,7 @@ class RedundancyReport:
 
     present: Mapping[str, tuple[str, ...]]
     terms: tuple[tuple[str, ...], ...]
-    estimate: Optional[float]
+    estimate: float | None
 
     @property
     def cost_text(self) -> str:
@@ -158,7 +158,7 @@ def asymptotic(terms) -> str:
     return "O(" + " + ".join("·".join(t) or "1" for t in keep) + ")"
 
 
-def _estimate(terms, extents: Mapping[str, Optional[int]], infos, atoms) -> Optional[float]:
+def _estimate(terms, extents: Mapping[str, int | None], infos, atoms) -> float | None:
     total = 0.0
     for t in terms:
         v = 1.0
@@ -191,7 +191,7 @@ def _estimate(terms, extents: Mapping[str, Optional[int]], infos, atoms) -> Opti
 
 
 def analyse(root: Root, ops, infos: Mapping[str, TensorInfo], final_masks, temporaries,
-            extents: Mapping[str, Optional[int]], atoms: Mapping[str, tuple] = {}) -> RedundancyReport:
+            extents: Mapping[str, int | None], atoms: Mapping[str, tuple] = {}) -> RedundancyReport:
     """Redundancies and cost of one plan tree.
 
     ``final_masks`` are the propagated masks (what each op must compute);

@@ -25,8 +25,8 @@ machine; a test keeps the two in sync).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
 
 __all__ = ["SpAddStats", "SpAddChoice", "SPADD_COSTS", "spadd_stats", "choose_spadd",
            "DENSE_OUTPUT_DENSITY"]
@@ -73,7 +73,7 @@ class SpAddChoice:
         return f"rows by {self.variant}: {self.reason}"
 
 
-def spadd_stats(nnzs: Sequence[int], n_rows: int, n_cols: int, max_row: Optional[int] = None) -> SpAddStats:
+def spadd_stats(nnzs: Sequence[int], n_rows: int, n_cols: int, max_row: int | None = None) -> SpAddStats:
     """Statistics of ``len(nnzs)`` operands of shape ``(n_rows, n_cols)``.
 
     ``max_row`` (the longest row's upper bound) comes from the row pointers

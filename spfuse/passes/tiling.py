@@ -7,7 +7,6 @@ row, in the L1 data cache.
 """
 from __future__ import annotations
 
-
 from spfuse.ir.tree import paths_to_computes
 
 __all__ = ["choose_tiles", "L1_BYTES", "MIN_TILED_EXTENT"]

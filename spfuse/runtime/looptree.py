@@ -89,8 +89,9 @@ import contextlib
 import copy
 import dataclasses
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -276,7 +277,7 @@ class Expr:
     def __rtruediv__(self, o): return _Bin("/", _wrap(o), self)
     def __neg__(self): return _Un("neg", self)
 
-    def _leaf_ref(self) -> "Expr":
+    def _leaf_ref(self) -> Expr:
         return self
 
 
@@ -393,7 +394,7 @@ class Buffer:
     init: Any
     id: int
 
-    def __getitem__(self, vars) -> "BufferRef":
+    def __getitem__(self, vars) -> BufferRef:
         if not isinstance(vars, tuple):
             vars = (vars,)
         if len(vars) != len(self.shape):
@@ -1313,7 +1314,6 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     (reshaped), ``{name: 1-d array}`` for pattern outputs, and
     ``{name: COOResult}`` for COO outputs.  ``blocks=False`` interprets
     block-eligible loops element by element (same results; for testing)."""
-    from spfuse._kernels import _looptree
     from spfuse.threads import effective_num_threads
 
     nthreads = effective_num_threads(num_threads)
