@@ -52,6 +52,7 @@ cdef enum:
     N_LOOP = 0
     N_STMT = 1
     N_RESET = 2
+    N_FLUSH = 3
 
     M_DENSE = 0
     M_INTERSECT = 1
@@ -63,6 +64,7 @@ cdef enum:
     T_BUF = 0
     T_PATTERN = 1
     T_COO = 2
+    T_WS = 3
 
     A_ASSIGN = 0
     A_SUM = 1
@@ -144,6 +146,11 @@ ctypedef struct Plan:
     int64_t* coo_nvar
     int64_t* coo_vstart
     int64_t* coo_vars
+    int64_t* ws_buf     # per row workspace: its private buffer, COO output, extent
+    int64_t* ws_coo
+    int64_t* ws_extent
+    int64_t* ws_pos     # the workspace variable's position among its output's
+    int64_t* buf_ws     # per buffer: the workspace it is, or -1
     int64_t* reset_buf
     int64_t* reset_whole
     int64_t* reset_tstart
@@ -169,6 +176,9 @@ ctypedef struct Ctx:
     double** coo_val
     int64_t* coo_n
     int64_t* coo_cap
+    unsigned char** ws_mark  # per workspace: 1 where touched since the last flush
+    int64_t** ws_list  # per workspace: the touched coordinates, in touch order
+    int64_t* ws_n
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
     double* vst        # block mode: vector stack, one row of BLK per slot
@@ -375,6 +385,120 @@ cdef int coo_grow(Ctx* C, int64_t c, int64_t nvar) noexcept nogil:
     return 0
 
 
+cdef inline void ws_apply(Plan* P, Ctx* C, int64_t b, int64_t k, int64_t op, double v) noexcept nogil:
+    """Workspace update at coordinate k: the first write since the last flush
+    sets (so no clearing pass is needed), later ones combine by ``op``."""
+    cdef int64_t w = P.buf_ws[b]
+    cdef unsigned char* mark = C.ws_mark[w]
+    if mark[k]:
+        apply_op(C.buf[b] + k, op, v)
+    else:
+        mark[k] = 1
+        C.ws_list[w][C.ws_n[w]] = k
+        C.ws_n[w] += 1
+        C.buf[b][k] = v
+
+
+cdef void _sort_i64(int64_t* a, int64_t n) noexcept nogil:
+    """Sort ``a[:n]`` ascending in place: quicksort (median of three) down to
+    runs of 24, finished by one insertion sort -- no comparator calls, no
+    allocation (the lists are a row's touched coordinates, ~10-1000)."""
+    cdef int64_t lo, hi, i, j, mid, p, x
+    cdef int64_t stack_lo[64]
+    cdef int64_t stack_hi[64]
+    cdef int sp = 0
+    stack_lo[0] = 0
+    stack_hi[0] = n - 1
+    sp = 1
+    while sp > 0:
+        sp -= 1
+        lo = stack_lo[sp]
+        hi = stack_hi[sp]
+        while hi - lo > 24:
+            mid = lo + ((hi - lo) >> 1)
+            if a[mid] < a[lo]:
+                a[mid], a[lo] = a[lo], a[mid]
+            if a[hi] < a[lo]:
+                a[hi], a[lo] = a[lo], a[hi]
+            if a[hi] < a[mid]:
+                a[hi], a[mid] = a[mid], a[hi]
+            p = a[mid]
+            i = lo
+            j = hi
+            while i <= j:
+                while a[i] < p:
+                    i += 1
+                while a[j] > p:
+                    j -= 1
+                if i <= j:
+                    a[i], a[j] = a[j], a[i]
+                    i += 1
+                    j -= 1
+            # recurse into the smaller side later, loop on the larger (depth <= log2 n)
+            if j - lo < hi - i:
+                stack_lo[sp] = i
+                stack_hi[sp] = hi
+                sp += 1
+                hi = j
+            else:
+                stack_lo[sp] = lo
+                stack_hi[sp] = j
+                sp += 1
+                lo = i
+    for i in range(1, n):
+        x = a[i]
+        j = i - 1
+        while j >= 0 and a[j] > x:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = x
+
+
+cdef void exec_flush(Plan* P, Ctx* C, int64_t w) noexcept nogil:
+    """Append a workspace's touched coordinates, in order, to its COO output
+    (the enclosing loops' variables first), and clear them."""
+    cdef int64_t n = C.ws_n[w]
+    cdef int64_t c = P.ws_coo[w]
+    cdef int64_t nv = P.coo_nvar[c]
+    cdef int64_t vs = P.coo_vstart[c]
+    cdef int64_t at = P.ws_pos[w]
+    cdef int64_t ext = P.ws_extent[w]
+    cdef int64_t* lst = C.ws_list[w]
+    cdef unsigned char* mark = C.ws_mark[w]
+    cdef double* W = C.buf[P.ws_buf[w]]
+    cdef int64_t e, d, k, cn, m
+    cdef int64_t* dst
+    if n == 0:
+        return
+    C.work += n
+    # sorted by a scan of the marks when that is cheaper than sorting the list
+    m = 1
+    while (1 << m) < n:
+        m += 1
+    if n * m * 4 >= ext:
+        k = 0
+        for e in range(ext):
+            if mark[e]:
+                lst[k] = e
+                k += 1
+    else:
+        _sort_i64(lst, n)
+    while C.coo_n[c] + n > C.coo_cap[c]:
+        if coo_grow(C, c, nv) != 0:
+            C.err = 1
+            return
+    cn = C.coo_n[c]
+    for e in range(n):
+        k = lst[e]
+        dst = C.coo_crd[c] + (cn + e) * nv
+        for d in range(nv):
+            dst[d] = k if d == at else C.ival[P.coo_vars[vs + d]]
+        C.coo_val[c][cn + e] = W[k]
+        mark[k] = 0
+    C.coo_n[c] = cn + n
+    C.ws_n[w] = 0
+
+
 cdef void exec_stmt(Plan* P, Ctx* C, int64_t s) noexcept nogil:
     cdef double v = eval_code(P, C, P.stmt_cstart[s], P.stmt_cstart[s] + P.stmt_clen[s])
     cdef int64_t tk = P.stmt_tkind[s]
@@ -383,6 +507,8 @@ cdef void exec_stmt(Plan* P, Ctx* C, int64_t s) noexcept nogil:
     cdef int64_t* dst
     if tk == T_BUF:
         apply_op(C.buf[P.bref_buf[t]] + bref_offset(P, C, t), P.stmt_op[s], v)
+    elif tk == T_WS:
+        ws_apply(P, C, P.bref_buf[t], bref_offset(P, C, t), P.stmt_op[s], v)
     elif tk == T_PATTERN:
         q = C.curpos[P.pat_level[t]]
         if q >= 0:
@@ -701,6 +827,10 @@ cdef void flush_block(Plan* P, Ctx* C, int64_t node, int64_t n) noexcept nogil:
             else:
                 for e in range(n):
                     apply_op(buf + sv * bi[e], aop, d[e])
+        elif tk == T_WS:
+            bref_split(P, C, r, v, &base, &sv)
+            for e in range(n):
+                ws_apply(P, C, P.bref_buf[r], base + sv * bi[e], aop, d[e])
         elif tk == T_PATTERN:
             L = P.pat_level[r]
             buf = C.buf[P.pat_buf[r]]
@@ -756,6 +886,8 @@ cdef void exec_children(Plan* P, Ctx* C, int64_t node) noexcept nogil:
             exec_stmt(P, C, P.node_arg[c])
         elif k == N_LOOP:
             exec_loop(P, C, c)
+        elif k == N_FLUSH:
+            exec_flush(P, C, P.node_arg[c])
         else:
             exec_reset(P, C, P.node_arg[c])
         if C.err:
@@ -1579,6 +1711,8 @@ cdef void exec_node(Plan* P, Ctx* C, int64_t node) noexcept nogil:
         exec_loop(P, C, node)
     elif k == N_STMT:
         exec_stmt(P, C, P.node_arg[node])
+    elif k == N_FLUSH:
+        exec_flush(P, C, P.node_arg[node])
     else:
         exec_reset(P, C, P.node_arg[node])
 
@@ -1707,7 +1841,7 @@ def _fiber_loops(keep):
         mine = levs[start[lid]:start[lid] + keep["loop_nlev"][lid]]
         if any(kind[L] != L_DENSE for L in mine[0 if dense_mode else 1:]):
             continue
-        if any(node_kind[c] == N_STMT and keep["stmt_tkind"][node_arg[c]] == T_COO
+        if any(node_kind[c] == N_STMT and keep["stmt_tkind"][node_arg[c]] in (T_COO, T_WS)
                for c in range(node + 1, node_end[node])):
             continue
         lt[lid] = 1
@@ -1788,6 +1922,8 @@ def _sweep_loops(keep, private):
                 s = node_arg[c]
                 ok = keep["stmt_tkind"][s] == T_BUF
                 order.append(("stmt", c, s, -1))
+            elif k != N_LOOP:
+                ok = False
             else:
                 fl = node_arg[c]
                 mine_f = [int(L) for L in levs[start[fl]:start[fl] + nlev[fl]]]
@@ -1864,6 +2000,7 @@ _INT_FIELDS = (
     "bref_buf", "bref_tstart", "bref_nterm", "term_var", "term_stride",
     "stmt_tkind", "stmt_target", "stmt_op", "stmt_cstart", "stmt_clen",
     "pat_buf", "pat_level", "coo_nvar", "coo_vstart", "coo_vars",
+    "ws_buf", "ws_coo", "ws_extent", "ws_pos", "buf_ws",
     "reset_buf", "reset_whole", "reset_tstart", "reset_nbound", "reset_nfree",
     "rterm_a", "rterm_b", "buf_size", "code", "top_parallel",
 )
@@ -1873,7 +2010,7 @@ cdef class _Program:
     """A plan's arrays pinned as C pointers (built once per :func:`run`)."""
     cdef Plan P
     cdef dict keep
-    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nnodes, max_free, max_stack, max_blk_lev, n_rslots
+    cdef int64_t nlev, nacc, nvars, nbuf, ncoo, nws, nnodes, max_free, max_stack, max_blk_lev, n_rslots
     cdef bint any_block, any_sweep
     cdef tuple index_arrays, value_arrays
 
@@ -1905,6 +2042,7 @@ cdef class _Program:
         self.nvars = len(keep["var_extent"])
         self.nbuf = len(keep["buf_size"])
         self.ncoo = len(keep["coo_nvar"])
+        self.nws = len(keep["ws_buf"])
         self.nnodes = len(keep["node_kind"])
         self.max_free = int(keep["reset_nfree"].max()) if len(keep["reset_nfree"]) else 0
         P = &self.P
@@ -1931,6 +2069,9 @@ cdef class _Program:
         P.pat_buf = _ip(keep["pat_buf"]); P.pat_level = _ip(keep["pat_level"])
         P.coo_nvar = _ip(keep["coo_nvar"]); P.coo_vstart = _ip(keep["coo_vstart"])
         P.coo_vars = _ip(keep["coo_vars"])
+        P.ws_buf = _ip(keep["ws_buf"]); P.ws_coo = _ip(keep["ws_coo"])
+        P.ws_extent = _ip(keep["ws_extent"]); P.buf_ws = _ip(keep["buf_ws"])
+        P.ws_pos = _ip(keep["ws_pos"])
         P.reset_buf = _ip(keep["reset_buf"]); P.reset_whole = _ip(keep["reset_whole"])
         P.reset_tstart = _ip(keep["reset_tstart"]); P.reset_nbound = _ip(keep["reset_nbound"])
         P.reset_nfree = _ip(keep["reset_nfree"]); P.rterm_a = _ip(keep["rterm_a"])
@@ -1967,6 +2108,7 @@ cdef class _Program:
         q.P.buf_size = _ip(q.keep["buf_size"])
         q.nlev, q.nacc, q.nvars, q.nbuf = self.nlev, self.nacc, self.nvars, self.nbuf
         q.ncoo, q.nnodes, q.max_free, q.max_stack = self.ncoo, self.nnodes, self.max_free, self.max_stack
+        q.nws = self.nws
         q.max_blk_lev, q.n_rslots = self.max_blk_lev, self.n_rslots
         q.any_block, q.any_sweep = self.any_block, self.any_sweep
         q.index_arrays = tuple(_i64(a) for a in index_arrays)
@@ -2010,7 +2152,7 @@ cdef class _Program:
         cdef Ctx* C
         cdef Ctx* S
         cdef Plan* P = &self.P
-        cdef int64_t nb = self.nbuf, nc = self.ncoo, nn = self.nnodes
+        cdef int64_t nb = self.nbuf, nc = self.ncoo, nn = self.nnodes, nw = self.nws, w
         cdef int64_t* toppar = _ip(self.keep["top_parallel"])
         cdef bint any_par = nthreads > 1 and bool(self.keep["top_parallel"].any())
         cdef int64_t* bufsz = P.buf_size
@@ -2058,6 +2200,16 @@ cdef class _Program:
                 C.coo_val = <double**>calloc(nc + 1, sizeof(double*))
                 C.coo_n = <int64_t*>calloc(nc + 1, sizeof(int64_t))
                 C.coo_cap = <int64_t*>calloc(nc + 1, sizeof(int64_t))
+                C.ws_mark = <unsigned char**>calloc(nw + 1, sizeof(unsigned char*))
+                C.ws_list = <int64_t**>calloc(nw + 1, sizeof(int64_t*))
+                C.ws_n = <int64_t*>calloc(nw + 1, sizeof(int64_t))
+                if C.ws_mark == NULL or C.ws_list == NULL or C.ws_n == NULL:
+                    raise MemoryError()
+                for w in range(nw):
+                    C.ws_mark[w] = <unsigned char*>calloc(P.ws_extent[w] + 1, sizeof(unsigned char))
+                    C.ws_list[w] = <int64_t*>malloc((P.ws_extent[w] + 1) * sizeof(int64_t))
+                    if C.ws_mark[w] == NULL or C.ws_list[w] == NULL:
+                        raise MemoryError()
                 if self.any_block:
                     C.blk_i = <int64_t*>malloc(BLK * (self.max_blk_lev + 1) * sizeof(int64_t))
                     C.blk_pos = C.blk_i + BLK if C.blk_i != NULL else NULL
@@ -2153,6 +2305,13 @@ cdef class _Program:
                     for c in range(nc):
                         free(C.coo_crd[c])
                         free(C.coo_val[c])
+                if C.ws_mark != NULL:
+                    for w in range(nw):
+                        free(C.ws_mark[w])
+                if C.ws_list != NULL:
+                    for w in range(nw):
+                        free(C.ws_list[w])
+                free(C.ws_mark); free(C.ws_list); free(C.ws_n)
                 free(C.blk_i); free(C.vst); free(C.sw_rowid); free(C.sw_q); free(C.sw_t)
                 free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
             free(ctxs); free(scratch); free(priv); free(shared)

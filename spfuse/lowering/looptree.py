@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from spfuse.formats import Format
+from spfuse.formats import Format, as_format
 from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
@@ -107,10 +107,12 @@ class LoweredProgram:
                 out[spec.name] = np.asarray(v)
             elif spec.kind == "pattern":
                 out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
-            else:  # coordinates and values, in the executor's emission order
-                fmt = "csr" if len(spec.shape) == 2 else "csf"
-                out[spec.name] = Tensor.from_coo(np.asarray(v[0]).reshape(len(spec.shape), -1),
-                                                 np.asarray(v[1]), spec.shape, format=fmt)
+            else:  # canonical coordinates, sorted in the order the executor emitted them
+                base = as_format("csr" if len(spec.shape) == 2 else "csf", len(spec.shape))
+                fmt = Format(tuple(base.levels), v.order)
+                coords = np.asarray(v.coords).reshape(len(spec.shape), -1)
+                out[spec.name] = Tensor._assemble(coords[list(v.order)], np.asarray(v.values), spec.shape,
+                                                  fmt, None, presorted=True)
         return out
 
 

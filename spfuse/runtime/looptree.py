@@ -104,10 +104,12 @@ __all__ = [
 ]
 
 # -- constants shared with _looptree.pyx ------------------------------------
-N_LOOP, N_STMT, N_RESET = 0, 1, 2
+N_LOOP, N_STMT, N_RESET, N_FLUSH = 0, 1, 2, 3
 M_DENSE, M_INTERSECT, M_UNION = 0, 1, 2
 L_DENSE, L_COMPRESSED = 0, 1
-T_BUF, T_PATTERN, T_COO = 0, 1, 2
+T_BUF, T_PATTERN, T_COO, T_WS = 0, 1, 2, 3
+# a row workspace holds this many elements at most (per thread: 17 bytes each)
+WORKSPACE_MAX = 1 << 24
 ASSIGN_OPS = {"assign": 0, "sum": 1, "max": 2, "min": 3}
 _ASSIGN_SYM = {"assign": "=", "sum": "+=", "max": "max=", "min": "min="}
 OP_LOAD_ACC, OP_LOAD_BUF, OP_CONST = 0, 1, 2
@@ -465,15 +467,20 @@ class COOOutput:
 
 
 class COOResult(tuple):
-    """``(coords, values, shape)``: canonical COO (row-major sorted, unique)."""
+    """``(coords, values, shape, order)``: canonical COO, unique and sorted
+    lexicographically with the axes taken in ``order`` (row-major when
+    ``order`` is ``(0, 1, ...)``; the executor's emission order otherwise,
+    so that a result emitted column by column needs no sort)."""
     __slots__ = ()
 
-    def __new__(cls, coords, values, shape):
-        return tuple.__new__(cls, (coords, values, shape))
+    def __new__(cls, coords, values, shape, order=None):
+        order = tuple(range(len(shape))) if order is None else tuple(order)
+        return tuple.__new__(cls, (coords, values, shape, order))
 
     coords = property(lambda self: self[0])
     values = property(lambda self: self[1])
     shape = property(lambda self: self[2])
+    order = property(lambda self: self[3])
 
     def todense(self) -> np.ndarray:
         out = np.zeros(self.shape)
@@ -572,6 +579,11 @@ class LoopTreePlan:
     coo_nvar: np.ndarray
     coo_vstart: np.ndarray
     coo_vars: np.ndarray
+    ws_buf: np.ndarray
+    ws_coo: np.ndarray
+    ws_extent: np.ndarray
+    ws_pos: np.ndarray
+    buf_ws: np.ndarray
     reset_buf: np.ndarray
     reset_whole: np.ndarray
     reset_tstart: np.ndarray
@@ -589,6 +601,7 @@ class LoopTreePlan:
     coo_names: tuple
     coo_ops: tuple
     coo_shapes: tuple
+    coo_orders: tuple        # per COO output: the variable order it is emitted in, or None
     text: str = dataclasses.field(repr=False, default="")
 
     @property
@@ -814,6 +827,68 @@ def _inline_scalar_temporaries(root: list) -> None:
     visit(root)
 
 
+@dataclass(frozen=True, eq=False)
+class _Workspace:
+    """A COO output assembled row by row: statements scatter into a private
+    dense ``buffer`` over the output's last variable (remembering which
+    coordinates they touched), and a FLUSH node at the end of every iteration
+    of ``host`` (the loop over the output's second-to-last variable) emits
+    the touched coordinates in order and clears them.  Emissions are then
+    sorted and unique, so no coordinate list of every product is kept or
+    sorted (Gustavson's SpGEMM)."""
+    id: int
+    coo: COOOutput
+    buffer: Buffer
+    host: _LoopNode
+    var: Var           # the output variable the workspace is indexed by
+
+
+def _coo_orders(b: LoopTreeBuilder) -> tuple[dict[int, tuple], list[_Workspace]]:
+    """Per COO output, the order of its variables in which the executor
+    emits it (outermost loop first), and the outputs a row workspace
+    assembles.
+
+    Every statement writing ``C`` must sit below the same chain of outermost
+    loops over all of ``C``'s variables but one, ``r``; they then finish
+    ``C`` one host iteration (the chain's last loop) at a time.  When every
+    statement sits directly in a loop over ``r`` under that chain, the
+    emissions are already sorted and unique in the chain's order.  Otherwise
+    (a reduction loop between, or ``r`` bound above another loop) a
+    workspace over ``r`` collects them, if ``r``'s extent is at most
+    :data:`WORKSPACE_MAX`.  Outputs with no such chain are emitted unordered
+    (order None) and sorted afterwards."""
+    paths: dict[int, list] = {}
+
+    def visit(nodes: list, path: list) -> None:
+        for n in nodes:
+            if isinstance(n, _LoopNode):
+                visit(n.children, path + [n])
+            elif isinstance(n, _StmtNode) and isinstance(n.target, COOOutput):
+                paths.setdefault(n.target.id, []).append(path)
+
+    visit(b._root, [])
+    orders: dict[int, tuple] = {}
+    out: list[_Workspace] = []
+    for c in b._coos:
+        k = len(c.vars) - 1
+        if k < 0 or c.id not in paths:
+            continue
+        chains = {tuple(id(lp) for lp in p[:k]) for p in paths[c.id]}
+        chain = paths[c.id][0][:k]
+        rest = set(c.vars) - {lp.var for lp in chain}
+        if len(chains) != 1 or len(chain) != k or len(rest) != 1:
+            continue
+        r = rest.pop()
+        order = tuple(c.vars.index(lp.var) for lp in chain) + (c.vars.index(r),)
+        if all([lp.var for lp in p[k:]] == [r] for p in paths[c.id]):
+            orders[c.id] = order
+        elif k >= 1 and r.extent <= WORKSPACE_MAX:
+            orders[c.id] = order
+            ws = Buffer((r.extent,), f"{c.name}.ws", True, 0.0, len(b._buffers) + len(out))
+            out.append(_Workspace(len(out), c, ws, chain[-1], r))
+    return orders, out
+
+
 class _Lowerer:
     def __init__(self, b: LoopTreeBuilder):
         self.b = b
@@ -950,6 +1025,12 @@ class _Lowerer:
         for a in b._accesses:
             if not a.tensor.levels:
                 raise ProgramError(f"access {a}: 0-d tensors are not supported; use a constant")
+        self.coo_orders, self.workspaces = _coo_orders(b)
+        self.bufs = list(b._buffers) + [w.buffer for w in self.workspaces]
+        self.ws_of_coo = {w.coo.id: w for w in self.workspaces}
+        self.flush_at: dict[int, list] = {}
+        for w in self.workspaces:
+            self.flush_at.setdefault(id(w.host), []).append(w)
         for node in b._root:
             start = len(self.nodes)
             self.walk(node, depth, [], 0)
@@ -970,7 +1051,10 @@ class _Lowerer:
         loops = np.asarray(self.loops, dtype=np.int64).reshape(-1, 6)
         stmts = np.asarray(self.stmts, dtype=np.int64).reshape(-1, 5)
         resets = np.asarray([r[:5] for r in self.resets], dtype=np.int64).reshape(-1, 5)
-        bufs = b._buffers
+        bufs = self.bufs
+        buf_ws = np.full(len(bufs), -1, dtype=np.int64)
+        for w in self.workspaces:
+            buf_ws[w.buffer.id] = w.id
         return LoopTreePlan(
             var_names=tuple(v.name for v in b._vars),
             var_extent=i64([v.extent for v in b._vars]),
@@ -995,6 +1079,11 @@ class _Lowerer:
             coo_nvar=i64([len(c.vars) for c in b._coos]),
             coo_vstart=i64(np.cumsum([0] + [len(c.vars) for c in b._coos])[:-1]),
             coo_vars=i64([v.id for c in b._coos for v in c.vars]),
+            ws_buf=i64([w.buffer.id for w in self.workspaces]),
+            ws_coo=i64([w.coo.id for w in self.workspaces]),
+            ws_extent=i64([w.buffer.size for w in self.workspaces]),
+            ws_pos=i64([w.coo.vars.index(w.var) for w in self.workspaces]),
+            buf_ws=i64(buf_ws),
             reset_buf=i64(resets[:, 0]), reset_whole=i64(resets[:, 1]),
             reset_tstart=i64(resets[:, 2]), reset_nbound=i64(resets[:, 3]),
             reset_nfree=i64(resets[:, 4]), rterm_a=i64(self.rterm_a), rterm_b=i64(self.rterm_b),
@@ -1007,6 +1096,7 @@ class _Lowerer:
             coo_names=tuple(c.name for c in b._coos),
             coo_ops=tuple(self.coo_op.get(c.id, "sum") for c in b._coos),
             coo_shapes=tuple(c.shape for c in b._coos),
+            coo_orders=tuple(self.coo_orders.get(c.id) for c in b._coos),
             text="\n".join(self.lines),
         )
 
@@ -1061,6 +1151,10 @@ class _Lowerer:
             bound.append(v)
             for c in node.children:
                 self.walk(c, depth, bound, level + 1)
+            for w in self.flush_at.get(id(node), ()):
+                self.nodes.append([N_FLUSH, len(self.nodes) + 1, w.id])
+                self.desc.append([level + 1, f"flush {w.buffer.name} -> {_target_str(w.coo)} "
+                                  f"(touched {w.var} in order)", len(self.nodes) - 1])
             bound.pop()
             for a in drivers + located:
                 depth[a.id] -= 1
@@ -1084,7 +1178,11 @@ class _Lowerer:
                 prev = self.coo_op.setdefault(t.id, node.op)
                 if prev != node.op:
                     raise ProgramError(f"COO output {t.name} is written with both {prev!r} and {node.op!r}")
-                tk, tid = T_COO, t.id
+                ws = self.ws_of_coo.get(t.id)
+                if ws is None:
+                    tk, tid = T_COO, t.id
+                else:
+                    tk, tid = T_WS, self.bref(ws.buffer[ws.var])
             cstart = len(self.code)
             d = self.emit_expr(node.expr)
             self.max_stack = max(self.max_stack, d)
@@ -1093,7 +1191,8 @@ class _Lowerer:
             self.stmts.append([tk, tid, ASSIGN_OPS[node.op], cstart, len(self.code) - cstart])
             self.nodes[me][0] = N_STMT
             self.nodes[me][2] = len(self.stmts) - 1
-            self.desc.append([level, f"{_target_str(t)} {_ASSIGN_SYM[node.op]} {node.expr}", me])
+            shown = _target_str(t) if tk != T_WS else f"{ws.buffer.name}[{ws.var}]"
+            self.desc.append([level, f"{shown} {_ASSIGN_SYM[node.op]} {node.expr}", me])
         else:
             t = node.target
             if isinstance(t, Buffer):
@@ -1198,7 +1297,7 @@ class _Lowerer:
         writes: set = set()
         visit(node)
         for bid in writes:
-            buf = self.b._buffers[bid]
+            buf = self.bufs[bid]
             if buf.private:
                 continue
             for r in all_refs[bid]:
@@ -1219,7 +1318,7 @@ class _Lowerer:
             kinds = "".join("d" if lev[0] == "dense" else "c" for lev in a.tensor.levels)
             out.append(f"  access {a}: levels {kinds} mode_order {a.tensor.mode_order} "
                        f"nnz {len(a.tensor.values)}")
-        for x in b._buffers:
+        for x in self.bufs:
             flag = " private" if x.private else ""
             out.append(f"  buffer {x.name}{list(x.shape)}{flag}")
         for level, text, n in self.desc:
@@ -1233,19 +1332,30 @@ class _Lowerer:
 
 # ================================================================ run =====
 
-def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> COOResult:
+def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple,
+                   axes: tuple | None = None) -> COOResult:
+    """Emitted coordinates ``crd`` (n, nvar) and values as a canonical
+    :class:`COOResult` sorted in ``axes`` order (row-major if None):
+    duplicates combined by ``op``.  Emissions already sorted and unique
+    (a row workspace's) are checked in one pass and kept as they are."""
     nvar = len(shape)
+    axes = tuple(range(nvar)) if axes is None else tuple(axes)
     if len(val) == 0:
-        return COOResult(np.zeros((nvar, 0), dtype=np.int64), val, shape)
+        return COOResult(np.zeros((nvar, 0), dtype=np.int64), val, shape, axes)
     if nvar == 0:
         keys = np.zeros(len(val), dtype=np.int64)
         order = np.arange(len(val))
     elif math.prod(shape) < 2 ** 62:
-        keys = np.ravel_multi_index(tuple(crd.T), shape) if nvar > 1 else crd[:, 0].copy()
+        if nvar > 1:
+            keys = np.ravel_multi_index(tuple(crd[:, d] for d in axes), tuple(shape[d] for d in axes))
+        else:
+            keys = crd[:, 0].copy()
+        if bool(np.all(keys[1:] > keys[:-1])):
+            return COOResult(np.ascontiguousarray(crd.T), val, shape, axes)
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
     else:
-        order = np.lexsort(tuple(crd[:, d] for d in reversed(range(nvar))))
+        order = np.lexsort(tuple(crd[:, d] for d in reversed(axes)))
         keys = None
     crd_s = crd[order]
     val_s = val[order]
@@ -1267,7 +1377,7 @@ def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple) -> C
     else:  # assign: last emitted wins
         ends = np.append(starts[1:], len(val_s)) - 1
         vals = val_s[ends]
-    return COOResult(np.ascontiguousarray(crd_s[starts].T), vals, shape)
+    return COOResult(np.ascontiguousarray(crd_s[starts].T), vals, shape, axes)
 
 
 def rebound(plan: LoopTreePlan, index_arrays: tuple, value_arrays: tuple, buf_size: np.ndarray,
@@ -1329,6 +1439,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
         if not priv:
             out[name] = buf.reshape(shape)
-    for (crd, val), name, op, shape in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes):
-        out[name] = _canonical_coo(crd, val, op, shape)
+    for (crd, val), name, op, shape, axes in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes,
+                                                 plan.coo_orders):
+        out[name] = _canonical_coo(crd, val, op, shape, axes)
     return out
