@@ -64,9 +64,9 @@ def rows_for(K: int, rows: int, mem_bytes: int, itemsize: int = 8) -> int:
     return int(max(1, min(rows, mem_bytes // (2 * K * itemsize))))
 
 
-def _time(f) -> float:
+def _time(f, *args) -> float:
     t0 = time.perf_counter()
-    f()
+    f(*args)
     return time.perf_counter() - t0
 
 
@@ -109,7 +109,7 @@ def run_tiling_study(ks: Sequence[int] = (64, 256, 1024, 4096), rows: int = 200_
                 timed = {v: [] for v in variants}
                 for r in range(repeat + 1):  # round 0 warms up (and checks results)
                     for v, t in variants.items():
-                        dt = _time(lambda: csr.spmm(ip, ix, a.data, B, outs[v], nt, t))
+                        dt = _time(csr.spmm, ip, ix, a.data, B, outs[v], nt, t)
                         if r:
                             timed[v].append(dt)
                     if r == 0:
