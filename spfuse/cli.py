@@ -131,8 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "further (default: the size's)")
     b.add_argument("--threads", type=_int_list, help="comma-separated thread counts (default: 1 and all cores)")
     b.add_argument("--repeat", type=_positive, help="timed calls per peer (median reported)")
-    b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, numpy, "
-                        "graphblas, torch, sparse (default: all importable)")
+    b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, "
+                        "numpy, graphblas, torch, sparse (default: all importable)")
     b.add_argument("--data", metavar="DIR", help="also run on every .mtx/.tns/.mat under DIR (reported apart)")
     b.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     b.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of speedups (needs matplotlib)")

@@ -40,7 +40,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -55,7 +55,7 @@ __all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "ORI
 #: can be returned in the caller's flavour.
 ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 
-FormatLike = Union[str, Format]
+FormatLike = str | Format
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -134,7 +134,7 @@ class CompressedLevel:
         return f"CompressedLevel(size={self.size}, nnz={len(self.crd)}, index={self.crd.dtype})"
 
 
-Level = Union[DenseLevel, CompressedLevel]
+Level = DenseLevel | CompressedLevel
 
 
 # ---------------------------------------------------------------------------
@@ -798,8 +798,8 @@ class Tensor:
         >>> np.shares_memory(c.values, t.values)
         False
         """
-        levels = tuple(CompressedLevel(l.size, l.pos.copy(), l.crd.copy()) if isinstance(l, CompressedLevel)
-                       else l for l in self._levels)
+        levels = tuple(CompressedLevel(lev.size, lev.pos.copy(), lev.crd.copy()) if isinstance(lev, CompressedLevel)
+                       else lev for lev in self._levels)
         return Tensor._trusted(self._shape, self._format, levels, self._values.copy(), self.origin)
 
     def todense(self) -> np.ndarray:

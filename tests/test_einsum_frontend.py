@@ -104,7 +104,8 @@ ERRORS = [
     ("ij,j->ii", [2, 1], "includes output subscript 'i' multiple times", "i", 2),
     ("ij,jk->ik", [2, 3], "operand has more dimensions than subscripts given", "jk"),
     ("ij,jk->ik", [2, 1], "contains too many subscripts for operand 1", "jk"),
-    ("i,,j->ij", [1, 1, 1], "operand has more dimensions than subscripts given", ",j"),  # caret where the empty term starts
+    # caret where the empty term starts
+    ("i,,j->ij", [1, 1, 1], "operand has more dimensions than subscripts given", ",j"),
     ("i1,j->ij", [2, 1], "invalid subscript '1' in einstein sum subscripts string", "1"),
     ("ij,j->i->i", [2, 1], "more than one '->'", "-", 1),
     ("ij,j->i!", [2, 1], "invalid subscript '!'", "!"),

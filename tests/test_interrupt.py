@@ -301,7 +301,7 @@ def test_raising_signal_handler_aborts_kernel_without_leaks():
     try:
         with chunk_work(2 ** 16):          # many short chunks: abort quickly
             rss = []
-            for it in range(15):
+            for _ in range(15):
                 armed[0] = True
                 signal.setitimer(signal.ITIMER_REAL, 0.02)
                 t0 = time.perf_counter()

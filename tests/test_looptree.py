@@ -460,7 +460,7 @@ def test_parallel_bigger_identical():
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 
 @st.composite
@@ -499,7 +499,6 @@ def test_hypothesis_random_elementwise_product(prog):
             t = np.ascontiguousarray(dens)
         accs.append(b.access(t, tuple(v[c] for c in modes)))
     expr = accs[0]
-    dense_expr = ops[0][1]
     env = []
     for (modes, dens, _), a, c in zip(ops[1:], accs[1:], combine):
         expr = expr + a if c == "+" else expr - a if c == "-" else expr * a

@@ -290,7 +290,7 @@ def test_spadd_stats_density_and_rows():
 # ---------------------------------------------------------------- property
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)

@@ -368,7 +368,10 @@ def make_csf(X, it):
     fib_id = np.cumsum(new_f) - 1
     pos2 = np.r_[0, np.cumsum(np.bincount(fib_id, minlength=len(crd1)))]
     pos0 = np.array([0, len(crd0)])
-    c = lambda a: np.ascontiguousarray(a, dtype=it)
+
+    def c(a):
+        return np.ascontiguousarray(a, dtype=it)
+
     return (c(pos0), c(crd0), c(pos1), c(crd1), c(pos2), c(k)), vals
 
 

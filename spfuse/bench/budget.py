@@ -35,7 +35,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION", "ENGINE_MARGIN"]
+__all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION",
+           "ENGINE_MARGIN"]
 
 #: The generic executor ran up to this many times faster per estimated
 #: iteration than auto's template on the same case (GNN-2's ``none`` plan does

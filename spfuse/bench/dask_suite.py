@@ -238,7 +238,7 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                                     seconds=t, strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
             rss = _peak_rss(client)
-            for w, (addr, b) in enumerate(sorted(rss.items())):
+            for w, (_addr, b) in enumerate(sorted(rss.items())):
                 results.append(dict(study="rss", workers=nworkers, worker=w, peak_rss=b))
         finally:
             client.close()

@@ -149,7 +149,8 @@ def planning_table(rows: list[dict]) -> str:
 def write_json(path: str, meta: dict, records: list, planning: list[dict]) -> None:
     """Everything measured, machine-readable."""
     with open(path, "w") as f:
-        json.dump({"meta": meta, "records": [r.as_dict() for r in records], "planning": planning}, f, indent=1, default=str)
+        json.dump({"meta": meta, "records": [r.as_dict() for r in records], "planning": planning}, f,
+                  indent=1, default=str)
 
 
 def plot_speedups(path: str, records: list) -> str:

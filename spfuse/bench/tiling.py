@@ -103,7 +103,7 @@ def run_tiling_study(ks: Sequence[int] = (64, 256, 1024, 4096), rows: int = 200_
             for t in fixed_tiles:
                 if 0 < t < K:
                     variants[f"tile={t}"] = t
-            for v, t in variants.items():
+            for v in variants:
                 outs[v] = np.empty((n, K))
             for nt in threads:
                 timed = {v: [] for v in variants}

@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import dask
 import dask.array as da
@@ -39,7 +39,7 @@ from spfuse.tensor import Tensor, as_tensor
 __all__ = ["balanced_boundaries", "from_scipy", "from_tensor", "from_mtx", "from_npz", "block_info",
            "BlockInfo", "slice_block", "with_meta"]
 
-Chunks = Union[None, int, Sequence[int]]
+Chunks = None | int | Sequence[int]
 
 
 def balanced_boundaries(indptr: Any, nblocks: int) -> np.ndarray:

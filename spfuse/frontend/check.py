@@ -58,7 +58,7 @@ def _check(program: Program, shapes: Mapping[str, Any]):
     def err(message: str, pos: int | None):
         raise ProgramError(message, text, pos if text else None)
 
-    for n, st in enumerate(program.statements):
+    for st in program.statements:
         target = st.target
         if target.name in given:
             err(f"{target.name!r} is an input operand and cannot also be assigned "

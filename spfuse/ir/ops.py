@@ -18,7 +18,6 @@ storage format and (when known) shape -- planning works from this alone, so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from spfuse.frontend.ast import Span
 
@@ -50,7 +49,7 @@ class Const:
         return repr(self.value) if self.value != int(self.value) else str(int(self.value))
 
 
-Leaf = Union[Ref, Const]
+Leaf = Ref | Const
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def _unify(sig, out_indices, summed, factors, infos):
     out_letters, slots = sig
     if len(slots) != len(factors) or len(out_letters) != len(out_indices):
         return None
-    letters = {l for _, ls in slots for l in ls}
+    letters = {letter for _, ls in slots for letter in ls}
     if len(letters) != len(set(out_indices) | set(summed)):
         return None
     for perm in itertools.permutations(range(len(factors))):
@@ -124,8 +124,8 @@ def _unify(sig, out_indices, summed, factors, infos):
             if _kind(infos[name]) != kind or len(ix) != len(ls):
                 ok = False
                 break
-            for l, i in zip(ls, ix):
-                if bind.setdefault(l, i) != i:
+            for letter, i in zip(ls, ix):
+                if bind.setdefault(letter, i) != i:
                     ok = False
                     break
             if not ok:

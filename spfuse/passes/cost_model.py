@@ -108,10 +108,10 @@ class CostConstants:
 
         >>> CostConstants.from_mapping({**DEFAULTS.as_dict(), "meta": {}}, "test").source
         'test'
-        >>> CostConstants.from_mapping({"dense_madd": 1.0}, "x.json")
+        >>> CostConstants.from_mapping({"dense_madd": 1.0}, "x.json")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: x.json: missing cost constants: sparse_step, scatter, transpose_sparse, transpose_csf, transpose_dense, strided
+        ValueError: x.json: missing cost constants: sparse_step, scatter, transpose_sparse, ..., strided
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: expected a JSON object of cost constants, got {type(data).__name__}")

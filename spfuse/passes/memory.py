@@ -48,7 +48,8 @@ class Temporary:
     @property
     def shape_text(self) -> str:
         full = "×".join("?" if e is None else str(e) for e in self.extents) or "scalar"
-        kept = "×".join("?" if e is None else str(e) for d, e in zip(self.dims, self.extents) if d in self.kept) or "scalar"
+        kept = "×".join("?" if e is None else str(e)
+                        for d, e in zip(self.dims, self.extents, strict=True) if d in self.kept) or "scalar"
         return f"{self.name}[{','.join(self.dims)}] {full} → {self.name}[{','.join(self.kept)}] {kept}"
 
 

@@ -116,8 +116,8 @@ def _leaves(tree) -> frozenset:
 def _text(tree, names) -> str:
     if isinstance(tree, int):
         return names[tree]
-    l, r = (_text(t, names) for t in tree)
-    return f"({l}·{r})"
+    left, right = (_text(t, names) for t in tree)
+    return f"({left}·{right})"
 
 
 def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> float | None:

@@ -166,41 +166,41 @@ def access_from_arrays(levels_spec: Sequence[Sequence[Any]], values: Any,
     """
     levels = []
     npos = 1
-    for l, spec in enumerate(levels_spec):
+    for level, spec in enumerate(levels_spec):
         kind = spec[0]
         size = int(spec[1])
         if size < 0:
-            raise InvalidOperandError(f"level {l}: negative size {size}")
+            raise InvalidOperandError(f"level {level}: negative size {size}")
         if kind == "dense":
             levels.append(("dense", size))
             npos *= size
         elif kind == "compressed":
-            pos = _as_index(spec[2], f"level {l} pos")
-            crd = _as_index(spec[3], f"level {l} crd")
+            pos = _as_index(spec[2], f"level {level} pos")
+            crd = _as_index(spec[3], f"level {level} crd")
             if len(pos) != npos + 1:
                 raise InvalidOperandError(
-                    f"level {l}: expected pos of length {npos + 1} (parent positions + 1), got {len(pos)}")
+                    f"level {level}: expected pos of length {npos + 1} (parent positions + 1), got {len(pos)}")
             if pos[0] != 0 or len(crd) != pos[-1]:
                 raise InvalidOperandError(
-                    f"level {l}: expected pos[0] == 0 and len(crd) == pos[-1], got pos[0]={pos[0]}, "
+                    f"level {level}: expected pos[0] == 0 and len(crd) == pos[-1], got pos[0]={pos[0]}, "
                     f"pos[-1]={pos[-1]}, len(crd)={len(crd)}")
             if check:
                 if np.any(np.diff(pos) < 0):
-                    raise InvalidOperandError(f"level {l}: pos must be non-decreasing")
+                    raise InvalidOperandError(f"level {level}: pos must be non-decreasing")
                 if len(crd) and (crd.min() < 0 or crd.max() >= size):
-                    raise InvalidOperandError(f"level {l}: coordinates must lie in [0, {size})")
+                    raise InvalidOperandError(f"level {level}: coordinates must lie in [0, {size})")
                 if len(crd) > 1:
                     inc = np.diff(crd) > 0
                     starts = np.zeros(len(crd), dtype=bool)
                     starts[pos[1:-1][pos[1:-1] < len(crd)]] = True
                     if not np.all(inc | starts[1:]):
                         raise InvalidOperandError(
-                            f"level {l}: coordinates must be strictly increasing within each segment "
+                            f"level {level}: coordinates must be strictly increasing within each segment "
                             "(Hint: canonicalise — sort indices, sum duplicates)")
             levels.append(("compressed", size, pos, crd))
             npos = len(crd)
         else:
-            raise InvalidOperandError(f"level {l}: unknown level kind {kind!r} (expected 'dense' or 'compressed')")
+            raise InvalidOperandError(f"level {level}: unknown level kind {kind!r} (expected 'dense' or 'compressed')")
     vals = np.asarray(values)
     if vals.dtype.kind not in "biuf":
         raise OperandTypeError(f"values: expected a real numeric array, got dtype {vals.dtype}")
@@ -509,11 +509,14 @@ def _expr_leaves(e: Expr, out: list) -> list:
     if isinstance(e, (Access, BufferRef, _Const)):
         out.append(e)
     elif isinstance(e, _Bin):
-        _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+        _expr_leaves(e.a, out)
+        _expr_leaves(e.b, out)
     elif isinstance(e, _Un):
         _expr_leaves(e.a, out)
     elif isinstance(e, _Where):
-        _expr_leaves(e.c, out); _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+        _expr_leaves(e.c, out)
+        _expr_leaves(e.a, out)
+        _expr_leaves(e.b, out)
     else:
         raise ProgramError(f"not a loop-tree expression: {e!r}")
     return out
@@ -836,16 +839,18 @@ class _Lowerer:
         for a in b._accesses:
             t = a.tensor
             levs = []
-            for l, lev in enumerate(t.levels):
+            for depth, lev in enumerate(t.levels):
                 g = len(lev_kind)
                 lev_kind.append(L_DENSE if lev[0] == "dense" else L_COMPRESSED)
                 lev_size.append(lev[1])
-                lev_var.append(a.vars[t.mode_order[l]].id)
+                lev_var.append(a.vars[t.mode_order[depth]].id)
                 lev_parent.append(levs[-1] if levs else -1)
                 if lev[0] == "compressed":
-                    lev_pos.append(index_slot(lev[2])); lev_crd.append(index_slot(lev[3]))
+                    lev_pos.append(index_slot(lev[2]))
+                    lev_crd.append(index_slot(lev[3]))
                 else:
-                    lev_pos.append(-1); lev_crd.append(-1)
+                    lev_pos.append(-1)
+                    lev_crd.append(-1)
                 levs.append(g)
             self.acc_levels.append(levs)
             k = val_of.get(id(t.values))
@@ -883,7 +888,8 @@ class _Lowerer:
             self.bref_tstart.append(len(self.term_var))
             self.bref_nterm.append(len(strides))
             for v, s in strides.items():
-                self.term_var.append(v.id); self.term_stride.append(s)
+                self.term_var.append(v.id)
+                self.term_stride.append(s)
         return k
 
     def const(self, x: float) -> int:
@@ -926,7 +932,7 @@ class _Lowerer:
     @staticmethod
     def used_accesses(node) -> set:
         if isinstance(node, _StmtNode):
-            s = {l.id for l in _expr_leaves(node.expr, []) if isinstance(l, Access)}
+            s = {leaf.id for leaf in _expr_leaves(node.expr, []) if isinstance(leaf, Access)}
             if isinstance(node.target, PatternOutput):
                 s.add(node.target.access.id)
             return s
@@ -1042,7 +1048,8 @@ class _Lowerer:
                 # iterate a compressed driver if there is one
                 comp = [d for d in drivers if self.lev["kind"][self.acc_levels[d.id][depth[d.id]]] == L_COMPRESSED]
                 if comp:
-                    drivers.remove(comp[0]); drivers.insert(0, comp[0])
+                    drivers.remove(comp[0])
+                    drivers.insert(0, comp[0])
             if mode != M_DENSE and not drivers:
                 mode = M_DENSE
             levs = [self.acc_levels[a.id][depth[a.id]] for a in drivers + located]
@@ -1106,9 +1113,11 @@ class _Lowerer:
                 free = sorted([(v, s) for v, s in strides.items() if v not in bound], key=lambda x: -x[1])
                 tstart = len(self.rterm_a)
                 for v, s in bnd:
-                    self.rterm_a.append(v.id); self.rterm_b.append(s)
+                    self.rterm_a.append(v.id)
+                    self.rterm_b.append(s)
                 for v, s in free:
-                    self.rterm_a.append(v.extent); self.rterm_b.append(s)
+                    self.rterm_a.append(v.extent)
+                    self.rterm_b.append(s)
                 nb, nf = len(bnd), len(free)
                 whole = int(not bnd and math.prod(v.extent for v, _ in free) == buf.size
                             and len(set(v for v, _ in free)) == len(free))
@@ -1176,7 +1185,7 @@ class _Lowerer:
             refs = []
             written = None
             if isinstance(n, _StmtNode):
-                refs = [l for l in _expr_leaves(n.expr, []) if isinstance(l, BufferRef)]
+                refs = [leaf for leaf in _expr_leaves(n.expr, []) if isinstance(leaf, BufferRef)]
                 t = n.target
                 if isinstance(t, BufferRef):
                     written = t
