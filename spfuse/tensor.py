@@ -193,7 +193,7 @@ def _build_levels(sc: np.ndarray, vals: np.ndarray, sshape: Sequence[int],
     levels: list[Level] = []
     parent: np.ndarray | None = None  # position of each entry at the previous level
     nparent = 1
-    for level, (kind, size) in enumerate(zip(kinds, sshape)):
+    for level, (kind, size) in enumerate(zip(kinds, sshape, strict=True)):
         c = sc[level]
         if kind == DENSE:
             parent = c.astype(np.int64, copy=True) if parent is None else parent * size + c
@@ -292,7 +292,7 @@ class Tensor:
         npos = 1
         canonical = True
         checked: list[Level] = []
-        for level, (kind, lvl, size) in enumerate(zip(fmt.levels, levels, sshape)):
+        for level, (kind, lvl, size) in enumerate(zip(fmt.levels, levels, sshape, strict=True)):
             cls = DenseLevel if kind == DENSE else CompressedLevel
             if not isinstance(lvl, cls):
                 raise V.invalid(name, f"levels[{level}] has the wrong kind",

@@ -828,7 +828,7 @@ def _has_empty_max(program, shapes) -> bool:
     from spfuse.frontend.check import check_program
     from spfuse.frontend.reductions import children, make_reductions_explicit
     prog = make_reductions_explicit(program)
-    for st_, ext in zip(prog.statements, check_program(prog, shapes)):
+    for st_, ext in zip(prog.statements, check_program(prog, shapes), strict=True):
         stack = [st_.value]
         while stack:
             e = stack.pop()

@@ -55,7 +55,7 @@ def test_einsum_matches_numpy(subscripts, shapes, rng):
     program, names = einsum_to_program(subscripts, [len(s) for s in shapes])
     assert names == [f"T{n}" for n in range(len(shapes))]
     assert program.results == ("out",)
-    got = dense_reference(program, dict(zip(names, ops)))
+    got = dense_reference(program, dict(zip(names, ops, strict=True)))
     want = np.einsum(subscripts, *ops)
     assert np.shape(got) == np.shape(want)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -92,7 +92,7 @@ def test_random_einsum_matches_numpy(case):
     subscripts, shapes, seed = case
     ops = _operands(np.random.default_rng(seed), shapes)
     program, names = einsum_to_program(subscripts, [len(s) for s in shapes])
-    got = dense_reference(program, dict(zip(names, ops)))
+    got = dense_reference(program, dict(zip(names, ops, strict=True)))
     want = np.einsum(subscripts, *ops)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 

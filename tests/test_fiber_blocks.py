@@ -350,7 +350,7 @@ def test_planner_reads_an_operand_in_the_other_storage_order_when_much_cheaper()
     before = (A.indptr.copy(), A.indices.copy(), A.data.copy())
     C = k(A=A, B=B)
     np.testing.assert_allclose(C.toarray(), (A @ B.T).toarray(), rtol=1e-12)
-    for a, b in zip(before, (A.indptr, A.indices, A.data)):
+    for a, b in zip(before, (A.indptr, A.indices, A.data), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

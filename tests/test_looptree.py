@@ -500,13 +500,13 @@ def test_hypothesis_random_elementwise_product(prog):
         accs.append(b.access(t, tuple(v[c] for c in modes)))
     expr = accs[0]
     env = []
-    for (modes, dens, _), a, c in zip(ops[1:], accs[1:], combine):
+    for (modes, dens, _), a, c in zip(ops[1:], accs[1:], combine, strict=True):
         expr = expr + a if c == "+" else expr - a if c == "-" else expr * a
         env.append((c, modes, dens))
 
     def full(modes, d):
         shp = [1, 1, 1]
-        for c, s in zip(modes, d.shape):
+        for c, s in zip(modes, d.shape, strict=True):
             shp["ijk".index(c)] = s
         order = sorted(range(len(modes)), key=lambda n: "ijk".index(modes[n]))
         return np.transpose(d, order).reshape(shp)
@@ -519,7 +519,7 @@ def test_hypothesis_random_elementwise_product(prog):
     ref = tot.sum(axis=2)
     # intersecting on a sparse operand is legal only when the whole expression
     # is a product (zero outside the operand's pattern)
-    sparse_ij = [a for a, (m, _, s) in zip(accs, ops) if s]
+    sparse_ij = [a for a, (m, _, s) in zip(accs, ops, strict=True) if s]
     legal = try_intersect and sparse_ij and all(c == "*" for c in combine)
     out = b.buffer((I, J), "out")
     with b.loop(v["i"]):

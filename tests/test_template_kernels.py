@@ -74,7 +74,7 @@ def both_threads(fn):
     r2 = fn(2)
     if not isinstance(r1, tuple):
         r1, r2 = (r1,), (r2,)
-    for a, b in zip(r1, r2):
+    for a, b in zip(r1, r2, strict=True):
         assert a.dtype == b.dtype
         assert np.array_equal(a, b), "result depends on the thread count"
     return r1 if len(r1) > 1 else r1[0]

@@ -207,7 +207,7 @@ def _task_memory(program: str, operands: dict) -> dict:
     for key in cells:
         deps = get_dependencies(graph, key)
         inputs = get_sync(graph, sorted(deps, key=str))
-        vals = dict(zip(sorted(deps, key=str), inputs))
+        vals = dict(zip(sorted(deps, key=str), inputs, strict=True))
         size = sum(sizeof(v) for d, v in vals.items() if not str(d).startswith("spfuse-plan"))
         if best is None or size > best[1]:
             best = (key, size, vals)

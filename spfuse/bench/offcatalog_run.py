@@ -301,7 +301,7 @@ def render(res: dict, out: TextIO | None = None) -> None:
     for n in threads:
         target = TARGETS.get(n, TARGETS[1])
         rows, cells = [], [s for s in summ if s["threads"] == n]
-        for s, p in zip(cells, programs):
+        for s, p in zip(cells, programs, strict=True):
             spf = (s["spfuse"], s["spfuse_how"])
             row = [p["name"], p["kind"], _fmt(spf)]
             for lib in libs:

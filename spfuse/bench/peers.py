@@ -475,7 +475,7 @@ def _sparse_impls(sparse) -> dict:
     def run(s):
         steps, ops, _ = s
         acc = ops[0]
-        for step, nxt in zip(steps, ops[1:]):
+        for step, nxt in zip(steps, ops[1:], strict=True):
             acc = sparse.einsum(step, acc, nxt)
         return acc
 

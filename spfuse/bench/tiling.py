@@ -151,9 +151,9 @@ def _report(records, out, threads, repeat, rows, row_nnz, mem_bytes, load, elaps
                   f"tile={best['tile']}" if best["variant"] != "planned" else f"planned ({best['tile']})"]
         rows_out.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in rows_out)) for i, h in enumerate(head)]
-    w("  ".join(h.rjust(wd) for h, wd in zip(head, widths)))
+    w("  ".join(h.rjust(wd) for h, wd in zip(head, widths, strict=True)))
     for c in rows_out:
-        w("  ".join(x.rjust(wd) for x, wd in zip(c, widths)))
+        w("  ".join(x.rjust(wd) for x, wd in zip(c, widths, strict=True)))
     w()
     w(f"wall time {elapsed:.1f} s")
 

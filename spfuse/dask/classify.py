@@ -113,7 +113,7 @@ def classify(program: Program, input_dims: Mapping[str, Sequence]) -> Classifica
     for stmt in program.statements:
         index_dims: dict[str, object] = {}
         for acc in iter_accesses(stmt.value):
-            for idx, d in zip(acc.indices, axis_dims.get(acc.name, (None,) * len(acc.indices))):
+            for idx, d in zip(acc.indices, axis_dims.get(acc.name, (None,) * len(acc.indices)), strict=True):
                 if d is None:
                     continue
                 other = index_dims.setdefault(idx, d)

@@ -61,7 +61,7 @@ def compare(model: Mapping[str, Callable], params: Mapping, epochs: int, lr: flo
     ref = out.get("spfuse")
     for r in out.values():
         if ref is not None:
-            r["max_loss_diff"] = max((abs(a - b) for a, b in zip(r["losses"], ref["losses"])), default=0.0)
+            r["max_loss_diff"] = max((abs(a - b) for a, b in zip(r["losses"], ref["losses"], strict=True)), default=0.0)
     return out
 
 

@@ -85,7 +85,7 @@ def _check(program: Program, shapes: Mapping[str, Any]):
                 err(f"{node.name!r} has {len(shape)} dimension(s) {shape} but "
                     f"{to_text(node)} gives {len(node.indices)} index(es)", node.span.start)
             spans = node.index_spans
-            for axis, (k, extent) in enumerate(zip(node.indices, shape)):
+            for axis, (k, extent) in enumerate(zip(node.indices, shape, strict=True)):
                 old = ext.get(k)
                 if old is None:
                     ext[k] = extent

@@ -105,7 +105,7 @@ class _Parser:
             return Access(tok[1], (), Span(tok[2], tok[3]), ())
         acc = self.access(tok)
         seen: dict[str, Span] = {}
-        for name, span in zip(acc.indices, acc.index_spans):
+        for name, span in zip(acc.indices, acc.index_spans, strict=True):
             if name in seen:
                 raise ProgramError(f"index {name!r} repeated on the left side",
                                    self.text, span.start)

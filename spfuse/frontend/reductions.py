@@ -161,7 +161,7 @@ def _wrap(e: Expr, total: dict, pending: list, bound: tuple) -> tuple[Expr, dict
             new.append(nc)
             for k, v in cc.items():
                 counts[k] = counts.get(k, 0) + v
-        node = e if all(a is b for a, b in zip(new, kids)) else _rebuild(e, new)
+        node = e if all(a is b for a, b in zip(new, kids, strict=True)) else _rebuild(e, new)
     done = [k for k in pending if counts.get(k, 0) == total[k]]
     if done:
         for k in reversed(done):

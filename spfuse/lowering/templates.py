@@ -117,14 +117,14 @@ def _unify(sig, out_indices, summed, factors, infos):
     if len(letters) != len(set(out_indices) | set(summed)):
         return None
     for perm in itertools.permutations(range(len(factors))):
-        bind = dict(zip(out_letters, out_indices))
+        bind = dict(zip(out_letters, out_indices, strict=True))
         ok = True
-        for (kind, ls), f in zip(slots, perm):
+        for (kind, ls), f in zip(slots, perm, strict=True):
             name, ix = factors[f]
             if _kind(infos[name]) != kind or len(ix) != len(ls):
                 ok = False
                 break
-            for letter, i in zip(ls, ix):
+            for letter, i in zip(ls, ix, strict=True):
                 if bind.setdefault(letter, i) != i:
                     ok = False
                     break
@@ -427,7 +427,7 @@ def _match(plan) -> TemplateMatch | None:
                 if names is not None and not follows_template(kernel, names, plan.ops):
                     return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
-                    roles = dict(zip(names, (k for k, _ in sig[1])))
+                    roles = dict(zip(names, (k for k, _ in sig[1]), strict=True))
                     # the tiling pass's tile of the dense output index (SpMM's k); 0 = untiled
                     tile = max((d.get(out_ix[-1], 0) for d in plan.tiles.values()), default=0)
                     why = _why(kernel, names, infos)

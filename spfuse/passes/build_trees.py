@@ -17,7 +17,7 @@ def op_extents(op, shapes: Mapping[str, tuple]) -> dict[str, int | None]:
         shape = shapes.get(ref.name)
         if shape is None:
             continue
-        for ix, n in zip(ref.indices, shape):
+        for ix, n in zip(ref.indices, shape, strict=True):
             if ext.get(ix) is None:
                 ext[ix] = n
     for ix in op.indices:

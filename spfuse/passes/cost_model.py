@@ -256,7 +256,7 @@ class _Operand:
         # seen from the consumer of X·C): those never get bound
         self.complete = True
         size = 1.0
-        for ix, s in zip(indices, info.shape):
+        for ix, s in zip(indices, info.shape, strict=True):
             e = extent.get(ix)
             if e is None:
                 self.complete = False
@@ -360,7 +360,7 @@ class OpModel:
                 shape = infos[ref.name].shape
             if shape is None or len(shape) != len(ref.indices):
                 continue
-            for ix, e in zip(ref.indices, shape):
+            for ix, e in zip(ref.indices, shape, strict=True):
                 if e is not None and ix not in ext:
                     ext[ix] = float(max(int(e), 1))
         return {ix: ext.get(ix, float(DEFAULT_EXTENT)) for ix in self.indices}

@@ -65,7 +65,7 @@ def full_temporaries(ops, temps: set[str], extents: Mapping[str, tuple]) -> dict
 
 def _common_prefix(paths):
     prefix = []
-    for nodes in zip(*paths):
+    for nodes in zip(*paths, strict=False):  # paths differ in length: the prefix is as long as the shortest
         if all(n is nodes[0] for n in nodes):
             prefix.append(nodes[0])
         else:

@@ -356,7 +356,7 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
         return _association(root, labels, written, written, None, None, why, chain.written)
     extents: dict[str, int | None] = {}
     for f in factors:
-        for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices))):
+        for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices)), strict=True):
             extents[ix] = n if extents.get(ix) is None else extents[ix]
     if any(v is None for v in extents.values()):
         return _association(root, labels, written, written, None, None, "an extent is unknown",
@@ -409,7 +409,7 @@ def _storage(ref: Ref, inputs) -> list | None:
     info = inputs.get(ref.name)
     if info is None or not info.is_sparse:
         return None
-    return [(ref.indices[m], lv == "compressed") for lv, m in zip(info.levels, info.mode_order)]
+    return [(ref.indices[m], lv == "compressed") for lv, m in zip(info.levels, info.mode_order, strict=True)]
 
 
 def _has_projection(tree, keep, storage) -> bool:

@@ -141,7 +141,7 @@ class LevelTensor:
     @property
     def shape(self) -> tuple:
         shape = [0] * self.ndim
-        for lev, m in zip(self.levels, self.mode_order):
+        for lev, m in zip(self.levels, self.mode_order, strict=True):
             shape[m] = lev[1]
         return tuple(shape)
 
@@ -399,7 +399,7 @@ class Buffer:
             vars = (vars,)
         if len(vars) != len(self.shape):
             raise ProgramError(f"buffer {self.name} has {len(self.shape)} axes, indexed with {len(vars)}")
-        for ax, (v, s) in enumerate(zip(vars, self.shape)):
+        for ax, (v, s) in enumerate(zip(vars, self.shape, strict=True)):
             if not isinstance(v, Var):
                 raise ProgramError(f"buffer {self.name}: axis {ax} must be indexed by a loop variable, got {v!r}")
             if v.extent != s:
@@ -420,7 +420,7 @@ class BufferRef(Expr):
         """var -> element stride (C order; repeated vars add up)."""
         out: dict = {}
         step = 1
-        for v, s in reversed(list(zip(self.vars, self.buffer.shape))):
+        for v, s in reversed(list(zip(self.vars, self.buffer.shape, strict=True))):
             out[v] = out.get(v, 0) + step
             step *= s
         return {v: st for v, st in out.items() if st}
@@ -646,7 +646,7 @@ class LoopTreeBuilder:
         vars = tuple(vars)
         if len(vars) != lt.ndim:
             raise ProgramError(f"access has {lt.ndim} modes, got {len(vars)} variables")
-        for m, (v, s) in enumerate(zip(vars, lt.shape)):
+        for m, (v, s) in enumerate(zip(vars, lt.shape, strict=True)):
             if not isinstance(v, Var):
                 raise ProgramError(f"mode {m}: expected a loop variable, got {v!r}")
             if v.extent != s:
@@ -1327,7 +1327,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
 
     nthreads = effective_num_threads(num_threads)
     bufs = []
-    for size, init in zip(plan.buf_size, plan.buf_inits):
+    for size, init in zip(plan.buf_size, plan.buf_inits, strict=True):
         if isinstance(init, np.ndarray):
             bufs.append(np.array(init, dtype=np.float64).reshape(-1))
         else:
@@ -1335,9 +1335,9 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     prog = _program(plan, blocks)
     coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
     out: dict = {}
-    for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
+    for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private, strict=True):
         if not priv:
             out[name] = buf.reshape(shape)
-    for (crd, val), name, op, shape in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes):
+    for (crd, val), name, op, shape in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes, strict=True):
         out[name] = _canonical_coo(crd, val, op, shape)
     return out
