@@ -40,7 +40,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -301,7 +301,7 @@ class Tensor:
             if lvl.size != size:
                 raise V.invalid(name, f"levels[{level}] has the wrong size",
                                 f"size {size} (extent of mode {fmt.mode_order[level]})", f"size {lvl.size}")
-            if kind == DENSE:
+            if isinstance(lvl, DenseLevel):
                 checked.append(lvl)
                 npos *= size
                 continue
@@ -826,7 +826,7 @@ class Tensor:
         >>> t.__dask_tokenize__()[:3]
         ('spfuse.Tensor', (2, 2), 'csr')
         """
-        arrays = [a for lv in self._levels if lv.kind == COMPRESSED for a in (lv.pos, lv.crd)]
+        arrays = [a for lv in self._levels if isinstance(lv, CompressedLevel) for a in (lv.pos, lv.crd)]
         return ("spfuse.Tensor", self._shape, self._format.name, self._format.mode_order, self.origin,
                 self._values, *arrays)
 
@@ -903,7 +903,8 @@ explicitly: numpy.exp(t.todense())
                         f"numpy.{ufunc.__name__}(t.todense())")
 
     def _scipy_compressed(self, cls: Any) -> Any:
-        data, indices, indptr = self._values, self._levels[1].crd, self._levels[1].pos
+        rows = cast(CompressedLevel, self._levels[1])  # csr/csc: the second level is compressed
+        data, indices, indptr = self._values, rows.crd, rows.pos
         attrs = _scipy_direct_attrs(cls)
         if attrs is None:
             m = cls((data, indices, indptr), shape=self._shape, copy=False)
@@ -935,7 +936,8 @@ explicitly: numpy.exp(t.todense())
             if flavour == "spmatrix":
                 raise ValueError("scipy sparse matrices are 2-d; use flavour='sparray' for a 1-d tensor")
             t = self.asformat("csf")
-            return sp.coo_array((np.array(t.values), (np.array(t.levels[0].crd),)), shape=self._shape)
+            coords = cast(CompressedLevel, t.levels[0]).crd  # 1-d csf: one compressed level
+            return sp.coo_array((np.array(t.values), (np.array(coords),)), shape=self._shape)
         if self.ndim != 2:
             raise ValueError(f"scipy.sparse holds 2-d matrices; this tensor has shape {self._shape}\n"
                              "  Hint: use .todense() or keep it as a spfuse.Tensor")
@@ -1007,8 +1009,8 @@ def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None)
     """
     if isinstance(obj, Tensor):
         t = obj
-    elif type(obj) is np.ndarray and (t := Tensor._fast_dense(obj)) is not None:
-        pass
+    elif type(obj) is np.ndarray and (fast := Tensor._fast_dense(obj)) is not None:
+        t = fast
     elif sp.issparse(obj):
         t = Tensor.from_scipy(obj, name=name)
     elif is_pydata(obj):
