@@ -208,7 +208,7 @@ class SpfuseFunction:
         if len(args) > len(self.names):
             raise TypeError(f"expected at most {len(self.names)} positional operands "
                             f"({', '.join(self.names)}), got {len(args)}")
-        given = dict(zip(self.names, args, strict=True))
+        given = dict(zip(self.names, args, strict=False))  # positional operands may be a prefix of the names
         for name, value in kwargs.items():
             if name not in self.names:
                 raise TypeError(f"unexpected operand {name!r}; the program reads {', '.join(self.names)}")
