@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def example_operands(shapes: dict[str, str], formats: dict[str, str], density: f
     """
     import spfuse
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, Any] = {}
     for name, text in shapes.items():
         shape = _parse_shape(text)
         fmt = formats.get(name, "dense")
@@ -224,7 +225,8 @@ def _explain(args, out) -> int:
     formats = parse_assignments(args.format, "--format")
     shapes = parse_assignments(args.shape, "--shape")
     operands = example_operands(shapes, formats, args.density)
-    declared = {n: ("csr" if f == "coo" else f) for n, f in formats.items() if n not in operands}
+    # (typed Any: mypy would match the str values against compile's other keyword parameters)
+    declared: dict[str, Any] = {n: ("csr" if f == "coo" else f) for n, f in formats.items() if n not in operands}
     kernel = spfuse.compile(args.program, fusion=args.fusion, **declared)
     print(kernel.explain(**operands), file=out)
     if args.png:

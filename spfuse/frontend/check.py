@@ -10,7 +10,7 @@ Every error is a :class:`~spfuse.errors.ProgramError` pointing at the token.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Access, Expr, Program, Reduce
@@ -55,7 +55,7 @@ def _check(program: Program, shapes: Mapping[str, Any]):
     extents_per_statement: list[dict[str, int]] = []
     results: dict[str, tuple[int, ...]] = {}
 
-    def err(message: str, pos: int | None):
+    def err(message: str, pos: int | None) -> NoReturn:
         raise ProgramError(message, text, pos if text else None)
 
     for st in program.statements:

@@ -38,7 +38,7 @@ def build_trees(ops, orders: Mapping[int, tuple[str, ...]], masks: Mapping[int, 
     trees = []
     for op in ops:
         ext = op_extents(op, shapes)
-        node = Compute(op)
+        node: Compute | Loop = Compute(op)
         for ix in reversed(orders[op.id]):
             node = Loop(ix, ext[ix], masks[op.id].get(ix, TRUE), frozenset({(op.id, ix)}), (node,))
         trees.append(node)

@@ -186,7 +186,7 @@ def active_constants() -> CostConstants:
     if not path:
         return DEFAULTS
     try:
-        key = (path, os.stat(path).st_mtime_ns)
+        key: tuple[str, int | None] = (path, os.stat(path).st_mtime_ns)
     except OSError:
         key = (path, None)
     if key not in _loaded:

@@ -112,7 +112,7 @@ def reduce_dimensions(root: Root, ops, temps: set[str], extents: Mapping[str, tu
             resets.setdefault(id(last), []).append(Reset(op.out, RESET_VALUE[op.reduction], kept))
         result[op.out] = Temporary(op.out, op.id, op.out_indices, kept, tuple(masks),
                                    tuple(extents.get(op.out, ())),
-                                   last.index if needs_reset else None)
+                                   last.index if needs_reset and last is not None else None)
 
     def rebuild(node):
         if isinstance(node, Loop):

@@ -259,7 +259,7 @@ def _dense_temporaries(ops, inputs: Mapping[str, TensorInfo]) -> set[str]:
     return dense
 
 
-def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, emitted: list):
+def _emit(tree, factors, keep, names, out: tuple[str, tuple] | None, template: UnitOp, emitted: list):
     """Unit ops for ``tree`` (post-order); returns the Ref of its value."""
     if isinstance(tree, int):
         return factors[tree]
