@@ -12,7 +12,7 @@ import functools
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,7 +26,7 @@ from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
-from spfuse.tensor import Tensor, as_tensor
+from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
@@ -109,7 +109,7 @@ def _diagonals(program: Program, tensors: dict) -> Program:
             groups = [uniq.index(i) for i in acc.indices]
             coords = t.coords
             keep = np.ones(coords.shape[1], dtype=bool)
-            first = {}
+            first: dict[int, int] = {}
             for m, g in enumerate(groups):
                 if g in first:
                     keep &= coords[m] == coords[first[g]]
@@ -179,7 +179,7 @@ def _rechecked(t: Tensor, name: str) -> Tensor:
     canonicalises a copy or words the error."""
     npos = 1
     for lv in t.levels:
-        if lv.kind == "compressed":
+        if isinstance(lv, CompressedLevel):
             pos, crd = lv.pos, lv.crd
             if (len(pos) != npos + 1 or pos[0] != 0 or pos[-1] != len(crd)
                     or V.scan_status(pos, crd, lv.size) != 0):
@@ -322,7 +322,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
 
 def _scan_ok(t: Tensor) -> bool:
     """Whether a deferred tensor's compressed level is valid and canonical."""
-    lv = t.levels[1]
+    lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
     return V.scan_status(lv.pos, lv.crd, lv.size) == 0
 
 
@@ -419,7 +419,7 @@ def _root(a: np.ndarray) -> np.ndarray:
 def _arrays(t: Tensor):
     yield t.values
     for lv in t.levels:
-        if lv.kind == "compressed":
+        if isinstance(lv, CompressedLevel):
             yield lv.pos
             yield lv.crd
 

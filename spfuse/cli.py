@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,7 @@ def example_operands(shapes: dict[str, str], formats: dict[str, str], density: f
     """
     import spfuse
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, Any] = {}
     for name, text in shapes.items():
         shape = _parse_shape(text)
         fmt = formats.get(name, "dense")
@@ -131,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "further (default: the size's)")
     b.add_argument("--threads", type=_int_list, help="comma-separated thread counts (default: 1 and all cores)")
     b.add_argument("--repeat", type=_positive, help="timed calls per peer (median reported)")
-    b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, numpy, "
-                        "graphblas, torch, sparse (default: all importable)")
+    b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, "
+                        "numpy, graphblas, torch, sparse (default: all importable)")
     b.add_argument("--data", metavar="DIR", help="also run on every .mtx/.tns/.mat under DIR (reported apart)")
     b.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     b.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of speedups (needs matplotlib)")
@@ -224,7 +225,8 @@ def _explain(args, out) -> int:
     formats = parse_assignments(args.format, "--format")
     shapes = parse_assignments(args.shape, "--shape")
     operands = example_operands(shapes, formats, args.density)
-    declared = {n: ("csr" if f == "coo" else f) for n, f in formats.items() if n not in operands}
+    # (typed Any: mypy would match the str values against compile's other keyword parameters)
+    declared: dict[str, Any] = {n: ("csr" if f == "coo" else f) for n, f in formats.items() if n not in operands}
     kernel = spfuse.compile(args.program, fusion=args.fusion, **declared)
     print(kernel.explain(**operands), file=out)
     if args.png:

@@ -121,12 +121,14 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | Non
         row = f"  {kind:15}"
         for m in names:
             q = plans[m]
-            row += f"{'unsupported' if isinstance(q, UnsupportedError) else ('yes' if q.report.present[kind] else 'no'):>16}"
+            cell = "unsupported" if isinstance(q, UnsupportedError) else ("yes" if q.report.present[kind] else "no")
+            row += f"{cell:>16}"
         lines.append(row)
     row = f"  {'vs auto':15}"
     for m in names:
         q = plans[m]
-        label = "n/a" if isinstance(q, UnsupportedError) or not hasattr(auto, "report") else classify(q.report, auto.report)
+        comparable = not isinstance(q, UnsupportedError) and hasattr(auto, "report")
+        label = classify(q.report, auto.report) if comparable else "n/a"
         row += f"{label:>16}"
     lines.append(row)
     lines.append("  cost:")

@@ -37,6 +37,7 @@ import functools
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = ["DENSE", "COMPRESSED", "LEVEL_KINDS", "FORMAT_NAMES", "INPUT_ONLY_NAMES",
            "Format", "as_format"]
@@ -153,8 +154,8 @@ class Format:
         """
         if not isinstance(order, (tuple, list)) and not hasattr(order, "__len__"):
             return cls((COMPRESSED,) * _check_ndim(order))
-        order = tuple(order)
-        return cls((COMPRESSED,) * len(order), order)
+        modes = tuple(cast(Sequence[int], order))  # anything with a length: tuple, list, numpy array
+        return cls((COMPRESSED,) * len(modes), modes)
 
     @classmethod
     def named(cls, name: str, ndim: int) -> Format:

@@ -161,7 +161,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     extents = {n.index.upper(): n.extent for n in iter_nodes(tree) if isinstance(n, Loop)}
     final = spaces.final if spaces is not None else masks
     report = analyse(tree, ops, inputs, final, temporaries, extents, atoms)
-    formats, tiles = infer_formats(tree, ops, results, shapes, sum(i.nnz or 0 for i in inputs.values() if i.is_sparse)), choose_tiles(tree, ops)
+    total_nnz = sum(i.nnz or 0 for i in inputs.values() if i.is_sparse)
+    formats, tiles = infer_formats(tree, ops, results, shapes, total_nnz), choose_tiles(tree, ops)
     notes = () if propagate or fusion != "auto" else (
         "iteration-space propagation disabled: a propagated mask could not be iterated "
         "concordantly, so every operation iterates its own operands' patterns",)

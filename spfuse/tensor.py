@@ -40,7 +40,7 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -55,7 +55,7 @@ __all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "ORI
 #: can be returned in the caller's flavour.
 ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 
-FormatLike = Union[str, Format]
+FormatLike = str | Format
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -134,7 +134,7 @@ class CompressedLevel:
         return f"CompressedLevel(size={self.size}, nnz={len(self.crd)}, index={self.crd.dtype})"
 
 
-Level = Union[DenseLevel, CompressedLevel]
+Level = DenseLevel | CompressedLevel
 
 
 # ---------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def _build_levels(sc: np.ndarray, vals: np.ndarray, sshape: Sequence[int],
     levels: list[Level] = []
     parent: np.ndarray | None = None  # position of each entry at the previous level
     nparent = 1
-    for level, (kind, size) in enumerate(zip(kinds, sshape)):
+    for level, (kind, size) in enumerate(zip(kinds, sshape, strict=True)):
         c = sc[level]
         if kind == DENSE:
             parent = c.astype(np.int64, copy=True) if parent is None else parent * size + c
@@ -292,7 +292,7 @@ class Tensor:
         npos = 1
         canonical = True
         checked: list[Level] = []
-        for level, (kind, lvl, size) in enumerate(zip(fmt.levels, levels, sshape)):
+        for level, (kind, lvl, size) in enumerate(zip(fmt.levels, levels, sshape, strict=True)):
             cls = DenseLevel if kind == DENSE else CompressedLevel
             if not isinstance(lvl, cls):
                 raise V.invalid(name, f"levels[{level}] has the wrong kind",
@@ -301,7 +301,7 @@ class Tensor:
             if lvl.size != size:
                 raise V.invalid(name, f"levels[{level}] has the wrong size",
                                 f"size {size} (extent of mode {fmt.mode_order[level]})", f"size {lvl.size}")
-            if kind == DENSE:
+            if isinstance(lvl, DenseLevel):
                 checked.append(lvl)
                 npos *= size
                 continue
@@ -798,8 +798,8 @@ class Tensor:
         >>> np.shares_memory(c.values, t.values)
         False
         """
-        levels = tuple(CompressedLevel(l.size, l.pos.copy(), l.crd.copy()) if isinstance(l, CompressedLevel)
-                       else l for l in self._levels)
+        levels = tuple(CompressedLevel(lev.size, lev.pos.copy(), lev.crd.copy()) if isinstance(lev, CompressedLevel)
+                       else lev for lev in self._levels)
         return Tensor._trusted(self._shape, self._format, levels, self._values.copy(), self.origin)
 
     def todense(self) -> np.ndarray:
@@ -826,7 +826,7 @@ class Tensor:
         >>> t.__dask_tokenize__()[:3]
         ('spfuse.Tensor', (2, 2), 'csr')
         """
-        arrays = [a for lv in self._levels if lv.kind == COMPRESSED for a in (lv.pos, lv.crd)]
+        arrays = [a for lv in self._levels if isinstance(lv, CompressedLevel) for a in (lv.pos, lv.crd)]
         return ("spfuse.Tensor", self._shape, self._format.name, self._format.mode_order, self.origin,
                 self._values, *arrays)
 
@@ -903,7 +903,8 @@ explicitly: numpy.exp(t.todense())
                         f"numpy.{ufunc.__name__}(t.todense())")
 
     def _scipy_compressed(self, cls: Any) -> Any:
-        data, indices, indptr = self._values, self._levels[1].crd, self._levels[1].pos
+        rows = cast(CompressedLevel, self._levels[1])  # csr/csc: the second level is compressed
+        data, indices, indptr = self._values, rows.crd, rows.pos
         attrs = _scipy_direct_attrs(cls)
         if attrs is None:
             m = cls((data, indices, indptr), shape=self._shape, copy=False)
@@ -935,7 +936,8 @@ explicitly: numpy.exp(t.todense())
             if flavour == "spmatrix":
                 raise ValueError("scipy sparse matrices are 2-d; use flavour='sparray' for a 1-d tensor")
             t = self.asformat("csf")
-            return sp.coo_array((np.array(t.values), (np.array(t.levels[0].crd),)), shape=self._shape)
+            coords = cast(CompressedLevel, t.levels[0]).crd  # 1-d csf: one compressed level
+            return sp.coo_array((np.array(t.values), (np.array(coords),)), shape=self._shape)
         if self.ndim != 2:
             raise ValueError(f"scipy.sparse holds 2-d matrices; this tensor has shape {self._shape}\n"
                              "  Hint: use .todense() or keep it as a spfuse.Tensor")
@@ -1007,8 +1009,8 @@ def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None)
     """
     if isinstance(obj, Tensor):
         t = obj
-    elif type(obj) is np.ndarray and (t := Tensor._fast_dense(obj)) is not None:
-        pass
+    elif type(obj) is np.ndarray and (fast := Tensor._fast_dense(obj)) is not None:
+        t = fast
     elif sp.issparse(obj):
         t = Tensor.from_scipy(obj, name=name)
     elif is_pydata(obj):

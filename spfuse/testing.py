@@ -157,7 +157,7 @@ def dense_reference(program_or_text: Program | str, operands: Mapping[str, Any])
     env = {name: densify(v) for name, v in operands.items()}
     extents = check_program(program, {name: v.shape for name, v in env.items()})
     with np.errstate(all="ignore"):
-        for st, ext in zip(program.statements, extents):
+        for st, ext in zip(program.statements, extents, strict=True):
             arr, idx = _eval(st.value, env, ext)
             target = st.target.indices
             extra = [k for k in idx if k not in target]

@@ -147,8 +147,8 @@ def _autograd_function():
 
         @staticmethod
         def forward(ctx, spec, *sources):
-            inputs = {n: _Input(n, s) for n, s in zip(spec.names, sources)}
-            wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:]) if need)
+            inputs = {n: _Input(n, s) for n, s in zip(spec.names, sources, strict=True)}
+            wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:], strict=True) if need)
             program = spec.program
             adj = None
             saved = None
@@ -169,7 +169,7 @@ def _autograd_function():
             if adj is None:
                 return (None,) * (1 + len(spec.names))
             cotangents = {}
-            for r, g in zip(spec.program.results, grads):
+            for r, g in zip(spec.program.results, grads, strict=True):
                 if g is None:
                     continue
                 c = to_spfuse(g, f"cotangent of {r}")
@@ -208,7 +208,7 @@ class SpfuseFunction:
         if len(args) > len(self.names):
             raise TypeError(f"expected at most {len(self.names)} positional operands "
                             f"({', '.join(self.names)}), got {len(args)}")
-        given = dict(zip(self.names, args))
+        given = dict(zip(self.names, args, strict=False))  # positional operands may be a prefix of the names
         for name, value in kwargs.items():
             if name not in self.names:
                 raise TypeError(f"unexpected operand {name!r}; the program reads {', '.join(self.names)}")

@@ -291,12 +291,12 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
                           "negative indices are not wrapped; check the shape or the index arrays")
     if end < 2:
         return True
-    bad = c[1:] <= c[:-1]
+    not_increasing = c[1:] <= c[:-1]
     starts = pos[1:-1]
     if starts.size:
         starts = starts[(starts > 0) & (starts < end)]
-        bad[starts - 1] = False
-    return not bool(bad.any())
+        not_increasing[starts - 1] = False
+    return not bool(not_increasing.any())
 
 
 try:

@@ -79,7 +79,7 @@ def assert_weighted_union(indptr, indices, data, mats, coef, m, n, dt, tolerance
     union of the operands' patterns: cancellation zeros stay stored."""
     want = np.zeros((m, n))
     pattern = np.zeros((m, n), bool)
-    for c, M in zip(coef, mats):
+    for c, M in zip(coef, mats, strict=True):
         want += c * M.toarray().astype(dt).astype(np.float64)
         pattern |= M.toarray() != 0
     C = sp.csr_matrix((data, indices, indptr), shape=(m, n))

@@ -248,7 +248,7 @@ def test_inputs_are_not_modified(rng):
     B = random_sparse(rng, (5, 4), 0.5, "csr")
     before = (B.data.copy(), B.indices.copy(), B.indptr.copy())
     spfuse.vjp("y[i] = B[i,j] * x[j]", np.ones(5), B=B, x=np.ones(4))
-    for a, b in zip(before, (B.data, B.indices, B.indptr)):
+    for a, b in zip(before, (B.data, B.indices, B.indptr), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

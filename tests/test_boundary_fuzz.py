@@ -63,7 +63,8 @@ PROGRAMS = {
     "TTV": "A[i,j] = X[i,j,k] * c[k]",
 }
 #: which operands are sparse, per program
-SPARSE = {"SpMV": ("A",), "SpMM": ("A",), "SDDMM": ("B",), "SpGEMM": ("A", "B"), "SpAdd": ("B", "C", "D"), "TTV": ("X",)}
+SPARSE = {"SpMV": ("A",), "SpMM": ("A",), "SDDMM": ("B",), "SpGEMM": ("A", "B"), "SpAdd": ("B", "C", "D"),
+          "TTV": ("X",)}
 #: programs whose sparse stored NaN/inf only ever meet dense values or explicit data (IEEE-exact)
 NONFINITE_OK = ("SpMV", "SpMM", "SDDMM", "SpAdd", "TTV")
 #: dense axes no other operand constrains (any extent is legal there)
@@ -808,7 +809,7 @@ if __name__ == "__main__":
 # default out_format): float32 values, int64 index arrays, zero-size extents,
 # forced output formats, and einsum with random subscripts against np.einsum.
 from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from spfuse.testing import programs, random_operands  # noqa: E402
 
@@ -827,7 +828,7 @@ def _has_empty_max(program, shapes) -> bool:
     from spfuse.frontend.check import check_program
     from spfuse.frontend.reductions import children, make_reductions_explicit
     prog = make_reductions_explicit(program)
-    for st_, ext in zip(prog.statements, check_program(prog, shapes)):
+    for st_, ext in zip(prog.statements, check_program(prog, shapes), strict=True):
         stack = [st_.value]
         while stack:
             e = stack.pop()

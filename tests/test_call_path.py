@@ -75,7 +75,7 @@ def test_fast_wrap_equals_the_general_path(fmt, itype, dtype):
     assert fast.index_dtype == itype  # int64 input is kept (zero-copy); from_csr narrows
     assert general.index_dtype == np.int32
     np.testing.assert_array_equal(fast.todense(), m.toarray())
-    for a, b in zip(fast.levels[1:], general.levels[1:]):
+    for a, b in zip(fast.levels[1:], general.levels[1:], strict=True):
         np.testing.assert_array_equal(a.pos, b.pos)
         np.testing.assert_array_equal(a.crd, b.crd)
     assert not fast.values.flags.writeable and not fast.levels[1].crd.flags.writeable
@@ -132,7 +132,7 @@ def test_sparse_results_are_writable_and_never_alias_an_input(program):
         for a in (A.data, A.indices, A.indptr):
             assert not np.shares_memory(arr, a)
     C.data *= 2  # the caller owns the result
-    for a, b in zip((A.data, A.indices, A.indptr), before):
+    for a, b in zip((A.data, A.indices, A.indptr), before, strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -200,7 +200,7 @@ def test_kernel_inputs_shared_between_threads_are_not_mutated():
             np.testing.assert_allclose(kernel(A=A, x=x), ref, rtol=1e-12, atol=1e-12)
 
     _run_threads(body)
-    for before, after in zip(snapshot, (A.data, A.indices, A.indptr)):
+    for before, after in zip(snapshot, (A.data, A.indices, A.indptr), strict=True):
         np.testing.assert_array_equal(before, after)
 
 

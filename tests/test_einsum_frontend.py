@@ -55,7 +55,7 @@ def test_einsum_matches_numpy(subscripts, shapes, rng):
     program, names = einsum_to_program(subscripts, [len(s) for s in shapes])
     assert names == [f"T{n}" for n in range(len(shapes))]
     assert program.results == ("out",)
-    got = dense_reference(program, dict(zip(names, ops)))
+    got = dense_reference(program, dict(zip(names, ops, strict=True)))
     want = np.einsum(subscripts, *ops)
     assert np.shape(got) == np.shape(want)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -92,7 +92,7 @@ def test_random_einsum_matches_numpy(case):
     subscripts, shapes, seed = case
     ops = _operands(np.random.default_rng(seed), shapes)
     program, names = einsum_to_program(subscripts, [len(s) for s in shapes])
-    got = dense_reference(program, dict(zip(names, ops)))
+    got = dense_reference(program, dict(zip(names, ops, strict=True)))
     want = np.einsum(subscripts, *ops)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
@@ -104,7 +104,8 @@ ERRORS = [
     ("ij,j->ii", [2, 1], "includes output subscript 'i' multiple times", "i", 2),
     ("ij,jk->ik", [2, 3], "operand has more dimensions than subscripts given", "jk"),
     ("ij,jk->ik", [2, 1], "contains too many subscripts for operand 1", "jk"),
-    ("i,,j->ij", [1, 1, 1], "operand has more dimensions than subscripts given", ",j"),  # caret where the empty term starts
+    # caret where the empty term starts
+    ("i,,j->ij", [1, 1, 1], "operand has more dimensions than subscripts given", ",j"),
     ("i1,j->ij", [2, 1], "invalid subscript '1' in einstein sum subscripts string", "1"),
     ("ij,j->i->i", [2, 1], "more than one '->'", "-", 1),
     ("ij,j->i!", [2, 1], "invalid subscript '!'", "!"),

@@ -275,10 +275,10 @@ def test_lowering_is_reused_with_each_calls_arrays(text, fmt):
         ops = {n: v for n, v in ops.items() if f"{n}[" in text or (n == "c" and " c" in text)}
         D = A.toarray()
         got = k(**ops)
-        ref = {"S[i,j] = x[i]*A[i,j]*u[j]": lambda: x[:, None] * D * u[None, :],
-               "y[j] = A[i,j]*x[i]": lambda: D.T @ x,
-               "y[i] = A[i,j]*u[j] + x[i]": lambda: D @ u + x,
-               "m[i] = max(j, A[i,j]) + c": lambda: D.max(axis=1) + c}[text]()
+        ref = {"S[i,j] = x[i]*A[i,j]*u[j]": lambda D, x, u, c: x[:, None] * D * u[None, :],
+               "y[j] = A[i,j]*x[i]": lambda D, x, u, c: D.T @ x,
+               "y[i] = A[i,j]*u[j] + x[i]": lambda D, x, u, c: D @ u + x,
+               "m[i] = max(j, A[i,j]) + c": lambda D, x, u, c: D.max(axis=1) + c}[text](D, x, u, c)
         got = got.toarray() if sp.issparse(got) else got
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
 
@@ -350,7 +350,7 @@ def test_planner_reads_an_operand_in_the_other_storage_order_when_much_cheaper()
     before = (A.indptr.copy(), A.indices.copy(), A.data.copy())
     C = k(A=A, B=B)
     np.testing.assert_allclose(C.toarray(), (A @ B.T).toarray(), rtol=1e-12)
-    for a, b in zip(before, (A.indptr, A.indices, A.data)):
+    for a, b in zip(before, (A.indptr, A.indices, A.data), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

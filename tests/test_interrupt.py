@@ -47,7 +47,7 @@ class chunk_work:
         self.old = [m._set_chunk_work(self.units) for m in MODULES]
 
     def __exit__(self, *exc):
-        for m, old in zip(MODULES, self.old):
+        for m, old in zip(MODULES, self.old, strict=True):
             m._set_chunk_work(old)
 
 
@@ -77,7 +77,7 @@ def _powerlaw_csr(rng, m, n, dtype=np.float64, itype=np.int32):
 def _same(results):
     first = results[0]
     for r in results[1:]:
-        for a, b in zip(first, r):
+        for a, b in zip(first, r, strict=True):
             assert a.dtype == b.dtype and np.array_equal(a, b), "result depends on chunking/threads"
     return first
 
@@ -301,7 +301,7 @@ def test_raising_signal_handler_aborts_kernel_without_leaks():
     try:
         with chunk_work(2 ** 16):          # many short chunks: abort quickly
             rss = []
-            for it in range(15):
+            for _ in range(15):
                 armed[0] = True
                 signal.setitimer(signal.ITIMER_REAL, 0.02)
                 t0 = time.perf_counter()

@@ -49,7 +49,9 @@ def test_iteration_space_propagates_demand_to_producer():
 
 
 def test_iteration_space_union_for_addition_and_multiple_uses():
-    csr = lambda n: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (5, 5))
+    def csr(n):
+        return TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (5, 5))
+
     text = "C[i,j] = A[i,k] * B[k,j]; E[i,j] = C[i,j] * D[i,j]; G[i,j] = F[i,j] / C[i,j]"  # ReACT Listing 6
     prog = parse_program(text)
     ins = {"A": TensorInfo.dense("A", (5, 5)), "B": TensorInfo.dense("B", (5, 5)), "D": csr("D"), "F": csr("F")}
@@ -243,8 +245,12 @@ def test_spgemm_never_inner_product_even_when_the_model_prefers_it():
 
 
 def test_orders_without_shapes_at_compile_time():
-    csr = lambda n: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (None, None))
-    dense = lambda n, d: TensorInfo(n, d, ("dense",) * d, tuple(range(d)), (None,) * d)
+    def csr(n):
+        return TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (None, None))
+
+    def dense(n, d):
+        return TensorInfo(n, d, ("dense",) * d, tuple(range(d)), (None,) * d)
+
     for kernel, ins, order in (("SpGEMM", {"A": csr("A"), "B": csr("B")}, ("i", "j", "k")),
                                ("SpMM", {"A": csr("A"), "B": dense("B", 2)}, ("i", "j", "k")),
                                ("SpMV", {"A": csr("A"), "x": dense("x", 1)}, ("i", "j"))):
@@ -252,7 +258,9 @@ def test_orders_without_shapes_at_compile_time():
 
 
 def test_mode_order_cycle_is_broken_by_the_cheaper_transposition():
-    csr = lambda n, nnz: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (60, 60), nnz=nnz)
+    def csr(n, nnz):
+        return TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (60, 60), nnz=nnz)
+
     p = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), {"A": csr("A", 50), "B": csr("B", 700)})
     assert p.orders[0] == ("j", "i")
     assert p.transpositions == {0: (("A", (0, 1), (1, 0)),)}
@@ -269,7 +277,10 @@ def test_orders_hold_at_large_sizes(name):
         big[n] = TensorInfo(n, i.ndim, i.levels, i.mode_order, shape, nnz=i.nnz * 2000 if i.is_sparse else None)
     large = plan_program(parse_program(KERNELS[name]), big)
     assert large.orders == small.orders
-    kept = lambda p: {t: v.kept for t, v in p.temporaries.items()}
+
+    def kept(p):
+        return {t: v.kept for t, v in p.temporaries.items()}
+
     if (large.separated, large.associations) == (small.separated, small.associations):
         assert kept(large) == kept(small)
     else:  # a size-dependent cost decision (separate kernels, association) explains the change

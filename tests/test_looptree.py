@@ -460,7 +460,7 @@ def test_parallel_bigger_identical():
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 
 @st.composite
@@ -499,15 +499,14 @@ def test_hypothesis_random_elementwise_product(prog):
             t = np.ascontiguousarray(dens)
         accs.append(b.access(t, tuple(v[c] for c in modes)))
     expr = accs[0]
-    dense_expr = ops[0][1]
     env = []
-    for (modes, dens, _), a, c in zip(ops[1:], accs[1:], combine):
+    for (modes, dens, _), a, c in zip(ops[1:], accs[1:], combine, strict=True):
         expr = expr + a if c == "+" else expr - a if c == "-" else expr * a
         env.append((c, modes, dens))
 
     def full(modes, d):
         shp = [1, 1, 1]
-        for c, s in zip(modes, d.shape):
+        for c, s in zip(modes, d.shape, strict=True):
             shp["ijk".index(c)] = s
         order = sorted(range(len(modes)), key=lambda n: "ijk".index(modes[n]))
         return np.transpose(d, order).reshape(shp)
@@ -520,7 +519,7 @@ def test_hypothesis_random_elementwise_product(prog):
     ref = tot.sum(axis=2)
     # intersecting on a sparse operand is legal only when the whole expression
     # is a product (zero outside the operand's pattern)
-    sparse_ij = [a for a, (m, _, s) in zip(accs, ops) if s]
+    sparse_ij = [a for a, (m, _, s) in zip(accs, ops, strict=True) if s]
     legal = try_intersect and sparse_ij and all(c == "*" for c in combine)
     out = b.buffer((I, J), "out")
     with b.loop(v["i"]):

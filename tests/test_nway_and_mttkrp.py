@@ -127,7 +127,8 @@ def _sum_program(kinds, signs):
     """``Z[i,j] = t0 ± t1 ± ...`` and the operands' (name, shape, sparse) it reads."""
     terms, operands_ = [], []
     kinds = ["S"] + list(kinds)  # one term indexed by both i and j
-    for n, (kind, sign) in enumerate(zip(kinds, [False] + list(signs))):
+    # signs is a fixed pool of 6 draws: only the first len(kinds) - 1 are used
+    for n, (kind, sign) in enumerate(zip(kinds, [False] + list(signs), strict=False)):
         a, b = f"P{n}", f"Q{n}"
         t = {"S": f"{a}[i,j]", "St": f"{a}[j,i]", "D": f"{b}[i,j]", "2S": f"2*{a}[i,j]",
              "-S": f"-{a}[i,j]", "S*D": f"{a}[i,j]*{b}[i,j]", "S*S": f"{a}[i,j]*{a}[i,j]",

@@ -66,7 +66,7 @@ def check_all_ways(mats, coef, it, dt, m, n):
             if first is None:
                 first = got
                 continue
-            for a, b in zip(first, got):
+            for a, b in zip(first, got, strict=True):
                 assert a.dtype == b.dtype and np.array_equal(a, b), f"{variant} with {nt} threads differs"
     indptr, indices, data = first
     assert indptr.dtype == it and indices.dtype == it and data.dtype == dt
@@ -181,7 +181,7 @@ def test_spadd_chunking_does_not_change_results(rng):
         for variant in VARIANTS:
             for nt in (1, 2):
                 got = run(mats, [1.0, -1.0, 2.0, 0.5], np.int32, np.float64, 400, 300, nt, variant)
-                assert all(np.array_equal(a, b) for a, b in zip(ref, got))
+                assert all(np.array_equal(a, b) for a, b in zip(ref, got, strict=True))
     finally:
         K._set_chunk_work(old)
 
@@ -218,7 +218,7 @@ def test_spadd_no_operands_is_an_empty_matrix():
 
 # ---------------------------------------------------------------- API path
 def _program(k, signs):
-    body = "B1[i,j]" + "".join(f" {s} B{t}[i,j]" for t, s in zip(range(2, k + 1), signs))
+    body = "B1[i,j]" + "".join(f" {s} B{t}[i,j]" for t, s in zip(range(2, k + 1), signs, strict=True))
     return "A[i,j] = " + body
 
 
@@ -228,7 +228,7 @@ def test_api_spadd_scipy_in_scipy_out(k, rng):
     signs = rng.choice(["+", "-"], size=k - 1)
     got = spfuse.evaluate(_program(k, signs), **ops)
     want = ops["B1"].toarray()
-    for t, s in zip(range(2, k + 1), signs):
+    for t, s in zip(range(2, k + 1), signs, strict=True):
         want = want + ops[f"B{t}"].toarray() if s == "+" else want - ops[f"B{t}"].toarray()
     assert isinstance(got, sp.csr_array) and got.has_sorted_indices
     np.testing.assert_allclose(got.toarray(), want, rtol=1e-12, atol=1e-12)
@@ -290,7 +290,7 @@ def test_spadd_stats_density_and_rows():
 # ---------------------------------------------------------------- property
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)

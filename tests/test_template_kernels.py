@@ -74,7 +74,7 @@ def both_threads(fn):
     r2 = fn(2)
     if not isinstance(r1, tuple):
         r1, r2 = (r1,), (r2,)
-    for a, b in zip(r1, r2):
+    for a, b in zip(r1, r2, strict=True):
         assert a.dtype == b.dtype
         assert np.array_equal(a, b), "result depends on the thread count"
     return r1 if len(r1) > 1 else r1[0]
@@ -368,7 +368,10 @@ def make_csf(X, it):
     fib_id = np.cumsum(new_f) - 1
     pos2 = np.r_[0, np.cumsum(np.bincount(fib_id, minlength=len(crd1)))]
     pos0 = np.array([0, len(crd0)])
-    c = lambda a: np.ascontiguousarray(a, dtype=it)
+
+    def c(a):
+        return np.ascontiguousarray(a, dtype=it)
+
     return (c(pos0), c(crd0), c(pos1), c(crd1), c(pos2), c(k)), vals
 
 

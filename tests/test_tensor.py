@@ -42,7 +42,7 @@ def assert_contract(t: Tensor) -> None:
     sshape = t.format.storage_shape(t.shape)
     npos = 1
     counts = list(t.shape) + [t.nnz]
-    for level, (kind, lvl, size) in enumerate(zip(t.format.levels, t.levels, sshape)):
+    for kind, lvl, size in zip(t.format.levels, t.levels, sshape, strict=True):
         assert lvl.kind == kind and lvl.size == size
         if kind == DENSE:
             assert isinstance(lvl, DenseLevel)

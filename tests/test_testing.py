@@ -51,7 +51,7 @@ KERNELS = [
 @pytest.mark.parametrize("text,shapes,fn", KERNELS, ids=[t for t, _, _ in KERNELS])
 def test_kernels_match_numpy(text, shapes, fn, rng):
     names = parse_program(text).inputs
-    ops = {n: rng.standard_normal(s) for n, s in zip(names, shapes)}
+    ops = {n: rng.standard_normal(s) for n, s in zip(names, shapes, strict=True)}
     got = dense_reference(text, ops)
     np.testing.assert_allclose(got, fn(*ops.values()), rtol=1e-12, atol=1e-12)
 

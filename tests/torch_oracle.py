@@ -85,7 +85,7 @@ def torch_vjp(text_or_program, cotangents: Mapping[str, Any], wrt, operands: Map
     ext = check_program(program, {n: v.shape for n, v in dense.items()})
     leaves = {n: torch.tensor(v, dtype=torch.float64, requires_grad=n in wrt) for n, v in dense.items()}
     env = dict(leaves)
-    for st, e in zip(program.statements, ext):
+    for st, e in zip(program.statements, ext, strict=True):
         t, idx = _eval(st.value, env, e)
         t = _expand(t, idx, st.target.indices)
         env[st.target.name] = t.expand([e[k] for k in st.target.indices])
@@ -95,7 +95,7 @@ def torch_vjp(text_or_program, cotangents: Mapping[str, Any], wrt, operands: Map
     grads = {}
     if loss.requires_grad:
         got = torch.autograd.grad(loss, [leaves[n] for n in wrt], allow_unused=True)
-        grads = {n: (g.numpy() if g is not None else np.zeros(dense[n].shape)) for n, g in zip(wrt, got)}
+        grads = {n: (g.numpy() if g is not None else np.zeros(dense[n].shape)) for n, g in zip(wrt, got, strict=True)}
     else:
         grads = {n: np.zeros(dense[n].shape) for n in wrt}
     results = {n: env[n].detach().numpy() for n in program.results}

@@ -350,7 +350,7 @@ class _Builder:
         gname = self.grad[name]
         terms = []
         for c in contributions:
-            mapping = dict(zip(c.indices, target))
+            mapping = dict(zip(c.indices, target, strict=True))
             present = set().union(*(_all_indices(f) for _, f in c.chain))
             index_names = _Names(present | set(target))
             for k in sorted(present - set(c.indices)):

@@ -35,7 +35,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION", "ENGINE_MARGIN"]
+__all__ = ["temporary_bytes", "result_coordinate_bytes", "estimated_seconds", "skip_reason", "SECONDS_PER_ITERATION",
+           "ENGINE_MARGIN"]
 
 #: The generic executor ran up to this many times faster per estimated
 #: iteration than auto's template on the same case (GNN-2's ``none`` plan does
@@ -68,8 +69,8 @@ def temporary_bytes(plan, itemsize: int = 8) -> tuple[int, str]:
     total, largest, what = 0, -1, ""
     for t in plan.temporaries.values():
         dense, comp_extent, comp_nnz, any_comp, dims = 1, 1, [], False, []
-        kept = [e or 0 for d, e in zip(t.dims, t.extents) if d in t.kept]
-        for e, m in zip(kept, t.masks):  # one mask per kept dim
+        kept = [e or 0 for d, e in zip(t.dims, t.extents, strict=True) if d in t.kept]
+        for e, m in zip(kept, t.masks, strict=True):  # one mask per kept dim
             if m.is_true:
                 dense *= e
             else:

@@ -207,7 +207,7 @@ def _task_memory(program: str, operands: dict) -> dict:
     for key in cells:
         deps = get_dependencies(graph, key)
         inputs = get_sync(graph, sorted(deps, key=str))
-        vals = dict(zip(sorted(deps, key=str), inputs))
+        vals = dict(zip(sorted(deps, key=str), inputs, strict=True))
         size = sum(sizeof(v) for d, v in vals.items() if not str(d).startswith("spfuse-plan"))
         if best is None or size > best[1]:
             best = (key, size, vals)
@@ -238,7 +238,7 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                                     seconds=t, strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
             rss = _peak_rss(client)
-            for w, (addr, b) in enumerate(sorted(rss.items())):
+            for w, (_addr, b) in enumerate(sorted(rss.items())):
                 results.append(dict(study="rss", workers=nworkers, worker=w, peak_rss=b))
         finally:
             client.close()

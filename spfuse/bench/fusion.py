@@ -293,7 +293,8 @@ def _summary(cases, by, models, threads, size) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """``python -m spfuse.bench.fusion [--size S] [--kernels K] [--threads 1,2] [--repeat R] [--json F] [--call-budget S]``."""
+    """``python -m spfuse.bench.fusion [--size S] [--kernels K] [--threads 1,2] [--repeat R] [--json F]
+    [--call-budget S]``."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m spfuse.bench.fusion", description=run_fusion_study.__doc__)
     p.add_argument("--size", default="small", choices=list(suite.SIZES))

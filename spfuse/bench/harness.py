@@ -234,8 +234,8 @@ def planning_times(kernels: list[BenchKernel], size: Size, repeat: int = 5) -> l
             for _ in range(repeat):
                 spfuse.clear_cache()
                 kern = spfuse.compile(k.program)
-                firsts.append(_call(lambda o: kern(**o), ops)[1])
-                cached.append(min(_call(lambda o: kern(**o), ops)[1] for _ in range(3)))
+                firsts.append(_call(lambda o, kern=kern: kern(**o), ops)[1])
+                cached.append(min(_call(lambda o, kern=kern: kern(**o), ops)[1] for _ in range(3)))
         except Exception as e:
             out.append({"kernel": k.name, "error": _short(e)})
             continue

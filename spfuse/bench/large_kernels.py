@@ -10,6 +10,7 @@ large``, which runs every peer on every kernel.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import warnings
@@ -136,7 +137,7 @@ def main() -> None:
                 repeat = {"SpMV": 15, "SpAdd-7": 3}.get(name, 5)
                 kernel = spfuse.compile(program)
                 with spfuse.threads(threads):
-                    theirs = interleaved_medians({"spfuse": lambda: kernel(**operands[name]), **peers[name]},
+                    theirs = interleaved_medians({"spfuse": functools.partial(kernel, **operands[name]), **peers[name]},
                                                  repeat)
                 ours = theirs.pop("spfuse")
                 cells = "  ".join(f"{p} {t * 1e3:8.2f} ms ({ours / t:.2f})" for p, t in theirs.items())

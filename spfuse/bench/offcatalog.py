@@ -40,7 +40,8 @@ from spfuse.bench import suite
 from spfuse.bench.peers import Impl, Skip
 from spfuse.formats import Format
 
-__all__ = ["OffSize", "SIZES", "CallTimeout", "deadline", "Spelling", "AS_WRITTEN", "OffProgram", "PROGRAMS", "PROGRAMS_BY_NAME", "ISSUE_KINDS",
+__all__ = ["OffSize", "SIZES", "CallTimeout", "deadline", "Spelling", "AS_WRITTEN", "OffProgram", "PROGRAMS",
+           "PROGRAMS_BY_NAME", "ISSUE_KINDS",
            "select_programs", "make_inputs", "CHUNK", "LIBRARIES"]
 
 #: Entries per gathered block in the numpy formulations (``CHUNK x 64`` float64 = 32 MiB).

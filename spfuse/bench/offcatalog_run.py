@@ -301,7 +301,7 @@ def render(res: dict, out: TextIO | None = None) -> None:
     for n in threads:
         target = TARGETS.get(n, TARGETS[1])
         rows, cells = [], [s for s in summ if s["threads"] == n]
-        for s, p in zip(cells, programs):
+        for s, p in zip(cells, programs, strict=True):
             spf = (s["spfuse"], s["spfuse_how"])
             row = [p["name"], p["kind"], _fmt(spf)]
             for lib in libs:
@@ -323,7 +323,8 @@ def render(res: dict, out: TextIO | None = None) -> None:
         gm = _geomean(ratios)
         missing = [s["program"] for s in cells if not s["ratio"]]
         w(f"geomean best peer / spfuse: {'-' if gm is None else ('<=' if bounds else '') + f'{gm:.3g}x'} over "
-          f"{len(ratios)} programs ({_verdict(None if gm is None or (bounds and gm >= GEOMEAN_TARGET) else gm >= GEOMEAN_TARGET)})"
+          f"{len(ratios)} programs "
+          f"({_verdict(None if gm is None or (bounds and gm >= GEOMEAN_TARGET) else gm >= GEOMEAN_TARGET)})"
           + (f", {bounds} of them upper bounds (spfuse stopped at the call limit)" if bounds else "")
           + f"; below {target:g}x: {sum(1 for s in cells if s['meets_target'] is False)}; spfuse faster: "
           f"{sum(1 for s in cells if s['ratio'] and s['ratio'] > 1 and s['ratio_side'] != '<')}"

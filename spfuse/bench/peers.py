@@ -24,7 +24,8 @@ import importlib
 import re
 import warnings
 from collections.abc import Callable
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -63,7 +64,7 @@ class Peer:
     name: str
     version: str
     impls: dict
-    threads: Callable[[int], ContextManager] = lambda n: contextlib.nullcontext()
+    threads: Callable[[int], AbstractContextManager] = lambda n: contextlib.nullcontext()
     threads_note: str = ""
     is_spfuse: bool = False
     fusion: str | None = None      #: the fusion strategy of a spfuse peer
@@ -474,7 +475,7 @@ def _sparse_impls(sparse) -> dict:
     def run(s):
         steps, ops, _ = s
         acc = ops[0]
-        for step, nxt in zip(steps, ops[1:]):
+        for step, nxt in zip(steps, ops[1:], strict=True):
             acc = sparse.einsum(step, acc, nxt)
         return acc
 

@@ -59,7 +59,7 @@ def _cell(r) -> str:
 
 def _grid(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
@@ -149,7 +149,8 @@ def planning_table(rows: list[dict]) -> str:
 def write_json(path: str, meta: dict, records: list, planning: list[dict]) -> None:
     """Everything measured, machine-readable."""
     with open(path, "w") as f:
-        json.dump({"meta": meta, "records": [r.as_dict() for r in records], "planning": planning}, f, indent=1, default=str)
+        json.dump({"meta": meta, "records": [r.as_dict() for r in records], "planning": planning}, f,
+                  indent=1, default=str)
 
 
 def plot_speedups(path: str, records: list) -> str:
@@ -166,7 +167,7 @@ def plot_speedups(path: str, records: list) -> str:
     fig, axes = plt.subplots(len(threads), 1, figsize=(max(8, len(kernels) * 0.9), 3.6 * len(threads)),
                              squeeze=False)
     width = 0.8 / max(len(peers), 1)
-    for ax, n in zip(axes[:, 0], threads):
+    for ax, n in zip(axes[:, 0], threads, strict=True):
         for pi, p in enumerate(peers):
             ys = []
             for k in kernels:

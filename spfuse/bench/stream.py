@@ -12,6 +12,7 @@ True
 """
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,7 +27,7 @@ def copy_bandwidth(nbytes: int = 1 << 28, threads: int = 1, trials: int = 5) -> 
     src = np.ones(n)
     dst = np.empty_like(src)
     bounds = np.linspace(0, n, threads + 1).astype(np.int64)
-    chunks = [(src[a:b], dst[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    chunks = [(src[a:b], dst[a:b]) for a, b in itertools.pairwise(bounds)]
     best = float("inf")
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for trial in range(trials + 1):  # trial 0 faults the pages in

@@ -64,9 +64,9 @@ def rows_for(K: int, rows: int, mem_bytes: int, itemsize: int = 8) -> int:
     return int(max(1, min(rows, mem_bytes // (2 * K * itemsize))))
 
 
-def _time(f) -> float:
+def _time(f, *args) -> float:
     t0 = time.perf_counter()
-    f()
+    f(*args)
     return time.perf_counter() - t0
 
 
@@ -103,13 +103,13 @@ def run_tiling_study(ks: Sequence[int] = (64, 256, 1024, 4096), rows: int = 200_
             for t in fixed_tiles:
                 if 0 < t < K:
                     variants[f"tile={t}"] = t
-            for v, t in variants.items():
+            for v in variants:
                 outs[v] = np.empty((n, K))
             for nt in threads:
                 timed = {v: [] for v in variants}
                 for r in range(repeat + 1):  # round 0 warms up (and checks results)
                     for v, t in variants.items():
-                        dt = _time(lambda: csr.spmm(ip, ix, a.data, B, outs[v], nt, t))
+                        dt = _time(csr.spmm, ip, ix, a.data, B, outs[v], nt, t)
                         if r:
                             timed[v].append(dt)
                     if r == 0:
@@ -151,9 +151,9 @@ def _report(records, out, threads, repeat, rows, row_nnz, mem_bytes, load, elaps
                   f"tile={best['tile']}" if best["variant"] != "planned" else f"planned ({best['tile']})"]
         rows_out.append(cells)
     widths = [max(len(h), *(len(c[i]) for c in rows_out)) for i, h in enumerate(head)]
-    w("  ".join(h.rjust(wd) for h, wd in zip(head, widths)))
+    w("  ".join(h.rjust(wd) for h, wd in zip(head, widths, strict=True)))
     for c in rows_out:
-        w("  ".join(x.rjust(wd) for x, wd in zip(c, widths)))
+        w("  ".join(x.rjust(wd) for x, wd in zip(c, widths, strict=True)))
     w()
     w(f"wall time {elapsed:.1f} s")
 

@@ -13,6 +13,7 @@ of the forward ``spfuse.evaluate``, same operands, same run.
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any
@@ -104,8 +105,8 @@ def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: 
         result = spfuse.evaluate(kernel.program, **ops)
         cot = result.copy() if hasattr(result, "copy") else float(result)
         try:
-            fwd = _median_time(lambda: spfuse.evaluate(kernel.program, **ops), repeat)
-            bwd = _median_time(lambda: spfuse.vjp(kernel.program, cot, wrt=wrt, **ops), repeat)
+            fwd = _median_time(functools.partial(spfuse.evaluate, kernel.program, **ops), repeat)
+            bwd = _median_time(functools.partial(spfuse.vjp, kernel.program, cot, wrt=wrt, **ops), repeat)
         except Exception as e:  # report, keep going
             print(f"  {kernel.name:<16} error: {type(e).__name__}: {e}", file=out)
             continue

@@ -105,14 +105,14 @@ def run_cell(runner: CellRunner, slices: CellSlices, *blocks: Any) -> Any:
     Returns the one result, or a dict of results for multi-result programs.
     """
     operands = {}
-    for name, block, cuts in zip(runner.names, blocks, slices.cuts):
+    for name, block, cuts in zip(runner.names, blocks, slices.cuts, strict=True):
         for axis, lo, hi in cuts:
             block = slice_block(block, axis, lo, hi)
         operands[name] = block
     out = runner.kernel(**operands)
     if len(runner.results) == 1:
         return like_meta(out, runner.metas[0])
-    return {r: like_meta(out[r], m) for r, m in zip(runner.results, runner.metas)}
+    return {r: like_meta(out[r], m) for r, m in zip(runner.results, runner.metas, strict=True)}
 
 
 def pick(cell_output: dict, name: str) -> Any:

@@ -97,10 +97,10 @@ def classify(program: Program, input_dims: Mapping[str, Sequence]) -> Classifica
     >>> c = classify(parse_program("y[i] = A[i,j] * x[j]"), {"A": ("r", None), "x": (None,)})
     >>> c.results["y"]
     ResultLayout(name='y', out_dims=('r',), contracted_dims=(), index_dims=(('i', 'r'),))
-    >>> classify(parse_program("y[j] = relu(A[i,j] * x[i])"), {"A": ("r", None), "x": ("r",)})
+    >>> classify(parse_program("y[j] = relu(A[i,j] * x[i])"), {"A": ("r", None), "x": ("r",)})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    spfuse.errors.UnsupportedError: cannot distribute 'y': it sums over the partitioned index 'i' inside a non-linear expression (adding per-block partial sums would be wrong); pass the operands indexed by 'i' whole (numpy, or one chunk)
+    spfuse.errors.UnsupportedError: cannot distribute 'y': it sums over the partitioned index 'i' ... one chunk)
     """
     axis_dims: dict[str, tuple] = {n: tuple(d) for n, d in input_dims.items()}
     dims: dict = {}
@@ -113,7 +113,7 @@ def classify(program: Program, input_dims: Mapping[str, Sequence]) -> Classifica
     for stmt in program.statements:
         index_dims: dict[str, object] = {}
         for acc in iter_accesses(stmt.value):
-            for idx, d in zip(acc.indices, axis_dims.get(acc.name, (None,) * len(acc.indices))):
+            for idx, d in zip(acc.indices, axis_dims.get(acc.name, (None,) * len(acc.indices)), strict=True):
                 if d is None:
                     continue
                 other = index_dims.setdefault(idx, d)

@@ -106,7 +106,7 @@ class _Sizes:
             info = block_info(o.array) if o.sparse else None
             for idx in np.ndindex(*o.array.numblocks):
                 key = (o.array.name,) + idx
-                shape = tuple(c[i] for c, i in zip(o.array.chunks, idx))
+                shape = tuple(c[i] for c, i in zip(o.array.chunks, idx, strict=True))
                 if o.sparse:
                     self.sizes[key] = info.nnz[idx[0]] * _SPARSE_ENTRY + (shape[0] + 1) * _INDPTR + _OVERHEAD
                 else:

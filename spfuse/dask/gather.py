@@ -129,7 +129,7 @@ def run_gathered(runner: CellRunner, slices: CellSlices, gathered: tuple, column
     """
     it = iter(blocks_and_pieces)
     operands = {}
-    for name, how, cuts in zip(runner.names, gathered, slices.cuts):
+    for name, how, cuts in zip(runner.names, gathered, slices.cuts, strict=True):
         if how is None or how[1] == 0:
             block = next(it)
             for axis, lo, hi in cuts:
@@ -142,7 +142,7 @@ def run_gathered(runner: CellRunner, slices: CellSlices, gathered: tuple, column
     out = runner.kernel(**operands)
     if len(runner.results) == 1:
         return like_meta(out, runner.metas[0])
-    return {r: like_meta(out[r], m) for r, m in zip(runner.results, runner.metas)}
+    return {r: like_meta(out[r], m) for r, m in zip(runner.results, runner.metas, strict=True)}
 
 
 def gather_spec(layout: Any) -> Any:

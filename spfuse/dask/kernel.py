@@ -235,7 +235,7 @@ class DaskKernel:
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")
             arr = obj
             if not sparse:
-                target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape))
+                target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape, strict=True))
                 if target != obj.chunks:
                     arr = obj.rechunk(target)
         elif sp.issparse(obj) or (isinstance(obj, Tensor) and not obj.format.is_dense):
@@ -247,7 +247,7 @@ class DaskKernel:
             dense = obj.todense() if isinstance(obj, Tensor) else np.asarray(obj)
             arr = da.from_array(dense, chunks=tuple(d[2] if d is not None else -1 for d in dims),
                                 name=f"spfuse-dense-{name}-{dask.base.tokenize(dense)}")
-        blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks))
+        blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks, strict=True))
         return OperandLayout(name, arr, sparse, tuple(dims), blocked)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
@@ -285,7 +285,7 @@ class DaskKernel:
         info = block_info(o.array)
         nb0 = len(o.array.chunks[0]) if o.array.ndim else 1
         touched = {}
-        for axis, (d, blk) in enumerate(zip(o.dims, o.blocked)):
+        for axis, (d, blk) in enumerate(zip(o.dims, o.blocked, strict=True)):
             if d is not None and not blk:
                 if axis == 0:
                     return lambda cell: False  # rows cut in-task: no per-block metadata for the cut
@@ -366,7 +366,7 @@ class DaskKernel:
         keys, cuts = [], []
         for o in lay.operands:
             blk, cut = [], []
-            for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked)):
+            for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked, strict=True)):
                 b = cell[lay.grid.index(d)] if d is not None else 0
                 if blocked:
                     blk.append(b)
@@ -409,7 +409,7 @@ class DaskKernel:
             xb = xkey[1] if x.dims[0] is not None else 0
             blocks = touched[xb].tolist() or [0]
             args, gathered = [], []
-            for o, key in zip(lay.operands, keys):
+            for o, key in zip(lay.operands, keys, strict=True):
                 if o.name == xname:
                     args.append(key)
                     gathered.append((xaxis, 0))
@@ -475,7 +475,7 @@ class DaskKernel:
         rl = lay.classification.results[rname]
         out_axes = [(lay.grid.index(d) if d is not None else None) for d in rl.out_dims]
         con_axes = [lay.grid.index(d) for d in rl.contracted_dims]
-        chunks = tuple(d[2] if d is not None else (s,) for d, s in zip(rl.out_dims, shape))
+        chunks = tuple(d[2] if d is not None else (s,) for d, s in zip(rl.out_dims, shape, strict=True))
         name = f"spfuse-{rname}-{cell_name.rsplit('-', 1)[1]}"
         ncon = [len(lay.bounds[d]) - 1 for d in rl.contracted_dims]
         extra = (np.empty((0,) * (len(shape) + len(con_axes)), dtype=meta.dtype),) if con_axes else ()

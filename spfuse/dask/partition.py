@@ -22,11 +22,12 @@ model need not execute anything.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import dask
 import dask.array as da
@@ -39,7 +40,7 @@ from spfuse.tensor import Tensor, as_tensor
 __all__ = ["balanced_boundaries", "from_scipy", "from_tensor", "from_mtx", "from_npz", "block_info",
            "BlockInfo", "slice_block", "with_meta"]
 
-Chunks = Union[None, int, Sequence[int]]
+Chunks = None | int | Sequence[int]
 
 
 def balanced_boundaries(indptr: Any, nblocks: int) -> np.ndarray:
@@ -201,7 +202,7 @@ def from_scipy(A: Any, chunks: Chunks = None) -> da.Array:
         csr = csr.copy()
         csr.sum_duplicates()
     bounds = _row_bounds(csr.shape[0], csr.indptr, chunks)
-    blocks = [csr[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    blocks = [csr[lo:hi] for lo, hi in itertools.pairwise(bounds)]
     return _from_blocks(blocks, bounds, csr.shape, csr[:0], "spfuse-csr")
 
 
@@ -247,7 +248,7 @@ def from_tensor(X: Any, chunks: Chunks = None) -> da.Array:
     indptr = np.concatenate(([0], np.cumsum(first)))
     bounds = _row_bounds(t.shape[0], indptr, chunks)
     blocks = [slice_block(t, 0, int(lo), int(hi)) if len(bounds) > 2 else t
-              for lo, hi in zip(bounds[:-1], bounds[1:])]
+              for lo, hi in itertools.pairwise(bounds)]
     meta = slice_block(t, 0, 0, 0) if t.shape[0] else t
     return _from_blocks(blocks, bounds, t.shape, meta, "spfuse-tensor")
 

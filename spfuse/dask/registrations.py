@@ -81,7 +81,7 @@ def concatenate_tensors(blocks: Sequence[Tensor], axis: int = 0) -> Tensor:
         raise ValueError("Tensors to concatenate must have the same number of modes")
     offsets = np.cumsum([0] + [b.shape[axis] for b in blocks])
     coords = []
-    for off, b in zip(offsets, blocks):
+    for off, b in zip(offsets[:-1], blocks, strict=True):  # offsets[-1]: the total extent
         c = b.coords.astype(np.int64)
         c[axis] += off
         coords.append(c)

@@ -59,9 +59,9 @@ def compare(model: Mapping[str, Callable], params: Mapping, epochs: int, lr: flo
         out[name] = {"losses": losses,
                      "ms_per_epoch": 1e3 * statistics.median(seconds[1:] or seconds)}
     ref = out.get("spfuse")
-    for name, r in out.items():
+    for r in out.values():
         if ref is not None:
-            r["max_loss_diff"] = max((abs(a - b) for a, b in zip(r["losses"], ref["losses"])), default=0.0)
+            r["max_loss_diff"] = max((abs(a - b) for a, b in zip(r["losses"], ref["losses"], strict=True)), default=0.0)
     return out
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Union
 
 __all__ = [
     "Span", "Access", "Literal", "Binary", "Unary", "Where", "Reduce",
@@ -97,7 +96,7 @@ class Reduce:
     pattern: Access | None = None
 
 
-Expr = Union[Access, Literal, Binary, Unary, Where, Reduce]
+Expr = Access | Literal | Binary | Unary | Where | Reduce
 
 
 @dataclass(frozen=True)

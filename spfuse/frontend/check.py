@@ -10,7 +10,7 @@ Every error is a :class:`~spfuse.errors.ProgramError` pointing at the token.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Access, Expr, Program, Reduce
@@ -55,10 +55,10 @@ def _check(program: Program, shapes: Mapping[str, Any]):
     extents_per_statement: list[dict[str, int]] = []
     results: dict[str, tuple[int, ...]] = {}
 
-    def err(message: str, pos: int | None):
+    def err(message: str, pos: int | None) -> NoReturn:
         raise ProgramError(message, text, pos if text else None)
 
-    for n, st in enumerate(program.statements):
+    for st in program.statements:
         target = st.target
         if target.name in given:
             err(f"{target.name!r} is an input operand and cannot also be assigned "
@@ -85,7 +85,7 @@ def _check(program: Program, shapes: Mapping[str, Any]):
                 err(f"{node.name!r} has {len(shape)} dimension(s) {shape} but "
                     f"{to_text(node)} gives {len(node.indices)} index(es)", node.span.start)
             spans = node.index_spans
-            for axis, (k, extent) in enumerate(zip(node.indices, shape)):
+            for axis, (k, extent) in enumerate(zip(node.indices, shape, strict=True)):
                 old = ext.get(k)
                 if old is None:
                     ext[k] = extent

@@ -22,6 +22,7 @@ reductions; :func:`parse_program` (the public entry) also makes them explicit.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NoReturn
 
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import (
@@ -67,7 +68,7 @@ class _Parser:
         self.pos = 0
 
     # -- helpers -----------------------------------------------------------
-    def error(self, message: str, tok=None):
+    def error(self, message: str, tok=None) -> NoReturn:
         tok = self.toks[self.pos] if tok is None else tok
         raise ProgramError(f"{message}, got {_describe(tok)}", self.text, tok[2])
 
@@ -105,7 +106,7 @@ class _Parser:
             return Access(tok[1], (), Span(tok[2], tok[3]), ())
         acc = self.access(tok)
         seen: dict[str, Span] = {}
-        for name, span in zip(acc.indices, acc.index_spans):
+        for name, span in zip(acc.indices, acc.index_spans, strict=True):
             if name in seen:
                 raise ProgramError(f"index {name!r} repeated on the left side",
                                    self.text, span.start)
@@ -215,7 +216,7 @@ class _Parser:
             if (toks[self.pos][0] == "name" and toks[self.pos + 1][:2] == ("name", "in")
                     and toks[self.pos + 2][0] == "name"):
                 return self.pattern_reduction(name_tok)
-            indices = []
+            indices: list[tuple] = []  # the index name tokens
             while True:
                 tok = toks[self.pos]
                 if tok[0] != "name" or toks[self.pos + 1][0] != ",":

@@ -21,7 +21,7 @@ is exact up to one rounding of ``(e - c) + c``.  A stored entry whose value is
 """
 from __future__ import annotations
 
-from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Program, Reduce, Span, Unary, Where
+from spfuse.frontend.ast import _NOSPAN, Access, Assignment, Binary, Expr, Program, Reduce, Span, Unary, Where
 from spfuse.passes.rename import rename
 
 __all__ = ["lower_pattern_reduction", "lower_pattern_reductions"]
@@ -30,7 +30,7 @@ _OTHER = {"max": "min", "min": "max"}
 
 
 def lower_pattern_reduction(op: str, index: str, pattern: Access, body: Expr, bound_name: str,
-                            span: Span = Span(0, 0)) -> Expr:
+                            span: Span = _NOSPAN) -> Expr:
     """The plain-reduction form of ``op(index in pattern, body)`` (``body``'s
     reductions already explicit); ``bound_name`` is a fresh index name for the
     bound ``c`` of max/min.
@@ -39,8 +39,8 @@ def lower_pattern_reduction(op: str, index: str, pattern: Access, body: Expr, bo
     >>> A, S = Access("A", ("i", "j")), Access("S", ("i", "j"))
     >>> print(to_text(lower_pattern_reduction("sum", "j", A, S, "j_")))
     sum(j, A[i, j] / A[i, j] * S[i, j])
-    >>> print(to_text(lower_pattern_reduction("max", "j", A, S, "j_")))
-    max(j, A[i, j] / A[i, j] * (S[i, j] - min(j_, A[i, j_] / A[i, j_] * S[i, j_]))) + min(j_, A[i, j_] / A[i, j_] * S[i, j_])
+    >>> print(to_text(lower_pattern_reduction("max", "j", A, S, "j_")))  # doctest: +ELLIPSIS
+    max(j, A[i, j] / A[i, j] * (S[i, j] - min(j_, A[i, j_] / A[i, j_] * S[i, j_]))) + min(j_, ...)
     """
     indicator = Binary("/", pattern, pattern, pattern.span)
     if op == "sum":

@@ -14,14 +14,17 @@ import re
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
 
-__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices", "reduce_index_position"]
+__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices",
+           "reduce_index_position"]
 
 
 def children(e: Expr) -> tuple[Expr, ...]:
     """Direct sub-expressions of ``e``, left to right.
 
-    >>> children(Binary("*", Access("A", ("i",)), Literal(2.0)))
-    (Access(name='A', indices=('i',), span=Span(start=0, end=0), index_spans=()), Literal(value=2.0, span=Span(start=0, end=0)))
+    >>> for child in children(Binary("*", Access("A", ("i",)), Literal(2.0))):
+    ...     print(child)
+    Access(name='A', indices=('i',), span=Span(start=0, end=0), index_spans=())
+    Literal(value=2.0, span=Span(start=0, end=0))
     """
     if isinstance(e, Binary):
         return (e.left, e.right)
@@ -158,7 +161,7 @@ def _wrap(e: Expr, total: dict, pending: list, bound: tuple) -> tuple[Expr, dict
             new.append(nc)
             for k, v in cc.items():
                 counts[k] = counts.get(k, 0) + v
-        node = e if all(a is b for a, b in zip(new, kids)) else _rebuild(e, new)
+        node = e if all(a is b for a, b in zip(new, kids, strict=True)) else _rebuild(e, new)
     done = [k for k in pending if counts.get(k, 0) == total[k]]
     if done:
         for k in reversed(done):

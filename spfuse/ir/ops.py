@@ -18,7 +18,6 @@ storage format and (when known) shape -- planning works from this alone, so
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 from spfuse.frontend.ast import Span
 
@@ -50,7 +49,7 @@ class Const:
         return repr(self.value) if self.value != int(self.value) else str(int(self.value))
 
 
-Leaf = Union[Ref, Const]
+Leaf = Ref | Const
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,7 @@ def _coef_text(c: float) -> str:
 def _linear_text(args: list[str], coefs: tuple[float, ...]) -> str:
     """``A + B - 2*C``: each term with its coefficient's sign."""
     out = ""
-    for n, (a, c) in enumerate(zip(args, coefs)):
+    for n, (a, c) in enumerate(zip(args, coefs, strict=True)):
         mag = abs(c)
         term = a if mag == 1 else f"{_coef_text(mag)}*{a}"
         if n == 0:
@@ -176,7 +175,7 @@ class TensorInfo:
             if self.ndim == 2:
                 return "dcsr" if self.mode_order == (0, 1) else "dcsc"
             return "csf" if self.mode_order == tuple(range(self.ndim)) else f"csf{self.mode_order}"
-        return "(" + ",".join(f"{lv}:{m}" for lv, m in zip(self.levels, self.mode_order)) + ")"
+        return "(" + ",".join(f"{lv}:{m}" for lv, m in zip(self.levels, self.mode_order, strict=True)) + ")"
 
     @staticmethod
     def dense(name: str, shape: tuple, role: str = Role.INPUT) -> TensorInfo:

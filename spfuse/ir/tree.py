@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Union
 
 from spfuse.ir.masks import TRUE, Mask  # noqa: F401  (TRUE: used by the doctests)
 from spfuse.ir.ops import UnitOp
@@ -72,7 +71,7 @@ class Root:
     children: tuple
 
 
-Node = Union[Compute, Reset, Loop]
+Node = Compute | Reset | Loop
 
 
 def render(root: Root) -> str:
@@ -80,7 +79,8 @@ def render(root: Root) -> str:
 
     >>> from spfuse.ir.ops import Ref, UnitOp
     >>> op = UnitOp(0, "y", ("i",), "*", (Ref("A", ("i", "j")), Ref("x", ("j",))), "sum", ("j",))
-    >>> t = Root((Loop("i", 3, TRUE, frozenset({(0, "i")}), (Loop("j", 4, TRUE, frozenset({(0, "j")}), (Compute(op),)),)),))
+    >>> inner = Loop("j", 4, TRUE, frozenset({(0, "j")}), (Compute(op),))
+    >>> t = Root((Loop("i", 3, TRUE, frozenset({(0, "i")}), (inner,)),))
     >>> print(render(t))
     root
     └── for i < 3 (dense)

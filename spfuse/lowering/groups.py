@@ -208,7 +208,7 @@ def lower_groups(plan):
             roles.update({g.names[0]: "dense", g.names[1]: "dense"})
         elif g.kernel != "generic":
             from spfuse.lowering.templates import SIGNATURES
-            roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1])))
+            roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join(g.kernel for g in groups)
     return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt))

@@ -243,7 +243,7 @@ class _Lowerer:
             shape = tuple(plan.shapes[op.out])
             if op.out in plan.temporaries:
                 t = plan.temporaries[op.out]
-                kept_shape = tuple(e for d, e in zip(t.dims, shape) if d in t.kept)
+                kept_shape = tuple(e for d, e in zip(t.dims, shape, strict=True) if d in t.kept)
                 reduced = t.kept != t.dims
                 init = 0.0 if t.reset_under is not None else RESET_VALUE[op.reduction]
                 self.buffers[op.out] = self.b.buffer(kept_shape, name=op.out, private=reduced, init=init)
@@ -300,7 +300,7 @@ class _Lowerer:
     def buffer_ref(self, op_id: int, name: str, indices):
         buf = self.buffers[name]
         t = self.plan.temporaries.get(name)
-        kept = indices if t is None else tuple(ix for d, ix in zip(t.dims, indices) if d in t.kept)
+        kept = indices if t is None else tuple(ix for d, ix in zip(t.dims, indices, strict=True) if d in t.kept)
         vars_ = tuple(self.op_vars[op_id][ix] for ix in kept)
         return buf[vars_] if vars_ else buf[()]
 
@@ -429,7 +429,7 @@ def _linear(args, coefs):
     executor's union loop co-iterates every term at once); a -1 coefficient
     subtracts and a 1 adds, rounding exactly like the text's ``-``/``+``."""
     out = None
-    for a, c in zip(args, coefs):
+    for a, c in zip(args, coefs, strict=True):
         if out is None:
             out = a if c == 1.0 else -a if c == -1.0 else lt.const(c) * a
         elif c == 1.0:

@@ -113,19 +113,19 @@ def _unify(sig, out_indices, summed, factors, infos):
     out_letters, slots = sig
     if len(slots) != len(factors) or len(out_letters) != len(out_indices):
         return None
-    letters = {l for _, ls in slots for l in ls}
+    letters = {letter for _, ls in slots for letter in ls}
     if len(letters) != len(set(out_indices) | set(summed)):
         return None
     for perm in itertools.permutations(range(len(factors))):
-        bind = dict(zip(out_letters, out_indices))
+        bind = dict(zip(out_letters, out_indices, strict=True))
         ok = True
-        for (kind, ls), f in zip(slots, perm):
+        for (kind, ls), f in zip(slots, perm, strict=True):
             name, ix = factors[f]
             if _kind(infos[name]) != kind or len(ix) != len(ls):
                 ok = False
                 break
-            for l, i in zip(ls, ix):
-                if bind.setdefault(l, i) != i:
+            for letter, i in zip(ls, ix, strict=True):
+                if bind.setdefault(letter, i) != i:
                     ok = False
                     break
             if not ok:
@@ -427,7 +427,7 @@ def _match(plan) -> TemplateMatch | None:
                 if names is not None and not follows_template(kernel, names, plan.ops):
                     return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
-                    roles = dict(zip(names, (k for k, _ in sig[1])))
+                    roles = dict(zip(names, (k for k, _ in sig[1]), strict=True))
                     # the tiling pass's tile of the dense output index (SpMM's k); 0 = untiled
                     tile = max((d.get(out_ix[-1], 0) for d in plan.tiles.values()), default=0)
                     why = _why(kernel, names, infos)

@@ -17,7 +17,7 @@ def op_extents(op, shapes: Mapping[str, tuple]) -> dict[str, int | None]:
         shape = shapes.get(ref.name)
         if shape is None:
             continue
-        for ix, n in zip(ref.indices, shape):
+        for ix, n in zip(ref.indices, shape, strict=True):
             if ext.get(ix) is None:
                 ext[ix] = n
     for ix in op.indices:
@@ -38,7 +38,7 @@ def build_trees(ops, orders: Mapping[int, tuple[str, ...]], masks: Mapping[int, 
     trees = []
     for op in ops:
         ext = op_extents(op, shapes)
-        node = Compute(op)
+        node: Compute | Loop = Compute(op)
         for ix in reversed(orders[op.id]):
             node = Loop(ix, ext[ix], masks[op.id].get(ix, TRUE), frozenset({(op.id, ix)}), (node,))
         trees.append(node)

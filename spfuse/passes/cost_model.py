@@ -108,10 +108,10 @@ class CostConstants:
 
         >>> CostConstants.from_mapping({**DEFAULTS.as_dict(), "meta": {}}, "test").source
         'test'
-        >>> CostConstants.from_mapping({"dense_madd": 1.0}, "x.json")
+        >>> CostConstants.from_mapping({"dense_madd": 1.0}, "x.json")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: x.json: missing cost constants: sparse_step, scatter, transpose_sparse, transpose_csf, transpose_dense, strided
+        ValueError: x.json: missing cost constants: sparse_step, scatter, transpose_sparse, ..., strided
         """
         if not isinstance(data, Mapping):
             raise ValueError(f"{source}: expected a JSON object of cost constants, got {type(data).__name__}")
@@ -186,7 +186,7 @@ def active_constants() -> CostConstants:
     if not path:
         return DEFAULTS
     try:
-        key = (path, os.stat(path).st_mtime_ns)
+        key: tuple[str, int | None] = (path, os.stat(path).st_mtime_ns)
     except OSError:
         key = (path, None)
     if key not in _loaded:
@@ -256,7 +256,7 @@ class _Operand:
         # seen from the consumer of X·C): those never get bound
         self.complete = True
         size = 1.0
-        for ix, s in zip(indices, info.shape):
+        for ix, s in zip(indices, info.shape, strict=True):
             e = extent.get(ix)
             if e is None:
                 self.complete = False
@@ -360,7 +360,7 @@ class OpModel:
                 shape = infos[ref.name].shape
             if shape is None or len(shape) != len(ref.indices):
                 continue
-            for ix, e in zip(ref.indices, shape):
+            for ix, e in zip(ref.indices, shape, strict=True):
                 if e is not None and ix not in ext:
                     ext[ix] = float(max(int(e), 1))
         return {ix: ext.get(ix, float(DEFAULT_EXTENT)) for ix in self.indices}

@@ -97,7 +97,8 @@ def factor_reductions(expr: Expr) -> Expr:
     if isinstance(expr, Unary):
         return Unary(expr.fn, factor_reductions(expr.arg), expr.span)
     if isinstance(expr, Where):
-        return Where(*(factor_reductions(c) for c in (expr.cond, expr.then, expr.other)), expr.span)
+        return Where(factor_reductions(expr.cond), factor_reductions(expr.then), factor_reductions(expr.other),
+                     expr.span)
     assert isinstance(expr, Reduce)
     body = factor_reductions(expr.body)
     if expr.op == "sum":
@@ -129,10 +130,10 @@ def sum_terms(expr: Expr) -> list[tuple[float, Expr]]:
             walk(e.right, -c if e.op == "-" else c)
         elif isinstance(e, Unary) and e.fn == "neg":
             walk(e.arg, -c)
-        elif isinstance(e, Binary) and e.op == "*" and _scaled_access(e) is not None:
+        elif isinstance(e, Binary) and e.op == "*" and (scaled := _scaled_access(e)) is not None:
             # Only a literal times an access is folded (c is ±1 here, so the
             # coefficient times the access rounds exactly like the text).
-            lit, acc = _scaled_access(e)
+            lit, acc = scaled
             out.append((c * lit, acc))
         else:
             out.append((c, e))

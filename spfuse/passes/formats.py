@@ -94,7 +94,7 @@ def infer_formats(tree, ops, results, shapes=None, stored: int = 0) -> dict[str,
                 workspace = (f"dense workspace over {op.out_indices[d]}"
                              + (f" per {','.join(outer)}" if outer else "")
                              + f" (scattered under the reduction over {','.join(scatter)})")
-        sparse = [op.out_indices[d] for d, lv in zip(dims, levels) if lv == "compressed"]
+        sparse = [op.out_indices[d] for d, lv in zip(dims, levels, strict=True) if lv == "compressed"]
         reason = ("every index iterates densely" if not sparse else
                   f"{', '.join(sparse)} iterate{'s' if len(sparse) == 1 else ''} a sparse mask")
         shape = (shapes or {}).get(op.out)

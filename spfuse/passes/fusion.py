@@ -151,7 +151,7 @@ def _topological(groups: list[list[int]], edges) -> list[list[int]]:
 
 def _fuse_children(children) -> tuple:
     edges = _edges(children)
-    out = []
+    out: list = []
     for group in _topological(find_fusion_groups(len(children), edges), edges):
         host = children[group[0]]
         if len(group) == 1 or not isinstance(host, Loop):

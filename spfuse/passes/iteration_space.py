@@ -71,7 +71,7 @@ class IterationSpaces:
     forward: Mapping[int, Mapping[str, Mask]]
     final: Mapping[int, Mapping[str, Mask]]
     value: Mapping[str, tuple[Mask, ...]]
-    atoms: Mapping[str, tuple] = None  # AtomLabels.refs
+    atoms: Mapping[str, tuple] | None = None  # AtomLabels.refs
 
     def dead_values(self, op_id: int) -> tuple[str, ...]:
         """Indices where demand prunes the op's forward space (dead values without propagation)."""
@@ -82,7 +82,8 @@ class _Values:
     """Where each tensor can be non-zero, per dimension; input masks are per access."""
 
     def __init__(self, inputs: Mapping[str, TensorInfo], labels: AtomLabels):
-        self.inputs, self.labels, self.temps = inputs, labels, {}
+        self.inputs, self.labels = inputs, labels
+        self.temps: dict[str, tuple[Mask, ...]] = {}
 
     def dims(self, statement: int, ref: Ref) -> tuple[Mask, ...]:
         info = self.inputs.get(ref.name)

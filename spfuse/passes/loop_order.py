@@ -21,6 +21,7 @@ ReACT's trees (``i,k,j`` for ``T[i,j] = C[i,k]·D[k,j]``).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -135,7 +136,7 @@ def _forced_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[st
         if info is None or info.ndim != len(r.indices) or (info.ndim < 2 and not info.is_sparse):
             continue
         storage = [r.indices[m] for m in info.mode_order]
-        for a, b in zip(storage, storage[1:]):
+        for a, b in itertools.pairwise(storage):
             preds[b].add(a)
         own.add((r.name, tuple(r.indices)))
     for ix, mask in masks.items():
@@ -168,7 +169,7 @@ def _acyclic(model: OpModel, operands) -> bool:
     bit = model.bit
     preds = dict(model.needs)
     for o in operands:
-        for a, b in zip(o.storage, o.storage[1:]):
+        for a, b in itertools.pairwise(o.storage):
             preds[b] = preds.get(b, 0) | bit[a]
     placed = 0
     while placed != model.full:
@@ -204,7 +205,7 @@ def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
         edges: dict[str, set] = {}
         owner: dict[tuple, list] = {}
         for o in kept.values():
-            for a, b in zip(o.storage, o.storage[1:]):
+            for a, b in itertools.pairwise(o.storage):
                 edges.setdefault(a, set()).add(b)
                 owner.setdefault((a, b), []).append(o.label)
         for prefix, b in pinned:

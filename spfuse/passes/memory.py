@@ -48,7 +48,8 @@ class Temporary:
     @property
     def shape_text(self) -> str:
         full = "×".join("?" if e is None else str(e) for e in self.extents) or "scalar"
-        kept = "×".join("?" if e is None else str(e) for d, e in zip(self.dims, self.extents) if d in self.kept) or "scalar"
+        kept = "×".join("?" if e is None else str(e)
+                        for d, e in zip(self.dims, self.extents, strict=True) if d in self.kept) or "scalar"
         return f"{self.name}[{','.join(self.dims)}] {full} → {self.name}[{','.join(self.kept)}] {kept}"
 
 
@@ -64,7 +65,7 @@ def full_temporaries(ops, temps: set[str], extents: Mapping[str, tuple]) -> dict
 
 def _common_prefix(paths):
     prefix = []
-    for nodes in zip(*paths):
+    for nodes in zip(*paths, strict=False):  # paths differ in length: the prefix is as long as the shortest
         if all(n is nodes[0] for n in nodes):
             prefix.append(nodes[0])
         else:
@@ -111,7 +112,7 @@ def reduce_dimensions(root: Root, ops, temps: set[str], extents: Mapping[str, tu
             resets.setdefault(id(last), []).append(Reset(op.out, RESET_VALUE[op.reduction], kept))
         result[op.out] = Temporary(op.out, op.id, op.out_indices, kept, tuple(masks),
                                    tuple(extents.get(op.out, ())),
-                                   last.index if needs_reset else None)
+                                   last.index if needs_reset and last is not None else None)
 
     def rebuild(node):
         if isinstance(node, Loop):

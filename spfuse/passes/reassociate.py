@@ -116,8 +116,8 @@ def _leaves(tree) -> frozenset:
 def _text(tree, names) -> str:
     if isinstance(tree, int):
         return names[tree]
-    l, r = (_text(t, names) for t in tree)
-    return f"({l}·{r})"
+    left, right = (_text(t, names) for t in tree)
+    return f"({left}·{right})"
 
 
 def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> float | None:
@@ -259,7 +259,7 @@ def _dense_temporaries(ops, inputs: Mapping[str, TensorInfo]) -> set[str]:
     return dense
 
 
-def _emit(tree, factors, keep, names, out: tuple[str, tuple], template: UnitOp, emitted: list):
+def _emit(tree, factors, keep, names, out: tuple[str, tuple] | None, template: UnitOp, emitted: list):
     """Unit ops for ``tree`` (post-order); returns the Ref of its value."""
     if isinstance(tree, int):
         return factors[tree]
@@ -356,7 +356,7 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
         return _association(root, labels, written, written, None, None, why, chain.written)
     extents: dict[str, int | None] = {}
     for f in factors:
-        for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices))):
+        for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices)), strict=True):
             extents[ix] = n if extents.get(ix) is None else extents[ix]
     if any(v is None for v in extents.values()):
         return _association(root, labels, written, written, None, None, "an extent is unknown",
@@ -409,7 +409,7 @@ def _storage(ref: Ref, inputs) -> list | None:
     info = inputs.get(ref.name)
     if info is None or not info.is_sparse:
         return None
-    return [(ref.indices[m], lv == "compressed") for lv, m in zip(info.levels, info.mode_order)]
+    return [(ref.indices[m], lv == "compressed") for lv, m in zip(info.levels, info.mode_order, strict=True)]
 
 
 def _has_projection(tree, keep, storage) -> bool:

@@ -26,7 +26,7 @@ def rename(e: Expr, old: str, new: str) -> Expr:
     if isinstance(e, Unary):
         return Unary(e.fn, rename(e.arg, old, new), e.span)
     if isinstance(e, Where):
-        return Where(*(rename(c, old, new) for c in (e.cond, e.then, e.other)), e.span)
+        return Where(rename(e.cond, old, new), rename(e.then, old, new), rename(e.other, old, new), e.span)
     if isinstance(e, Reduce) and e.index != old:
         return Reduce(e.op, e.index, rename(e.body, old, new), e.span, e.implicit)
     return e
@@ -51,7 +51,7 @@ def _distinct(e: Expr, outside: set[str], taken: set[str]) -> Expr:
     if isinstance(e, Unary):
         return Unary(e.fn, new[0], e.span)
     if isinstance(e, Where):
-        return Where(*new, e.span)
+        return Where(new[0], new[1], new[2], e.span)
     return e
 
 

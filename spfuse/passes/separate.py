@@ -111,7 +111,7 @@ def separate_small_temporaries(fused: Root, unfused: Root, ops, masks: Mapping[i
 def _cost(op: UnitOp, group, producers, shapes, itemsize) -> tuple[bool, str] | None:
     ext: dict[str, int | None] = {}
     for a in op.args:
-        for ix, n in zip(a.indices, shapes.get(a.name, (None,) * len(a.indices))):
+        for ix, n in zip(a.indices, shapes.get(a.name, (None,) * len(a.indices)), strict=True):
             ext[ix] = n
     if any(v is None for v in ext.values()):
         return None

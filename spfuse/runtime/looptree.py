@@ -143,7 +143,7 @@ class LevelTensor:
     @property
     def shape(self) -> tuple:
         shape = [0] * self.ndim
-        for lev, m in zip(self.levels, self.mode_order):
+        for lev, m in zip(self.levels, self.mode_order, strict=True):
             shape[m] = lev[1]
         return tuple(shape)
 
@@ -168,41 +168,41 @@ def access_from_arrays(levels_spec: Sequence[Sequence[Any]], values: Any,
     """
     levels = []
     npos = 1
-    for l, spec in enumerate(levels_spec):
+    for level, spec in enumerate(levels_spec):
         kind = spec[0]
         size = int(spec[1])
         if size < 0:
-            raise InvalidOperandError(f"level {l}: negative size {size}")
+            raise InvalidOperandError(f"level {level}: negative size {size}")
         if kind == "dense":
             levels.append(("dense", size))
             npos *= size
         elif kind == "compressed":
-            pos = _as_index(spec[2], f"level {l} pos")
-            crd = _as_index(spec[3], f"level {l} crd")
+            pos = _as_index(spec[2], f"level {level} pos")
+            crd = _as_index(spec[3], f"level {level} crd")
             if len(pos) != npos + 1:
                 raise InvalidOperandError(
-                    f"level {l}: expected pos of length {npos + 1} (parent positions + 1), got {len(pos)}")
+                    f"level {level}: expected pos of length {npos + 1} (parent positions + 1), got {len(pos)}")
             if pos[0] != 0 or len(crd) != pos[-1]:
                 raise InvalidOperandError(
-                    f"level {l}: expected pos[0] == 0 and len(crd) == pos[-1], got pos[0]={pos[0]}, "
+                    f"level {level}: expected pos[0] == 0 and len(crd) == pos[-1], got pos[0]={pos[0]}, "
                     f"pos[-1]={pos[-1]}, len(crd)={len(crd)}")
             if check:
                 if np.any(np.diff(pos) < 0):
-                    raise InvalidOperandError(f"level {l}: pos must be non-decreasing")
+                    raise InvalidOperandError(f"level {level}: pos must be non-decreasing")
                 if len(crd) and (crd.min() < 0 or crd.max() >= size):
-                    raise InvalidOperandError(f"level {l}: coordinates must lie in [0, {size})")
+                    raise InvalidOperandError(f"level {level}: coordinates must lie in [0, {size})")
                 if len(crd) > 1:
                     inc = np.diff(crd) > 0
                     starts = np.zeros(len(crd), dtype=bool)
                     starts[pos[1:-1][pos[1:-1] < len(crd)]] = True
                     if not np.all(inc | starts[1:]):
                         raise InvalidOperandError(
-                            f"level {l}: coordinates must be strictly increasing within each segment "
+                            f"level {level}: coordinates must be strictly increasing within each segment "
                             "(Hint: canonicalise — sort indices, sum duplicates)")
             levels.append(("compressed", size, pos, crd))
             npos = len(crd)
         else:
-            raise InvalidOperandError(f"level {l}: unknown level kind {kind!r} (expected 'dense' or 'compressed')")
+            raise InvalidOperandError(f"level {level}: unknown level kind {kind!r} (expected 'dense' or 'compressed')")
     vals = np.asarray(values)
     if vals.dtype.kind not in "biuf":
         raise OperandTypeError(f"values: expected a real numeric array, got dtype {vals.dtype}")
@@ -401,7 +401,7 @@ class Buffer:
             vars = (vars,)
         if len(vars) != len(self.shape):
             raise ProgramError(f"buffer {self.name} has {len(self.shape)} axes, indexed with {len(vars)}")
-        for ax, (v, s) in enumerate(zip(vars, self.shape)):
+        for ax, (v, s) in enumerate(zip(vars, self.shape, strict=True)):
             if not isinstance(v, Var):
                 raise ProgramError(f"buffer {self.name}: axis {ax} must be indexed by a loop variable, got {v!r}")
             if v.extent != s:
@@ -422,7 +422,7 @@ class BufferRef(Expr):
         """var -> element stride (C order; repeated vars add up)."""
         out: dict = {}
         step = 1
-        for v, s in reversed(list(zip(self.vars, self.buffer.shape))):
+        for v, s in reversed(list(zip(self.vars, self.buffer.shape, strict=True))):
             out[v] = out.get(v, 0) + step
             step *= s
         return {v: st for v, st in out.items() if st}
@@ -516,11 +516,14 @@ def _expr_leaves(e: Expr, out: list) -> list:
     if isinstance(e, (Access, BufferRef, _Const)):
         out.append(e)
     elif isinstance(e, _Bin):
-        _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+        _expr_leaves(e.a, out)
+        _expr_leaves(e.b, out)
     elif isinstance(e, _Un):
         _expr_leaves(e.a, out)
     elif isinstance(e, _Where):
-        _expr_leaves(e.c, out); _expr_leaves(e.a, out); _expr_leaves(e.b, out)
+        _expr_leaves(e.c, out)
+        _expr_leaves(e.a, out)
+        _expr_leaves(e.b, out)
     else:
         raise ProgramError(f"not a loop-tree expression: {e!r}")
     return out
@@ -656,7 +659,7 @@ class LoopTreeBuilder:
         vars = tuple(vars)
         if len(vars) != lt.ndim:
             raise ProgramError(f"access has {lt.ndim} modes, got {len(vars)} variables")
-        for m, (v, s) in enumerate(zip(vars, lt.shape)):
+        for m, (v, s) in enumerate(zip(vars, lt.shape, strict=True)):
             if not isinstance(v, Var):
                 raise ProgramError(f"mode {m}: expected a loop variable, got {v!r}")
             if v.extent != s:
@@ -911,16 +914,18 @@ class _Lowerer:
         for a in b._accesses:
             t = a.tensor
             levs = []
-            for l, lev in enumerate(t.levels):
+            for depth, lev in enumerate(t.levels):
                 g = len(lev_kind)
                 lev_kind.append(L_DENSE if lev[0] == "dense" else L_COMPRESSED)
                 lev_size.append(lev[1])
-                lev_var.append(a.vars[t.mode_order[l]].id)
+                lev_var.append(a.vars[t.mode_order[depth]].id)
                 lev_parent.append(levs[-1] if levs else -1)
                 if lev[0] == "compressed":
-                    lev_pos.append(index_slot(lev[2])); lev_crd.append(index_slot(lev[3]))
+                    lev_pos.append(index_slot(lev[2]))
+                    lev_crd.append(index_slot(lev[3]))
                 else:
-                    lev_pos.append(-1); lev_crd.append(-1)
+                    lev_pos.append(-1)
+                    lev_crd.append(-1)
                 levs.append(g)
             self.acc_levels.append(levs)
             k = val_of.get(id(t.values))
@@ -958,7 +963,8 @@ class _Lowerer:
             self.bref_tstart.append(len(self.term_var))
             self.bref_nterm.append(len(strides))
             for v, s in strides.items():
-                self.term_var.append(v.id); self.term_stride.append(s)
+                self.term_var.append(v.id)
+                self.term_stride.append(s)
         return k
 
     def const(self, x: float) -> int:
@@ -1001,7 +1007,7 @@ class _Lowerer:
     @staticmethod
     def used_accesses(node) -> set:
         if isinstance(node, _StmtNode):
-            s = {l.id for l in _expr_leaves(node.expr, []) if isinstance(l, Access)}
+            s = {leaf.id for leaf in _expr_leaves(node.expr, []) if isinstance(leaf, Access)}
             if isinstance(node.target, PatternOutput):
                 s.add(node.target.access.id)
             return s
@@ -1132,7 +1138,8 @@ class _Lowerer:
                 # iterate a compressed driver if there is one
                 comp = [d for d in drivers if self.lev["kind"][self.acc_levels[d.id][depth[d.id]]] == L_COMPRESSED]
                 if comp:
-                    drivers.remove(comp[0]); drivers.insert(0, comp[0])
+                    drivers.remove(comp[0])
+                    drivers.insert(0, comp[0])
             if mode != M_DENSE and not drivers:
                 mode = M_DENSE
             levs = [self.acc_levels[a.id][depth[a.id]] for a in drivers + located]
@@ -1205,9 +1212,11 @@ class _Lowerer:
                 free = sorted([(v, s) for v, s in strides.items() if v not in bound], key=lambda x: -x[1])
                 tstart = len(self.rterm_a)
                 for v, s in bnd:
-                    self.rterm_a.append(v.id); self.rterm_b.append(s)
+                    self.rterm_a.append(v.id)
+                    self.rterm_b.append(s)
                 for v, s in free:
-                    self.rterm_a.append(v.extent); self.rterm_b.append(s)
+                    self.rterm_a.append(v.extent)
+                    self.rterm_b.append(s)
                 nb, nf = len(bnd), len(free)
                 whole = int(not bnd and math.prod(v.extent for v, _ in free) == buf.size
                             and len(set(v for v, _ in free)) == len(free))
@@ -1275,7 +1284,7 @@ class _Lowerer:
             refs = []
             written = None
             if isinstance(n, _StmtNode):
-                refs = [l for l in _expr_leaves(n.expr, []) if isinstance(l, BufferRef)]
+                refs = [leaf for leaf in _expr_leaves(n.expr, []) if isinstance(leaf, BufferRef)]
                 t = n.target
                 if isinstance(t, BufferRef):
                     written = t
@@ -1428,7 +1437,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
 
     nthreads = effective_num_threads(num_threads)
     bufs = []
-    for size, init in zip(plan.buf_size, plan.buf_inits):
+    for size, init in zip(plan.buf_size, plan.buf_inits, strict=True):
         if isinstance(init, np.ndarray):
             bufs.append(np.array(init, dtype=np.float64).reshape(-1))
         else:
@@ -1436,10 +1445,10 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     prog = _program(plan, blocks)
     coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
     out: dict = {}
-    for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private):
+    for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private, strict=True):
         if not priv:
             out[name] = buf.reshape(shape)
     for (crd, val), name, op, shape, axes in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes,
-                                                 plan.coo_orders):
+                                                 plan.coo_orders, strict=True):
         out[name] = _canonical_coo(crd, val, op, shape, axes)
     return out
