@@ -25,7 +25,7 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
-from spfuse.planner import FUSION_STRATEGIES, Plan, plan_program, try_plan
+from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
 
@@ -343,9 +343,10 @@ class _Dispatch:
             _check_empty_max(plan)
         self.template = _template(plan)
         # operands the planner chose to read in another storage order
-        # (planner.with_storage_orders): converted before anything runs
+        # (planner.with_storage_orders), whole or for one read (an alias):
+        # converted before anything runs
         self.conversions = {n: Format(tuple(plan.inputs[n].levels), tuple(plan.inputs[n].mode_order))
-                            for n, t in tensors.items()
+                            for n, t in bind_aliases(plan, tensors).items()
                             if n in plan.inputs and tuple(t.format.mode_order) != plan.inputs[n].mode_order}
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
@@ -363,6 +364,7 @@ class _Dispatch:
             tensors = self._diagonal_operands(tensors)[1]
         threads = threads_for_call(num_threads)
         plan = self.plan
+        tensors = bind_aliases(plan, tensors)
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}

@@ -16,6 +16,7 @@ import contextvars
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Program
@@ -69,6 +70,9 @@ class Plan:
     separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
     decisions: tuple[str, ...] = ()
     order_choices: Mapping[int, OrderChoice] = field(default_factory=dict)  # costs behind ``orders``
+    # operands read under a second name in another storage order (alias -> operand):
+    # ``program`` reads the alias, the caller binds it to the operand's tensor
+    aliases: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def transpositions(self) -> dict[int, tuple]:
@@ -174,7 +178,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     if fusion == "auto" and propagate and not _restoring.get():
         token = _restoring.set(True)
         try:
-            plan = with_storage_orders(plan, lambda infos: plan_program(program, infos, fusion, propagate))
+            plan = with_storage_orders(plan, lambda prog, infos: plan_program(prog, infos, fusion, propagate))
         finally:
             _restoring.reset(token)
     return plan
@@ -220,35 +224,67 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     :data:`RESTORE_MARGIN`, the conversion included (the lowering converts
     the operand to the order its loops visit).
 
+    An operand read more than once may also be converted for one of its
+    reads only: that read gets a fresh name (an alias, bound by the caller to
+    the same tensor) in the other order, so ``Aᵀ·A`` runs as Gustavson over
+    columns of ``A`` and rows of ``A`` instead of scattering every product.
+
     Scorch transposes an operand only to break a cycle in the mode-order
     graph; an acyclic graph can still force an asymptotically worse order
     (``A[i,j]·B[k,j]``: a merge per (i, k) pair instead of Gustavson over
-    Bᵀ, or ``Aᵀ·A`` scattered whole).  ``planner(infos)`` plans the same
-    program over other operand infos."""
-    from spfuse.passes.cost_model import active_constants
+    Bᵀ, or ``Aᵀ·A`` scattered whole).  ``planner(program, infos)`` plans a
+    program over operand infos."""
+    from spfuse.passes.cost_model import active_constants, fmt_ns
+    from spfuse.passes.rename import alias_access, operand_reads
     base = _estimated_ns(plan)
     if base < RESTORE_MIN_NS:
         return plan
-    best, best_cost, why = plan, base, None
+    best, best_cost, why = plan, base, ""
+    taken = set(plan.program.inputs) | set(plan.program.assigned)
     for name, info in plan.inputs.items():
         if not (info.is_sparse and info.ndim == 2 and info.levels == ("dense", "compressed")):
             continue
         swapped = replace(info, mode_order=info.mode_order[::-1])
-        try:
-            alt = planner({**plan.inputs, name: swapped})
-        except UnsupportedError:
-            continue
-        cost = _estimated_ns(alt) + (info.nnz or 0) * active_constants().transpose_sparse
-        if cost * RESTORE_MARGIN < best_cost:
-            best, best_cost, why = alt, cost, (name, swapped)
-    if why is None:
+        tries = [(plan.program, {**plan.inputs, name: swapped}, {},
+                  f"{name} is read as {swapped.format_name}")]
+        reads = operand_reads(plan.program, name)
+        if reads > 1:
+            alias = next(f"{name}_{k}" for k in range(reads, 10 ** 6) if f"{name}_{k}" not in taken)
+            for occurrence in range(reads):
+                tries.append((alias_access(plan.program, name, occurrence, alias),
+                              {**plan.inputs, alias: replace(swapped, name=alias)}, {alias: name},
+                              f"read {occurrence + 1} of {name} is read as {swapped.format_name} "
+                              f"(a copy named {alias})"))
+        for program, infos, aliases, what in tries:
+            try:
+                alt = planner(program, infos)
+            except UnsupportedError:
+                continue
+            cost = _estimated_ns(alt) + (info.nnz or 0) * active_constants().transpose_sparse
+            if cost * RESTORE_MARGIN < best_cost:
+                best, best_cost = replace(alt, aliases=aliases), cost
+                why = (f"{what} (converted per call): estimated {fmt_ns(best_cost)} "
+                       f"against {fmt_ns(base)} in its own storage order")
+    if not why:
         return plan
-    name, swapped = why
-    from spfuse.passes.cost_model import fmt_ns
-    note = (f"{name} is read as {swapped.format_name} (converted per call): estimated {fmt_ns(best_cost)} "
-            f"against {fmt_ns(base)} in its own storage order")
     # best.inputs holds the order planned for: the call converts the operand to it
-    return replace(best, decisions=best.decisions + (note,))
+    return replace(best, decisions=best.decisions + (why,))
+
+
+def bind_aliases(plan: Plan, operands: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``operands`` plus each of ``plan``'s aliases bound to its operand.
+
+    >>> from dataclasses import replace
+    >>> from spfuse.frontend.parser import parse
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (4, 4), nnz=6)
+    >>> plan = plan_program(parse("C[j,k] = A[i,j] * A[i,k]"), {"A": A})
+    >>> bind_aliases(replace(plan, aliases={"A_2": "A"}), {"A": "the tensor"})
+    {'A': 'the tensor', 'A_2': 'the tensor'}
+    """
+    if not plan.aliases:
+        return operands
+    return {**operands, **{alias: operands[name] for alias, name in plan.aliases.items()}}
 
 
 def _fused_template(program: Program, inputs: Mapping[str, TensorInfo]) -> bool:

@@ -163,3 +163,45 @@ def test_end_to_end_sparse_products_match_scipy(program, make):
     want = make(A, B)
     assert sp.issparse(got)
     np.testing.assert_allclose(got.toarray(), want.toarray(), rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------- one operand, two storage orders ---
+
+def _csr_info(name, n, nnz):
+    from spfuse.ir.ops import TensorInfo
+    return TensorInfo(name, 2, ("dense", "compressed"), (0, 1), (n, n), nnz=nnz)
+
+
+def test_planner_reads_one_access_of_ata_by_columns():
+    """Aᵀ·A: one read of A through a CSC copy (an alias) makes the result's
+    leading index an outer loop, so rows are assembled in a workspace."""
+    from spfuse.planner import plan_program
+    program = spfuse.compile("C[j,k] = A[i,j]*A[i,k]").program
+    plan = plan_program(program, {"A": _csr_info("A", 100_000, 1_000_000)})
+    assert dict(plan.aliases) == {"A_2": "A"}
+    assert plan.inputs["A_2"].mode_order == (1, 0) and plan.inputs["A"].mode_order == (0, 1)
+    assert plan.orders[0][0] == "j"
+    assert any("a copy named A_2" in d for d in plan.decisions)
+
+
+def test_planner_keeps_small_programs_unaliased():
+    from spfuse.planner import plan_program
+    program = spfuse.compile("C[j,k] = A[i,j]*A[i,k]").program
+    plan = plan_program(program, {"A": _csr_info("A", 50, 200)})
+    assert not plan.aliases
+
+
+def test_aliased_ata_end_to_end_matches_scipy_and_keeps_input():
+    rng = np.random.default_rng(5)
+    n = 6000
+    rows, cols = rng.integers(0, n, 10 * n), rng.integers(0, n, 10 * n)
+    A = sp.coo_array((rng.standard_normal(10 * n), (rows, cols)), shape=(n, n)).tocsr()
+    before = (A.data.copy(), A.indices.copy(), A.indptr.copy())
+    k = spfuse.compile("C[j,k] = A[i,j]*A[i,k]", A="csr")
+    assert "a copy named A_2" in k.explain(A=A)
+    got = k(A=A)
+    np.testing.assert_allclose(got.toarray(), (A.T @ A).toarray(), rtol=1e-12, atol=1e-12)
+    for a, b in zip(before, (A.data, A.indices, A.indptr), strict=True):
+        np.testing.assert_array_equal(a, b)
+    again = k(A=A * 2.0)   # the cached plan, other values
+    np.testing.assert_allclose(again.toarray(), 4 * (A.T @ A).toarray(), rtol=1e-12, atol=1e-12)

@@ -69,6 +69,12 @@ DEFAULT_DENSITY = 0.01
 ENV_VAR = "SPFUSE_COST_MODEL"
 
 
+#: Comparison steps of sorting a coordinate stream that cost one workspace
+#: insertion (``scatter``): a stream of n products costs about
+#: ``n * scatter * log2(n) / SORT_STEPS_PER_SCATTER`` to canonicalise.
+SORT_STEPS_PER_SCATTER = 4.0
+
+
 @dataclass(frozen=True)
 class CostConstants:
     """Nanoseconds per unit of work (single thread).
@@ -535,7 +541,12 @@ class OpModel:
         # a dense dimension under the reduction is a streamed accumulate (SpMM's
         # k), a compressed one a scatter into a workspace (SpGEMM's k)
         dims = sum(1 for ix in self.sparse_out if pos.get(ix, -1) > first_red)
-        return inner_steps * dims * self.c.scatter
+        cost = inner_steps * dims * self.c.scatter
+        if dims and sum(1 for ix in op.out_indices if pos.get(ix, -1) > first_red) >= 2:
+            # no loops over the result's leading indices outside the reduction,
+            # so no row workspace: one coordinate per product, sorted afterwards
+            cost *= max(1.0, math.log2(max(inner_steps, 2.0)) / SORT_STEPS_PER_SCATTER)
+        return cost
 
     def visiting_order(self, o: _Operand, order: tuple[str, ...]) -> tuple[int, ...]:
         pos = {ix: n for n, ix in enumerate(order)}

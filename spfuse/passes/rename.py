@@ -7,9 +7,22 @@ binder whose name is also used outside its reduction gets a fresh name.
 """
 from __future__ import annotations
 
-from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Reduce, Unary, Where, iter_accesses
+from dataclasses import replace
 
-__all__ = ["all_indices", "rename", "distinct_binders"]
+from spfuse.frontend.ast import (
+    Access,
+    Assignment,
+    Binary,
+    Expr,
+    Program,
+    Reduce,
+    Unary,
+    Where,
+    iter_accesses,
+)
+from spfuse.frontend.reductions import map_children
+
+__all__ = ["all_indices", "rename", "distinct_binders", "alias_access", "operand_reads"]
 
 
 def all_indices(e: Expr) -> set[str]:
@@ -68,3 +81,40 @@ def distinct_binders(stmt: Assignment) -> Expr:
     """
     taken = all_indices(stmt.value) | set(stmt.target.indices)
     return _distinct(stmt.value, set(stmt.target.indices), taken)
+
+
+def alias_access(program: Program, name: str, occurrence: int, alias: str) -> Program:
+    """``program`` with its ``occurrence``-th read of operand ``name`` (counted
+    left to right over the statements) reading operand ``alias`` instead.
+
+    The planner binds ``alias`` to the same tensor stored in another order, so
+    that one operand can be read in two storage orders (``Aᵀ·A``: one access
+    by columns, one by rows).
+
+    >>> from spfuse.frontend.parser import parse
+    >>> p = alias_access(parse("C[j,k] = A[i,j] * A[i,k]"), "A", 1, "A_1")
+    >>> [a.name for a in iter_accesses(p.statements[0].value)]
+    ['A', 'A_1']
+    """
+    seen = [0]
+
+    def visit(e: Expr) -> Expr:
+        if isinstance(e, Access):
+            if e.name != name:
+                return e
+            seen[0] += 1
+            return replace(e, name=alias) if seen[0] - 1 == occurrence else e
+        return map_children(e, visit)
+
+    statements = tuple(replace(s, value=visit(s.value)) for s in program.statements)
+    return replace(program, statements=statements)
+
+
+def operand_reads(program: Program, name: str) -> int:
+    """How many accesses read operand ``name``.
+
+    >>> from spfuse.frontend.parser import parse
+    >>> operand_reads(parse("C[j,k] = A[i,j] * A[i,k]"), "A")
+    2
+    """
+    return sum(a.name == name for s in program.statements for a in iter_accesses(s.value))
