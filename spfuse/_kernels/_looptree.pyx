@@ -999,7 +999,8 @@ cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
         pend = pc + P.stmt_clen[s]
         aop = P.stmt_op[s]
         # x += a * b with a buffer target: leave the product to the update
-        fused = aop == A_SUM and P.stmt_tkind[s] == T_BUF and _ends_with_op(code, pc, pend, OP_MUL)
+        fused = (aop == A_SUM and (P.stmt_tkind[s] == T_BUF or P.stmt_tkind[s] == T_WS)
+                 and _ends_with_op(code, pc, pend, OP_MUL))
         last = pend - 1 if fused else pend
         sp = 0
         while pc < last:
@@ -1069,6 +1070,12 @@ cdef void flush_fiber(Plan* P, Ctx* C, int64_t node, int64_t q, int64_t n,
             else:
                 for e in range(n):
                     apply_op(buf + sv * idx[e], aop, fa.p[e * fa.inc])
+        elif P.stmt_tkind[s] == T_WS:   # (fb is 1.0 unless fused: x * 1.0 is x exactly)
+            bref_split(P, C, r, v, &base, &sv)
+            b = P.bref_buf[r]
+            for e in range(n):
+                ws_apply(P, C, b, base + sv * (off + e if idx == NULL else idx[e]), aop,
+                         fa.p[e * fa.inc] * fb.p[e * fb.inc])
         else:  # T_PATTERN (COO outputs never take this path)
             L = P.pat_level[r]
             buf = C.buf[P.pat_buf[r]]
@@ -1841,7 +1848,7 @@ def _fiber_loops(keep):
         mine = levs[start[lid]:start[lid] + keep["loop_nlev"][lid]]
         if any(kind[L] != L_DENSE for L in mine[0 if dense_mode else 1:]):
             continue
-        if any(node_kind[c] == N_STMT and keep["stmt_tkind"][node_arg[c]] in (T_COO, T_WS)
+        if any(node_kind[c] == N_STMT and keep["stmt_tkind"][node_arg[c]] == T_COO
                for c in range(node + 1, node_end[node])):
             continue
         lt[lid] = 1
