@@ -164,6 +164,19 @@ ctypedef struct Plan:
     double* consts
 
 
+ctypedef struct WsOut:
+    # what a row workspace's flushes emitted: the workspace coordinates and
+    # values, in order, and one record per flush (the output's other
+    # variables, then the number of entries) -- rows, not a coordinate per entry
+    int64_t* k
+    double* v
+    int64_t n
+    int64_t cap
+    int64_t* rec
+    int64_t rn
+    int64_t rcap
+
+
 ctypedef struct Ctx:
     int64_t* ival      # current value of each loop variable
     int64_t* curpos    # current position of each level (-1 = absent)
@@ -179,6 +192,7 @@ ctypedef struct Ctx:
     unsigned char** ws_mark  # per workspace: 1 where touched since the last flush
     int64_t** ws_list  # per workspace: the touched coordinates, in touch order
     int64_t* ws_n
+    WsOut* wso
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
     double* vst        # block mode: vector stack, one row of BLK per slot
@@ -454,9 +468,37 @@ cdef void _sort_i64(int64_t* a, int64_t n) noexcept nogil:
         a[j + 1] = x
 
 
+cdef int wso_reserve(WsOut* o, int64_t n, int64_t nrec, int64_t width) noexcept nogil:
+    """Room for ``n`` more entries and ``nrec`` more records (geometric growth)."""
+    cdef int64_t cap
+    cdef int64_t* nk
+    cdef double* nv
+    cdef int64_t* nr
+    if o.n + n > o.cap:
+        cap = o.cap * 2 if o.cap * 2 > o.n + n else o.n + n + 1024
+        nk = <int64_t*>realloc(o.k, cap * sizeof(int64_t))
+        if nk == NULL:
+            return -1
+        o.k = nk
+        nv = <double*>realloc(o.v, cap * sizeof(double))
+        if nv == NULL:
+            return -1
+        o.v = nv
+        o.cap = cap
+    if o.rn + nrec > o.rcap:
+        cap = o.rcap * 2 if o.rcap * 2 > o.rn + nrec else o.rn + nrec + 256
+        nr = <int64_t*>realloc(o.rec, cap * width * sizeof(int64_t))
+        if nr == NULL:
+            return -1
+        o.rec = nr
+        o.rcap = cap
+    return 0
+
+
 cdef void exec_flush(Plan* P, Ctx* C, int64_t w) noexcept nogil:
-    """Append a workspace's touched coordinates, in order, to its COO output
-    (the enclosing loops' variables first), and clear them."""
+    """Append a workspace's touched coordinates, in order, and their values to
+    its output's rows, with one record (the output's other variables, then
+    the count), and clear them."""
     cdef int64_t n = C.ws_n[w]
     cdef int64_t c = P.ws_coo[w]
     cdef int64_t nv = P.coo_nvar[c]
@@ -483,19 +525,25 @@ cdef void exec_flush(Plan* P, Ctx* C, int64_t w) noexcept nogil:
                 k += 1
     else:
         _sort_i64(lst, n)
-    while C.coo_n[c] + n > C.coo_cap[c]:
-        if coo_grow(C, c, nv) != 0:
-            C.err = 1
-            return
-    cn = C.coo_n[c]
+    cdef WsOut* o = &C.wso[w]
+    if wso_reserve(o, n, 1, nv) != 0:
+        C.err = 1
+        return
+    cn = o.n
     for e in range(n):
         k = lst[e]
-        dst = C.coo_crd[c] + (cn + e) * nv
-        for d in range(nv):
-            dst[d] = k if d == at else C.ival[P.coo_vars[vs + d]]
-        C.coo_val[c][cn + e] = W[k]
+        o.k[cn + e] = k
+        o.v[cn + e] = W[k]
         mark[k] = 0
-    C.coo_n[c] = cn + n
+    o.n = cn + n
+    dst = o.rec + o.rn * nv
+    m = 0
+    for d in range(nv):
+        if d != at:
+            dst[m] = C.ival[P.coo_vars[vs + d]]
+            m += 1
+    dst[nv - 1] = n
+    o.rn += 1
     C.ws_n[w] = 0
 
 
@@ -1751,12 +1799,12 @@ cdef inline int64_t _next_step(int64_t step, int64_t iters, int64_t work,
 
 cdef int64_t _run_parallel_chunk(Plan* P, Ctx* ctxs, Ctx* S, int64_t node, int64_t q,
                                  int64_t e, int nthreads, int64_t nc,
-                                 int64_t nvars) noexcept nogil:
+                                 int64_t nvars, int64_t nw) noexcept nogil:
     """Iterations ``[q, e)`` of a parallel top-level loop: contiguous static
     blocks, one per thread, then the threads' COO emissions appended to
     ``S``'s in thread (= iteration) order.  Returns the work done, -1 on
     error (out of memory)."""
-    cdef int64_t t, c, n, nvar, work = e - q
+    cdef int64_t t, c, n, nvar, w, work = e - q
     # (initialised: Cython makes them firstprivate in the parallel block)
     cdef int64_t a = 0, b = 0, chunk = 0
     cdef int tid = 0, nt = 1
@@ -1792,7 +1840,26 @@ cdef int64_t _run_parallel_chunk(Plan* P, Ctx* ctxs, Ctx* S, int64_t node, int64
             memcpy(S.coo_val[c] + S.coo_n[c], C.coo_val[c], n * sizeof(double))
             S.coo_n[c] += n
             C.coo_n[c] = 0
+        for w in range(nw):
+            if _wso_append(&S.wso[w], &C.wso[w], P.coo_nvar[P.ws_coo[w]]) != 0:
+                return -1
     return work
+
+
+cdef int _wso_append(WsOut* dst, WsOut* src, int64_t width) noexcept nogil:
+    """Move ``src``'s entries and records to the end of ``dst``'s."""
+    if src.rn == 0:
+        return 0
+    if wso_reserve(dst, src.n, src.rn, width) != 0:
+        return -1
+    memcpy(dst.k + dst.n, src.k, src.n * sizeof(int64_t))
+    memcpy(dst.v + dst.n, src.v, src.n * sizeof(double))
+    memcpy(dst.rec + dst.rn * width, src.rec, src.rn * width * sizeof(int64_t))
+    dst.n += src.n
+    dst.rn += src.rn
+    src.n = 0
+    src.rn = 0
+    return 0
 
 
 def _set_chunk_work(double units):
@@ -2160,6 +2227,7 @@ cdef class _Program:
         cdef Ctx* S
         cdef Plan* P = &self.P
         cdef int64_t nb = self.nbuf, nc = self.ncoo, nn = self.nnodes, nw = self.nws, w
+        cdef WsOut* o
         cdef int64_t* toppar = _ip(self.keep["top_parallel"])
         cdef bint any_par = nthreads > 1 and bool(self.keep["top_parallel"].any())
         cdef int64_t* bufsz = P.buf_size
@@ -2210,7 +2278,8 @@ cdef class _Program:
                 C.ws_mark = <unsigned char**>calloc(nw + 1, sizeof(unsigned char*))
                 C.ws_list = <int64_t**>calloc(nw + 1, sizeof(int64_t*))
                 C.ws_n = <int64_t*>calloc(nw + 1, sizeof(int64_t))
-                if C.ws_mark == NULL or C.ws_list == NULL or C.ws_n == NULL:
+                C.wso = <WsOut*>calloc(nw + 1, sizeof(WsOut))
+                if C.ws_mark == NULL or C.ws_list == NULL or C.ws_n == NULL or C.wso == NULL:
                     raise MemoryError()
                 for w in range(nw):
                     C.ws_mark[w] = <unsigned char*>calloc(P.ws_extent[w] + 1, sizeof(unsigned char))
@@ -2278,7 +2347,7 @@ cdef class _Program:
                         if par:
                             with nogil:
                                 work = _run_parallel_chunk(P, ctxs, S, node, q, e, nthreads,
-                                                           nc, self.nvars)
+                                                           nc, self.nvars, nw)
                             err = work < 0
                         else:
                             with nogil:
@@ -2304,6 +2373,18 @@ cdef class _Program:
                         memcpy(cnp.PyArray_DATA(crd), S.coo_crd[c], n * nvar * sizeof(int64_t))
                     memcpy(cnp.PyArray_DATA(val), S.coo_val[c], n * sizeof(double))
                 out.append((crd, val))
+            for w in range(nw):   # rows of the workspace outputs replace their (empty) COO lists
+                o = &S.wso[w]
+                nvar = P.coo_nvar[P.ws_coo[w]]
+                rec = np.empty((o.rn, nvar), dtype=np.int64)
+                ks = np.empty(o.n, dtype=np.int64)
+                val = np.empty(o.n, dtype=np.float64)
+                if o.rn > 0:
+                    memcpy(cnp.PyArray_DATA(rec), o.rec, o.rn * nvar * sizeof(int64_t))
+                if o.n > 0:
+                    memcpy(cnp.PyArray_DATA(ks), o.k, o.n * sizeof(int64_t))
+                    memcpy(cnp.PyArray_DATA(val), o.v, o.n * sizeof(double))
+                out[P.ws_coo[w]] = (rec, ks, val)
             return out
         finally:
             for t in range(nctx):
@@ -2318,7 +2399,10 @@ cdef class _Program:
                 if C.ws_list != NULL:
                     for w in range(nw):
                         free(C.ws_list[w])
-                free(C.ws_mark); free(C.ws_list); free(C.ws_n)
+                if C.wso != NULL:
+                    for w in range(nw):
+                        free(C.wso[w].k); free(C.wso[w].v); free(C.wso[w].rec)
+                free(C.ws_mark); free(C.ws_list); free(C.ws_n); free(C.wso)
                 free(C.blk_i); free(C.vst); free(C.sw_rowid); free(C.sw_q); free(C.sw_t)
                 free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
             free(ctxs); free(scratch); free(priv); free(shared)

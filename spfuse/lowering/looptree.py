@@ -107,6 +107,8 @@ class LoweredProgram:
                 out[spec.name] = np.asarray(v)
             elif spec.kind == "pattern":
                 out[spec.name] = spec.pattern_of.with_values(np.asarray(v))
+            elif isinstance(v, lt.RowsResult) and len(spec.shape) == 2:
+                out[spec.name] = _compressed_from_rows(v)
             else:  # canonical coordinates, sorted in the order the executor emitted them
                 base = as_format("csr" if len(spec.shape) == 2 else "csf", len(spec.shape))
                 fmt = Format(tuple(base.levels), v.order)
@@ -114,6 +116,18 @@ class LoweredProgram:
                 out[spec.name] = Tensor._assemble(coords[list(v.order)], np.asarray(v.values), spec.shape,
                                                   fmt, None, presorted=True)
         return out
+
+
+def _compressed_from_rows(rows: lt.RowsResult):
+    """A 2-D workspace result as CSR (rows flushed by row) or CSC (by column):
+    the row pointer from the flushed rows' counts, no coordinate sort."""
+    from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+    outer, inner = (rows.shape[d] for d in rows.order)
+    indptr = np.zeros(outer + 1, dtype=np.int64)
+    indptr[rows.heads[:, 0] + 1] = rows.counts
+    np.cumsum(indptr, out=indptr)
+    levels = (DenseLevel(outer), CompressedLevel(inner, indptr, rows.ks))
+    return Tensor._trusted(rows.shape, Format(("dense", "compressed"), rows.order), levels, rows.values)
 
 
 class _Lowerer:

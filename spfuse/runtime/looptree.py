@@ -98,7 +98,7 @@ import numpy as np
 from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError
 
 __all__ = [
-    "LoopTreeBuilder", "LoopTreePlan", "LevelTensor", "COOResult",
+    "LoopTreeBuilder", "LoopTreePlan", "LevelTensor", "COOResult", "RowsResult",
     "Var", "Access", "Buffer", "BufferRef", "PatternOutput", "COOOutput", "Expr",
     "access_from_arrays", "const", "where", "unary", "maximum", "minimum", "run",
 ]
@@ -487,6 +487,32 @@ class COOResult(tuple):
         if len(self.values):
             out[tuple(self.coords)] = self.values
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class RowsResult:
+    """A row workspace's output: canonical like :class:`COOResult` (sorted in
+    ``order``, unique), stored as rows -- per flushed row the values of the
+    output's other variables (``heads``, one row each) and its entry count
+    (``counts``), then every entry's workspace coordinate (``ks``) and value.
+    ``at`` is the workspace variable's position among the output's."""
+    heads: np.ndarray
+    counts: np.ndarray
+    ks: np.ndarray
+    values: np.ndarray
+    shape: tuple
+    order: tuple
+    at: int
+
+    @property
+    def coords(self) -> np.ndarray:
+        """Coordinates ``(ndim, nnz)``, expanded from the rows."""
+        cols = [np.repeat(self.heads[:, d], self.counts) for d in range(self.heads.shape[1])]
+        cols.insert(self.at, self.ks)
+        return np.stack(cols) if cols else np.zeros((0, len(self.values)), dtype=np.int64)
+
+    def todense(self) -> np.ndarray:
+        return COOResult(self.coords, self.values, self.shape, self.order).todense()
 
 
 # ======================================================= builder nodes ====
@@ -1448,7 +1474,12 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private, strict=True):
         if not priv:
             out[name] = buf.reshape(shape)
-    for (crd, val), name, op, shape, axes in zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes,
-                                                 plan.coo_orders, strict=True):
-        out[name] = _canonical_coo(crd, val, op, shape, axes)
+    at = dict(zip(plan.ws_coo.tolist(), plan.ws_pos.tolist(), strict=True))
+    for c, (raw, name, op, shape, axes) in enumerate(zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes,
+                                                         plan.coo_orders, strict=True)):
+        if c in at:   # a row workspace's rows: sorted and unique as emitted
+            rec, ks, val = raw
+            out[name] = RowsResult(rec[:, :-1], rec[:, -1], ks, val, shape, axes, at[c])
+        else:
+            out[name] = _canonical_coo(raw[0], raw[1], op, shape, axes)
     return out
