@@ -38,6 +38,7 @@ from libc.string cimport memcpy
 from libc.math cimport exp, log, tanh, sqrt, fabs
 from cython.parallel cimport parallel
 cimport numpy as cnp
+from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_New
 import numpy as np
 
 from spfuse._kernels._interrupt cimport (
@@ -1874,6 +1875,25 @@ def _set_chunk_work(double units):
 
 # ------------------------------------------------------------- program ----
 
+cdef void _free_capsule(object cap) noexcept:
+    free(PyCapsule_GetPointer(cap, NULL))
+
+
+cdef cnp.ndarray _adopt(void** data, int64_t n, int typenum):
+    """A 1-d array owning ``*data`` (``n`` items from ``malloc``): freed when
+    the array dies; ``*data`` is set to NULL so the caller no longer frees it."""
+    cdef cnp.npy_intp dims[1]
+    cdef cnp.ndarray arr
+    if n == 0 or data[0] == NULL:
+        return np.empty(0, dtype=np.int64 if typenum == cnp.NPY_INT64 else np.float64)
+    dims[0] = n
+    arr = cnp.PyArray_SimpleNewFromData(1, dims, typenum, data[0])
+    cap = PyCapsule_New(data[0], NULL, <PyCapsule_Destructor>_free_capsule)
+    data[0] = NULL
+    cnp.set_array_base(arr, cap)
+    return arr
+
+
 cdef inline int64_t* _ip(cnp.ndarray a):
     return <int64_t*>cnp.PyArray_DATA(a)
 
@@ -2376,14 +2396,11 @@ cdef class _Program:
             for w in range(nw):   # rows of the workspace outputs replace their (empty) COO lists
                 o = &S.wso[w]
                 nvar = P.coo_nvar[P.ws_coo[w]]
-                rec = np.empty((o.rn, nvar), dtype=np.int64)
-                ks = np.empty(o.n, dtype=np.int64)
-                val = np.empty(o.n, dtype=np.float64)
-                if o.rn > 0:
-                    memcpy(cnp.PyArray_DATA(rec), o.rec, o.rn * nvar * sizeof(int64_t))
-                if o.n > 0:
-                    memcpy(cnp.PyArray_DATA(ks), o.k, o.n * sizeof(int64_t))
-                    memcpy(cnp.PyArray_DATA(val), o.v, o.n * sizeof(double))
+                # handed over, not copied: a fresh copy of ~16 bytes per entry
+                # costs as much again in page faults as the assembly itself
+                rec = _adopt(<void**>&o.rec, o.rn * nvar, cnp.NPY_INT64).reshape(o.rn, nvar)
+                ks = _adopt(<void**>&o.k, o.n, cnp.NPY_INT64)
+                val = _adopt(<void**>&o.v, o.n, cnp.NPY_FLOAT64)
                 out[P.ws_coo[w]] = (rec, ks, val)
             return out
         finally:
