@@ -472,3 +472,65 @@ def test_combine_adds_sparse_dense_and_tensor_partials():
     np.testing.assert_array_equal(s.toarray(), 2 * a.toarray() + np.eye(2))
     t = spfuse.Tensor.from_coo([[0, 1], [1, 0], [0, 1]], [1.0, 2.0], (2, 2, 2))
     np.testing.assert_array_equal(add_partials([t, t, t]).todense(), 3 * t.todense())
+
+
+# -- broadcast or partition: a cost-model decision under a memory cap ------------------------------
+def band_spmm_operands(rng, n=20000, blocks=4):
+    A = sp.csr_array(sp.diags([rng.random(n - abs(k)) for k in range(-3, 4)], list(range(-3, 4))))
+    B = rng.random((n, 32))
+    return A, B, dict(A=sfd.from_scipy(A, chunks=(n // blocks,) * blocks),
+                      B=da.from_array(B, chunks=(n // blocks, 32)))
+
+
+def test_cost_model_broadcasts_a_small_factor_every_block_touches(rng):
+    """Random columns: every row block touches every block of B, so partitioning
+    B means a task and a partial per block pair; shipping B once per worker is cheaper."""
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 8)), chunks=(100, 8)))
+    lay = sfd.compile(SPMM, nworkers=4).layout(**ops)
+    (why,) = lay.factors
+    assert why.name == "B" and why.choice == "broadcast"
+    assert why.broadcast[1] < why.partition[1]  # predicted seconds
+    assert next(o for o in lay.operands if o.name == "B").dims == (None, None)
+    assert lay.nworkers == 4 and "B (0.02 MiB): broadcast" in sfd.compile(SPMM, nworkers=4).explain(**ops)
+
+
+def test_cost_model_partitions_a_large_factor_of_a_band_matrix(run, rng):
+    """A band matrix's row block reads a few rows of its neighbours' blocks of
+    B: gathering them beats shipping 5 MB of B to every worker."""
+    A, B, ops = band_spmm_operands(rng)
+    k = sfd.compile(SPMM, nworkers=4)
+    lay = k.layout(**ops)
+    (why,) = lay.factors
+    assert why.choice == "partition" and why.partition[1] < why.broadcast[1]
+    assert why.partition[0] < why.broadcast[0] / 4
+    assert next(o for o in lay.operands if o.name == "B").dims[0] is not None
+    assert k.choose_strategy(lay) == "gather"
+    np.testing.assert_allclose(run(k(**ops)), A @ B)
+    # on one worker nothing moves: the fewer tasks of a broadcast win
+    one = sfd.compile(SPMM, nworkers=1).layout(**ops)
+    assert one.factors[0].choice == "broadcast" and one.factors[0].broadcast[0] == 0
+
+
+def test_a_factor_over_the_memory_cap_is_never_broadcast(rng):
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    B = da.from_array(rng.random((400, 8)), chunks=(100, 8))
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=B)
+    lay = sfd.compile(SPMM, nworkers=4, broadcast_bytes=B.nbytes - 1).layout(**ops)
+    (why,) = lay.factors
+    assert why.choice == "partition" and why.broadcast is None and "memory cap" in why.reason
+    assert next(o for o in lay.operands if o.name == "B").dims[0] is not None
+    np.testing.assert_allclose(sfd.compile(SPMM, broadcast_bytes=B.nbytes - 1)(**ops).compute(scheduler="sync"),
+                               A @ B.compute())
+
+
+def test_workers_and_memory_cap_come_from_the_current_client(client):
+    k = sfd.compile(SPMM)
+    assert k._resources() == (1, sfd.kernel.BROADCAST_BYTES)  # no client: one process
+    with client.as_current():
+        assert k._resources() == (2, 2**30 // 4)  # two workers of 1 GiB: a quarter each
+    assert sfd.compile(SPMM, nworkers=3, broadcast_bytes=5)._resources() == (3, 5)
+    with pytest.raises(ValueError, match="nworkers"):
+        sfd.compile(SPMM, nworkers=0)
+    with pytest.raises(ValueError, match="broadcast_bytes"):
+        sfd.compile(SPMM, broadcast_bytes=-1)

@@ -231,9 +231,12 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
             for kernel in kernels:
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
-                k = sfd.compile(program)
+                k = sfd.compile(program, nworkers=nworkers)
                 t = _median_time(client, functools.partial(k, **ops), repeat)
-                strategy = k.choose_strategy(k.layout(**ops))
+                lay = k.layout(**ops)
+                strategy = k.choose_strategy(lay)
+                if lay.factors:
+                    strategy += " (" + ", ".join(f"{f.name} {f.choice}" for f in lay.factors) + ")"
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
                                     seconds=t, strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
@@ -332,7 +335,7 @@ def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 3
                 latency=50e-6, task_overhead=200e-6) -> list[dict]:
     """Weak-scaling runtime projected from the cost model (round-robin placement, no execution)."""
     import spfuse.dask as sfd
-    from spfuse.dask.cost import project
+    from spfuse.dask.cost import Network, project
     from spfuse.dask.kernel import BROADCAST_BYTES
     found = []
     small = max(rows // 8, 2000)  # the model's structure per worker; bytes scale with rows
@@ -341,8 +344,9 @@ def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 3
         for w in workers:
             program, ops = weak_scaling_inputs(kernel, w, small)
             scale = rows / small
-            # broadcast-or-partition decided as at full size
-            k = sfd.compile(program, broadcast_bytes=int(BROADCAST_BYTES / scale))
+            # broadcast-or-partition decided as at full size: memory cap and bandwidth scaled like the bytes
+            k = sfd.compile(program, broadcast_bytes=int(BROADCAST_BYTES / scale), nworkers=w,
+                            network=Network(bandwidth / scale, latency, task_overhead))
             c = k.cost(nworkers=w, finalize=False, **ops)  # results stay distributed
             busiest = max(c.per_worker.values()) * scale
             transfers = max(c.transfers.values())

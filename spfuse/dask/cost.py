@@ -49,7 +49,8 @@ from spfuse.dask.gather import distinct_columns, run_gathered, take_rows
 from spfuse.dask.partition import block_info
 from spfuse.errors import UnsupportedError
 
-__all__ = ["CommCost", "cost", "predict_bytes", "project", "measured_transfers"]
+__all__ = ["CommCost", "Network", "FactorChoice", "choose_factors", "cost", "predict_bytes", "project",
+           "measured_transfers"]
 
 _SPARSE_ENTRY = 12  # a float64 value + an int32 coordinate
 _INDPTR = 4
@@ -79,6 +80,132 @@ class CommCost:
         12
         """
         return int(sum(self.per_worker.values()))
+
+
+@dataclass(frozen=True)
+class Network:
+    """What moving data and scheduling tasks cost: the parameters of :func:`project`.
+
+    ``bandwidth`` (bytes/s a worker receives), ``latency`` (seconds per
+    transfer), ``task_overhead`` (seconds of the one scheduler per task).
+
+    >>> c = CommCost("reduce", 2, {0: 0, 1: 1_250_000}, {0: 0, 1: 2}, tasks=10)
+    >>> round(Network().seconds(c) * 1e3, 3)  # 1 ms receiving + 2 latencies + 10 tasks
+    3.1
+    """
+
+    bandwidth: float = 1.25e9
+    latency: float = 50e-6
+    task_overhead: float = 200e-6
+
+    def seconds(self, c: CommCost) -> float:
+        """Predicted communication + scheduling seconds of ``c`` (no compute): the
+        busiest worker's receive time plus the scheduler's time for every task."""
+        busiest = max((c.per_worker[w] / self.bandwidth + c.transfers.get(w, 0) * self.latency
+                       for w in c.per_worker), default=0.0)
+        return busiest + c.tasks * self.task_overhead
+
+
+@dataclass(frozen=True)
+class FactorChoice:
+    """Why a dense factor is broadcast or partitioned.
+
+    ``broadcast`` / ``partition``: ``(bytes moved in all, predicted seconds)``
+    of the cheapest plan with this factor broadcast / partitioned (``None``:
+    not allowed -- over the memory cap, or no plan applies).
+    """
+
+    name: str
+    nbytes: int
+    choice: str
+    broadcast: tuple | None
+    partition: tuple | None
+    reason: str
+
+    def __str__(self) -> str:
+        def fmt(x):
+            return "n/a" if x is None else f"{x[0] / 2**20:.2f} MiB, {x[1] * 1e3:.2f} ms"
+        return (f"{self.name} ({self.nbytes / 2**20:.2f} MiB): {self.choice} -- broadcast {fmt(self.broadcast)}; "
+                f"partition {fmt(self.partition)} ({self.reason})")
+
+
+def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: int, network: Network) -> tuple:
+    """Which of the ``candidates`` (chunked dense factors under the memory cap) to broadcast.
+
+    Every combination (greedy flips past three factors) is planned and
+    predicted by :func:`predict_bytes` on ``nworkers`` workers, with the
+    strategy ``kernel`` would choose for it; the cheapest by
+    :meth:`Network.seconds` wins (ties: fewer bytes, then more broadcast).
+    Returns ``(names to broadcast, FactorChoice per candidate)``.
+
+    >>> import numpy as np, scipy.sparse as sp, dask.array as da, spfuse.dask as sfd
+    >>> A = sfd.from_scipy(sp.random_array((400, 400), density=0.05, format="csr", rng=0), chunks=(100,) * 4)
+    >>> k = sfd.compile("C[i,k] = A[i,j] * B[j,k]")
+    >>> ops = dict(A=A, B=da.ones((400, 8), chunks=(100, 8)))
+    >>> chosen, why = choose_factors(k, ops, ["B"], 4, Network())
+    >>> chosen, why[0].choice  # every row block touches every block of B: ship B once per worker
+    ({'B'}, 'broadcast')
+    """
+    import itertools
+    seen: dict = {}
+
+    def predicted(broadcast: frozenset):
+        if broadcast not in seen:
+            try:
+                lay = kernel._plan(operands, broadcast)
+                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay), None, nworkers)
+                seen[broadcast] = (c.total, network.seconds(c))
+            except UnsupportedError:
+                seen[broadcast] = None
+        return seen[broadcast]
+
+    names = list(candidates)
+    if len(names) <= 3:
+        combos = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
+    else:  # greedy: start from all broadcast, partition one factor at a time while it pays
+        current = frozenset(names)
+        for n in names:
+            flip = current - {n}
+            a, b = predicted(current), predicted(flip)
+            if b is not None and (a is None or b[1] < a[1]):
+                current = flip
+        combos = list(seen)
+    scored = [(c, predicted(c)) for c in combos]
+    scored = [(c, p) for c, p in scored if p is not None]
+    if not scored:  # the model does not apply (several results): broadcast what fits
+        return set(names), tuple(FactorChoice(n, 0, "broadcast", None, None, "no cost model for this program")
+                                 for n in names)
+    best = min(scored, key=lambda cp: (cp[1][1], cp[1][0], -len(cp[0])))[0]
+    choices = []
+    for n in names:
+        bc = [p for c, p in scored if n in c]
+        pa = [p for c, p in scored if n not in c]
+        b = min(bc, key=lambda p: p[1], default=None)
+        q = min(pa, key=lambda p: p[1], default=None)
+        choice = "broadcast" if n in best else "partition"
+        nbytes = int(operands[n].nbytes)
+        choices.append(FactorChoice(n, nbytes, choice, b, q, f"cheaper on {nworkers} worker(s)"))
+    return set(best), tuple(choices)
+
+
+def _merge_traffic(lay: Any, nworkers: int) -> tuple:
+    """``(bytes, transfers, tasks)`` of merging broadcast factors given in several chunks into one.
+
+    The chunks are taken as spread round-robin; the merging worker already
+    holds its share and receives the rest (one merge task per factor).
+    """
+    nbytes = transfers = tasks = 0
+    for o in lay.operands:
+        src = o.source
+        if src is None or o.sparse or any(len(c) > 1 for c in o.array.chunks):
+            continue
+        n = int(np.prod(src.numblocks))
+        if n > 1:
+            held = min(nworkers, n)
+            nbytes += int(src.nbytes * (1 - 1 / held))
+            transfers += n - -(-n // held)
+            tasks += 1
+    return nbytes, transfers, tasks
 
 
 def _func_of(task: Any):
@@ -248,6 +375,11 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
         where.update({k: v for k, v in placement.items() if k in where})
     out = CommCost(strategy, nworkers, {w: 0 for w in range(nworkers)}, {w: 0 for w in range(nworkers)})
     held = {k: {w} for k, w in where.items()}
+    merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
+    if nworkers > 1:
+        out.per_worker[0] += merged
+        out.transfers[0] += merges
+    out.tasks += merge_tasks
     order = _topological(graph, set(where))
     # a key that most tasks read (a broadcast factor, the plan) ends up on every
     # worker anyway: it does not decide where a task runs
