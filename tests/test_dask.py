@@ -422,9 +422,9 @@ def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng)
     with client.as_current():
         distributed.wait(dA)
     sfd.partition._remember(dA.name, sfd.block_info(sfd.from_scipy(A, chunks=(1000,) * 4)))
-    addrs = sorted(client.scheduler_info()["workers"])
-    keys = list(dask.core.flatten(dA.__dask_keys__()))
-    placement = {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items()}
+    from spfuse.dask.cost import placement_of
+    placement = placement_of(client, [dA])
+    assert len(placement) == 4
     predicted = sfd.cost(SPMM, nworkers=2, placement=placement, A=dA, B=B).total
     measured = []
     for attempt in range(3):  # Dask's placement is not deterministic (work stealing): best of 3

@@ -183,10 +183,8 @@ def _peak_rss(client) -> dict:
 
 
 def _placement(client, arrays) -> dict:
-    from dask.core import flatten
-    addrs = sorted(client.scheduler_info()["workers"])
-    keys = [k for a in arrays for k in flatten(a.__dask_keys__())]
-    return {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items() if ws}
+    from spfuse.dask.cost import placement_of
+    return placement_of(client, arrays)
 
 
 def _task_memory(program: str, operands: dict) -> dict:

@@ -50,7 +50,7 @@ from spfuse.dask.partition import block_info
 from spfuse.errors import UnsupportedError
 
 __all__ = ["CommCost", "Network", "FactorChoice", "choose_factors", "cost", "predict_bytes", "project",
-           "measured_transfers"]
+           "measured_transfers", "placement_of"]
 
 _SPARSE_ENTRY = 12  # a float64 value + an int32 coordinate
 _INDPTR = 4
@@ -71,6 +71,7 @@ class CommCost:
     transfers: dict = field(default_factory=dict)
     tasks: int = 0
     moved: list = field(default_factory=list, repr=False)  # (key, to worker, bytes)
+    placed: dict = field(default_factory=dict, repr=False)  # task key -> worker it runs on
 
     @property
     def total(self) -> int:
@@ -234,7 +235,9 @@ class _Sizes:
             for idx in np.ndindex(*o.array.numblocks):
                 key = (o.array.name,) + idx
                 shape = tuple(c[i] for c, i in zip(o.array.chunks, idx))
-                if o.sparse:
+                if o.sparse and info.nbytes:  # what Dask's sizeof counts: what a transfer is logged as
+                    self.sizes[key] = info.nbytes[idx[0]]
+                elif o.sparse:
                     self.sizes[key] = info.nnz[idx[0]] * _SPARSE_ENTRY + (shape[0] + 1) * _INDPTR + _OVERHEAD
                 else:
                     self.sizes[key] = int(np.prod(shape)) * o.array.dtype.itemsize
@@ -336,6 +339,12 @@ class _Sizes:
         return int(min(nnz, rows * other) * _SPARSE_ENTRY + (rows + 1) * _INDPTR + _OVERHEAD)
 
 
+#: Workers holding at least ``1 - _TIE`` of the most input bytes any worker
+#: holds are equally good places for a task (the less loaded one wins).
+_TIE = 0.1
+_WORK = (run_cell, run_gathered, add_partials, take_rows, distinct_columns)
+
+
 def _default_placement(lay: Any, nworkers: int) -> dict:
     """Row block ``b`` of a partitioned operand on worker ``b mod W``; broadcast ones on worker 0."""
     where = {}
@@ -347,7 +356,7 @@ def _default_placement(lay: Any, nworkers: int) -> dict:
 
 
 def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | None = None,
-                  nworkers: int = 2, finalize: bool = True) -> CommCost:
+                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
@@ -360,11 +369,19 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     ``placement``: key -> worker index of the operand blocks (default: see
     the module docstring).  ``finalize``: count the move of the result
     blocks to the one worker that joins them (what ``compute()`` does; not
-    ``persist()``).  Programs with one result only.
+    ``persist()``).  ``built``: the ``(results, metas)`` of ``kernel._build``
+    when the graph is already built (its keys then get ``CommCost.placed``).
+    Programs with one result only.
+
+    A task is placed on the worker holding most of its input bytes; workers
+    within :data:`_TIE` of the most are equally good, and the one with the
+    least work placed so far (input bytes of block, gather and combine
+    tasks) takes it -- Dask balances by occupancy the same way, and
+    :meth:`~spfuse.dask.DaskKernel.pinned` makes the placement binding.
     """
     if len(lay.classification.results) != 1:
         raise UnsupportedError("the communication cost model handles programs with one result")
-    results, metas = kernel._build(lay, strategy)
+    results, metas = built if built is not None else kernel._build(lay, strategy)
     arrays = list(results.values()) if isinstance(results, dict) else [results]
     graph = {}
     for a in arrays:
@@ -375,6 +392,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
         where.update({k: v for k, v in placement.items() if k in where})
     out = CommCost(strategy, nworkers, {w: 0 for w in range(nworkers)}, {w: 0 for w in range(nworkers)})
     held = {k: {w} for k, w in where.items()}
+    out.placed.update(where)
     merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
     if nworkers > 1:
         out.per_worker[0] += merged
@@ -389,6 +407,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
             dependents[d] = dependents.get(d, 0) + 1
     ncells = sum(1 for k in order if _func_of(graph[k]) in (run_cell, run_gathered))
     shared = max(2, ncells // 2) - 1
+    load = np.zeros(nworkers)
     for key in order:
         task = graph[key]
         deps = [d for d in _deps(graph, key)]
@@ -403,7 +422,11 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
         for d in local:
             for w in held.get(d, ()):
                 by_worker[w] += sizes.of(d)
-        w = int(np.argmax(by_worker)) if by_worker.any() else 0
+        near = np.flatnonzero(by_worker >= by_worker.max() * (1 - _TIE))
+        w = int(near[np.argmin(load[near])])
+        if _func_of(task) in _WORK:
+            load[w] += sum(sizes.of(d) for d in local)
+        out.placed[key] = w
         for d in deps:
             h = held.setdefault(d, set())
             if h and w not in h:
@@ -509,3 +532,22 @@ def measured_transfers(client: Any) -> dict:
     def incoming(dask_worker) -> int:
         return int(sum(entry["total"] for entry in dask_worker.transfer_incoming_log))
     return client.run(incoming)
+
+
+def placement_of(client: Any, arrays: Any) -> dict:
+    """Block key -> index (in sorted address order) of a worker holding it, for the
+    blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
+
+    >>> import dask.array as da
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     x = client.persist(da.ones(4, chunks=2))
+    ...     sorted(placement_of(client, [x]))  == sorted(x.__dask_keys__()), placement_of(client, [da.ones(2)])
+    (True, {})
+    """
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    futures = client.futures_of(arrays)
+    if not futures:
+        return {}
+    return {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(futures).items() if ws}

@@ -403,6 +403,40 @@ class DaskKernel:
         lay = self.layout(**operands)
         return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers, finalize)
 
+    def pinned(self, client: Any, **operands: Any) -> tuple:
+        """The call's result(s) with every task pinned to the worker the cost model
+        places it on, and that prediction (a :class:`~spfuse.dask.cost.CommCost`).
+
+        Dask places a task by worker occupancy as well as data and steals work
+        from busy workers, so which bytes move varies from run to run;
+        pinned (``workers=`` annotations, ``allow_other_workers=False``; the
+        scheduler does not steal restricted tasks) the moves are the ones
+        predicted.  Operand blocks already on the cluster (``persist``) are
+        read where ``client.who_has`` says they are.
+
+        >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+        >>> from distributed import Client, LocalCluster
+        >>> A = sfd.from_scipy(sp.random_array((40, 40), density=0.2, format="csr", rng=0), chunks=4)
+        >>> with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \\
+        ...         Client(cluster, set_as_default=False) as client:
+        ...     y, predicted = sfd.compile("y[i] = A[i,j] * x[j]").pinned(client, A=A, x=np.ones(40))
+        ...     bool(np.allclose(client.compute(y).result(), A.compute() @ np.ones(40)))
+        True
+        """
+        from spfuse.dask.cost import placement_of, predict_bytes
+        lay = self.layout(**operands)
+        strategy = self.choose_strategy(lay)
+        built = self._build(lay, strategy)
+        addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        placement = placement_of(client, [o.array for o in lay.operands])
+        predicted = predict_bytes(self, lay, strategy, placement, len(addrs), built=built)
+        result = built[0]
+        pin = _Pin(predicted.placed, tuple(addrs))
+        for arr in (result.values() if isinstance(result, dict) else [result]):
+            for layer in arr.dask.layers.values():
+                layer.annotations = {**(layer.annotations or {}), "workers": pin, "allow_other_workers": False}
+        return result, predicted
+
     def _build(self, lay: Layout, strategy: str):
         """The result arrays of ``lay`` under ``strategy``, and the results' metas."""
         metas = self._metas(lay)
@@ -588,6 +622,18 @@ class DaskKernel:
                             combine=add_partials, concatenate=False, split_every=self.split_every,
                             dtype=meta.dtype, meta=meta, name=f"spfuse-sum-{rname}")
         return with_meta(total, meta)
+
+
+@dataclass(frozen=True)
+class _Pin:
+    """A ``workers`` annotation: key -> [the address the cost model placed it on] (any worker if not placed)."""
+
+    placed: Mapping
+    addrs: tuple
+
+    def __call__(self, key: Any) -> list:
+        w = self.placed.get(key)
+        return list(self.addrs) if w is None else [self.addrs[w]]
 
 
 def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
