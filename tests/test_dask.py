@@ -422,16 +422,14 @@ def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng)
     with client.as_current():
         distributed.wait(dA)
     sfd.partition._remember(dA.name, sfd.block_info(sfd.from_scipy(A, chunks=(1000,) * 4)))
-    from spfuse.dask.cost import placement_of
-    placement = placement_of(client, [dA])
+    placement = sfd.placement_of(client, [dA])
     assert len(placement) == 4
     predicted = sfd.cost(SPMM, nworkers=2, placement=placement, A=dA, B=B).total
     measured = []
     for attempt in range(3):  # Dask's placement is not deterministic (work stealing): best of 3
-        before = sfd.measured_transfers(client)
+        t0 = sfd.transfer_marks(client)
         client.compute(sfd.evaluate(SPMM, A=dA, B=B + attempt)).result()
-        after = sfd.measured_transfers(client)
-        measured.append(sum(after.values()) - sum(before.values()))
+        measured.append(sum(sfd.measured_transfers(client, since=t0).values()))
         if abs(predicted - measured[-1]) <= 0.25 * measured[-1]:
             break
     else:
@@ -534,3 +532,28 @@ def test_workers_and_memory_cap_come_from_the_current_client(client):
         sfd.compile(SPMM, nworkers=0)
     with pytest.raises(ValueError, match="broadcast_bytes"):
         sfd.compile(SPMM, broadcast_bytes=-1)
+
+
+@pytest.mark.parametrize("strategy", ["reduce", "gather"])
+def test_pinned_tasks_move_exactly_the_predicted_bytes(client, rng, strategy):
+    """With a partitioned factor Dask's own placement (occupancy, stealing)
+    decides which blocks move; pinned where the model places each task, the
+    workers' transfer logs equal the prediction (up to the plan: Dask's
+    sizeof counts a pickled kernel as ~56 bytes)."""
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    k = sfd.compile(SPMM, strategy=strategy, broadcast_bytes=0)
+    lay = k.layout(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    ops = {o.name: client.persist(o.array) for o in lay.operands}
+    distributed = pytest.importorskip("distributed")
+    with client.as_current():
+        distributed.wait(list(ops.values()))
+    sfd.partition._remember(ops["A"].name, sfd.block_info(lay.operands[0].array))
+    assert len(sfd.placement_of(client, [ops["A"]])) == 4
+    y, predicted = k.pinned(client, **ops)
+    assert set(predicted.placed.values()) == {0, 1}  # both workers get work
+    t0 = sfd.transfer_marks(client)
+    got = client.compute(y, optimize_graph=False).result()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)

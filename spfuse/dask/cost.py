@@ -50,7 +50,7 @@ from spfuse.dask.partition import block_info
 from spfuse.errors import UnsupportedError
 
 __all__ = ["CommCost", "Network", "FactorChoice", "choose_factors", "cost", "predict_bytes", "project",
-           "measured_transfers", "placement_of"]
+           "measured_transfers", "transfer_marks", "placement_of"]
 
 _SPARSE_ENTRY = 12  # a float64 value + an int32 coordinate
 _INDPTR = 4
@@ -366,8 +366,8 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     >>> c.per_worker[0], c.per_worker[1] - 4 * 8 < 2048  # worker 1 fetches x (and the plan) once
     (0, True)
 
-    ``placement``: key -> worker index of the operand blocks (default: see
-    the module docstring).  ``finalize``: count the move of the result
+    ``placement``: key -> worker index (or a set of them: replicas) of the
+    operand blocks (default: see the module docstring).  ``finalize``: count the move of the result
     blocks to the one worker that joins them (what ``compute()`` does; not
     ``persist()``).  ``built``: the ``(results, metas)`` of ``kernel._build``
     when the graph is already built (its keys then get ``CommCost.placed``).
@@ -391,8 +391,9 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     if placement:
         where.update({k: v for k, v in placement.items() if k in where})
     out = CommCost(strategy, nworkers, {w: 0 for w in range(nworkers)}, {w: 0 for w in range(nworkers)})
-    held = {k: {w} for k, w in where.items()}
-    out.placed.update(where)
+    # a placement may name several workers: replicas Dask keeps after earlier transfers
+    held = {k: set(w) if isinstance(w, (set, frozenset, tuple, list)) else {w} for k, w in where.items()}
+    out.placed.update({k: min(h) for k, h in held.items()})
     merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
     if nworkers > 1:
         out.per_worker[0] += merged
@@ -517,32 +518,61 @@ def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, work
     return compute_seconds + bytes_per_worker / bandwidth + transfers_per_worker * latency + tasks * task_overhead
 
 
-def measured_transfers(client: Any) -> dict:
-    """Bytes each worker of ``client``'s cluster has received from other workers so far.
+def measured_transfers(client: Any, since: Mapping | None = None) -> dict:
+    """Bytes each worker of ``client``'s cluster received from other workers (sizes
+    as Dask's ``sizeof`` counts them), from every worker's ``transfer_incoming_log``.
 
-    Read from every worker's ``transfer_incoming_log`` (sizes as Dask's
-    ``sizeof`` counts them); take differences around a computation.
+    ``since``: what :func:`transfer_marks` returned before a computation --
+    then only the transfers logged after it count.  (The log keeps the last
+    ``distributed.admin.low-level-log-length`` transfers, 1000, so
+    differences of totals go wrong on a busy cluster; its time stamps are
+    shifted by the estimated scheduler delay, so a time cut is unreliable.)
 
     >>> from distributed import Client, LocalCluster
     >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
     ...         Client(cluster, set_as_default=False) as client:
-    ...     list(measured_transfers(client).values())
+    ...     list(measured_transfers(client, since=transfer_marks(client)).values())
     [0]
     """
-    def incoming(dask_worker) -> int:
-        return int(sum(entry["total"] for entry in dask_worker.transfer_incoming_log))
+    def incoming(dask_worker, since=since) -> int:
+        log = list(dask_worker.transfer_incoming_log)
+        mark = (since or {}).get(dask_worker.address)
+        if mark is not None:
+            after = [k for k, e in enumerate(log) if _mark_of(e) == mark]
+            log = log[after[-1] + 1:] if after else log
+        return int(sum(e["total"] for e in log))
     return client.run(incoming)
 
 
+def _mark_of(entry: Mapping) -> tuple:
+    return entry["start"], entry["stop"], entry["total"], entry["who"]
+
+
+def transfer_marks(client: Any) -> dict:
+    """Each worker's last logged transfer: pass as ``since`` to :func:`measured_transfers`.
+
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     list(transfer_marks(client).values())
+    [None]
+    """
+    def last(dask_worker):
+        log = dask_worker.transfer_incoming_log
+        return _mark_of(log[-1]) if log else None
+    return client.run(last)
+
+
 def placement_of(client: Any, arrays: Any) -> dict:
-    """Block key -> index (in sorted address order) of a worker holding it, for the
-    blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
+    """Block key -> indices (in sorted address order) of the workers holding it, for
+    the blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
 
     >>> import dask.array as da
     >>> from distributed import Client, LocalCluster
     >>> with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \\
     ...         Client(cluster, set_as_default=False) as client:
     ...     x = client.persist(da.ones(4, chunks=2))
+    ...     _ = client.gather(client.futures_of(x))
     ...     sorted(placement_of(client, [x]))  == sorted(x.__dask_keys__()), placement_of(client, [da.ones(2)])
     (True, {})
     """
@@ -550,4 +580,4 @@ def placement_of(client: Any, arrays: Any) -> dict:
     futures = client.futures_of(arrays)
     if not futures:
         return {}
-    return {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(futures).items() if ws}
+    return {k: frozenset(addrs.index(w) for w in ws) for k, ws in client.who_has(futures).items() if ws}

@@ -160,13 +160,25 @@ def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, pref
     """A dask array over already-sliced blocks along axis 0 (the data sit in the graph)."""
     name = f"{prefix}-{dask.base.tokenize(*blocks, tuple(bounds))}"
     rest = (0,) * (len(shape) - 1)
-    layer = {(name, b) + rest: blk for b, blk in enumerate(blocks)}
+    # a task, not a bare literal: the worker that runs it imports spfuse.dask (and with it
+    # the sizeof registrations), so Dask's memory and transfer accounting counts the block's
+    # buffers (a csr_array would count ~56 bytes) from the moment it is stored
+    layer = {(name, b) + rest: (stored_block, blk) for b, blk in enumerate(blocks)}
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     chunks = (tuple(np.diff(bounds).tolist()),) + tuple((s,) for s in shape[1:])
     arr = with_meta(da.Array(graph, name, chunks, meta=meta), meta)
     per_block = [_block_meta(b) for b in blocks]
     _remember(name, BlockInfo(*(tuple(m[k] for m in per_block) for k in range(3))))
     return arr
+
+
+def stored_block(block: Any) -> Any:
+    """The block itself (the task that puts one of spfuse's row blocks on a worker).
+
+    >>> stored_block(3)
+    3
+    """
+    return block
 
 
 def with_meta(arr: da.Array, meta: Any) -> da.Array:
