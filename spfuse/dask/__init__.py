@@ -25,7 +25,16 @@ True
 from __future__ import annotations
 
 from spfuse.dask import registrations  # noqa: F401  (registers sizeof/tokenize/concatenate)
-from spfuse.dask.cost import CommCost, FactorChoice, Network, cost, measured_transfers, placement_of, project, transfer_marks
+from spfuse.dask.cost import (
+    CommCost,
+    FactorChoice,
+    Network,
+    cost,
+    measured_transfers,
+    placement_of,
+    project,
+    transfer_marks,
+)
 from spfuse.dask.kernel import DaskKernel, compile, evaluate
 from spfuse.dask.partition import (
                                    balanced_boundaries,

@@ -321,9 +321,6 @@ class DaskKernel:
                 target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape))
                 if target != obj.chunks:
                     arr = obj.rechunk(target)
-                    return OperandLayout(name, arr, sparse, tuple(dims),
-                                         tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks)),
-                                         source=obj)
         elif sp.issparse(obj) or (isinstance(obj, Tensor) and not obj.format.is_dense):
             sparse = True
             rows = dims[0][2] if dims and dims[0] is not None else (obj.shape[0],) if obj.ndim else ()
@@ -334,7 +331,8 @@ class DaskKernel:
             arr = da.from_array(dense, chunks=tuple(d[2] if d is not None else -1 for d in dims),
                                 name=f"spfuse-dense-{name}-{dask.base.tokenize(dense)}")
         blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks))
-        return OperandLayout(name, arr, sparse, tuple(dims), blocked)
+        source = obj if isinstance(obj, da.Array) and arr is not obj else None
+        return OperandLayout(name, arr, sparse, tuple(dims), blocked, source)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
         """The cells of the block grid that some result needs, minus pruned ones."""
