@@ -557,3 +557,18 @@ def test_pinned_tasks_move_exactly_the_predicted_bytes(client, rng, strategy):
     measured = sum(sfd.measured_transfers(client, since=t0).values())
     np.testing.assert_allclose(got, A @ B)
     assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_persisted_tensor_slabs_stay_sparse(client, rng):
+    """Dask gives a persisted array of Tensor slabs a numpy meta; spfuse still
+    knows the operand is sparse (its block metadata) and returns the right kind."""
+    shape = (40, 7, 6)
+    X = spfuse.Tensor.from_coo(np.array([rng.integers(0, s, 200) for s in shape]), rng.random(200), shape)
+    C, D = rng.random((7, 3)), rng.random((6, 3))
+    dX = client.persist(sfd.from_tensor(X, chunks=(10,) * 4))
+    assert not isinstance(dX._meta, spfuse.Tensor)
+    lay = sfd.compile(MTTKRP).layout(X=dX, C=C, D=D)
+    assert next(o for o in lay.operands if o.name == "X").sparse and lay.factors == ()
+    assert not isinstance(dX._meta, spfuse.Tensor)  # the caller's array is not changed
+    assert_same(client.compute(sfd.evaluate(MTTKRP, X=dX, C=C, D=D)).result(),
+                spfuse.evaluate(MTTKRP, X=X, C=C, D=D))

@@ -73,6 +73,12 @@ def _is_sparse_block(obj: Any) -> bool:
     return sp.issparse(obj) or isinstance(obj, Tensor) and not obj.format.is_dense
 
 
+def _is_sparse_array(arr: da.Array) -> bool:
+    """Sparse chunks: by its meta, or by block metadata spfuse holds (a persisted
+    array of Tensor slabs comes back from Dask with a numpy meta)."""
+    return _is_sparse_block(arr._meta) or block_info(arr, compute=False) is not None
+
+
 @dataclass(frozen=True)
 class OperandLayout:
     """How one operand enters the graph: the dask array, its dimension per
@@ -193,7 +199,7 @@ class DaskKernel:
         result_shapes(program, shapes)  # shape/arity checks with spfuse's messages
         nworkers, cap = self._resources()
         chunked = [n for n in program.inputs if isinstance(operands[n], da.Array)
-                   and not _is_sparse_block(operands[n]._meta) and any(len(c) > 1 for c in operands[n].chunks)]
+                   and not _is_sparse_array(operands[n]) and any(len(c) > 1 for c in operands[n].chunks)]
         over = [n for n in chunked if operands[n].nbytes > cap]
         under = [n for n in chunked if n not in over]
         # a factor whose chunked axes all follow a sparse operand's row blocks has no choice to make
@@ -290,7 +296,7 @@ class DaskKernel:
             obj = operands[name]
             if not isinstance(obj, da.Array):
                 continue
-            sparse = _is_sparse_block(obj._meta)
+            sparse = _is_sparse_array(obj)
             if not sparse and name in broadcast:
                 continue  # a broadcast factor is not a partition of its indices
             for axis, cs in enumerate(obj.chunks):
@@ -312,7 +318,11 @@ class DaskKernel:
     def _conform(self, name: str, obj: Any, dims: list) -> OperandLayout:
         """``obj`` as a dask array whose partitioned axes follow their dimension."""
         if isinstance(obj, da.Array):
-            sparse = _is_sparse_block(obj._meta)
+            sparse = _is_sparse_array(obj)
+            info = block_info(obj, compute=False) if sparse else None
+            if info is not None and info.meta is not None and not _is_sparse_block(obj._meta):
+                # a copy: the caller's array is not touched
+                obj = with_meta(da.Array(obj.dask, obj.name, obj.chunks, meta=obj._meta), info.meta)
             if sparse and obj.ndim and any(len(c) > 1 for c in obj.chunks[1:]):
                 raise ValueError(f"sparse operand {name!r} must be chunked along axis 0 only (row blocks), "
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")

@@ -96,6 +96,7 @@ class BlockInfo:
     nnz: tuple
     columns: tuple  # columns[b][axis - 1] -> sorted int64 array
     nbytes: tuple = ()  # nbytes[b]: what Dask's sizeof counts for block b (what a transfer moves)
+    meta: Any = None  # an empty block of the right kind (Dask replaces a Tensor meta after persist)
 
     def touched(self, block: int, axis: int, bounds: np.ndarray) -> np.ndarray:
         """Which blocks of ``bounds`` (a partition of ``axis``) block ``block`` touches.
@@ -168,7 +169,7 @@ def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, pref
     chunks = (tuple(np.diff(bounds).tolist()),) + tuple((s,) for s in shape[1:])
     arr = with_meta(da.Array(graph, name, chunks, meta=meta), meta)
     per_block = [_block_meta(b) for b in blocks]
-    _remember(name, BlockInfo(*(tuple(m[k] for m in per_block) for k in range(3))))
+    _remember(name, BlockInfo(*(tuple(m[k] for m in per_block) for k in range(3)), meta=meta))
     return arr
 
 
