@@ -572,3 +572,43 @@ def test_persisted_tensor_slabs_stay_sparse(client, rng):
     assert not isinstance(dX._meta, spfuse.Tensor)  # the caller's array is not changed
     assert_same(client.compute(sfd.evaluate(MTTKRP, X=dX, C=C, D=D)).result(),
                 spfuse.evaluate(MTTKRP, X=X, C=C, D=D))
+
+
+def test_factors_chunked_along_one_index_are_decided_together(rng, operands):
+    """D and E are both chunked along j: broadcasting one alone changes nothing
+    (the other still partitions j), so both must be candidates."""
+    A = power_law(rng, 400, 400)
+    part = lambda k: da.from_array(rng.random((400, k)), chunks=(100, k))  # noqa: E731
+    ops = dict(B=sfd.from_scipy(A, chunks=(100,) * 4), C=part(4), D=part(4), E=part(4))
+    lay = sfd.compile(SDDMM_SPMM, nworkers=2).layout(**ops)
+    assert {f.name for f in lay.factors} == {"D", "E"}
+    assert len({f.choice for f in lay.factors}) == 1
+
+
+def test_planning_decisions_and_metas_are_reused_across_calls(rng, monkeypatch):
+    """The broadcast-or-partition decision (several planned graphs through the
+    cost model) and the result metas (a kernel call) are made once per kind of call."""
+    import spfuse.dask.cost as cost_module
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 8)), chunks=(100, 8)))
+    k = sfd.compile(SPMM, nworkers=4)
+    calls = {"decide": 0, "metas": 0}
+    decide, metas = cost_module.choose_factors, k._compute_metas
+
+    def counting_decide(*a, **kw):
+        calls["decide"] += 1
+        return decide(*a, **kw)
+
+    def counting_metas(*a, **kw):
+        calls["metas"] += 1
+        return metas(*a, **kw)
+    monkeypatch.setattr(cost_module, "choose_factors", counting_decide)
+    monkeypatch.setattr(k, "_compute_metas", counting_metas)
+    first = k(**ops)
+    second = k(**ops)
+    assert calls == {"decide": 1, "metas": 1}
+    assert first.name == second.name
+    k(**{**ops, "B": ops["B"] + 1})  # another factor: decided again, same kinds of metas
+    assert calls == {"decide": 2, "metas": 1}
+    sfd.compile(SPMM, nworkers=1)(**ops)  # another kernel (other cluster size): its own decision
+    assert calls["decide"] == 3

@@ -166,6 +166,8 @@ class DaskKernel:
         self.broadcast_bytes = broadcast_bytes
         self.nworkers = nworkers
         self.network = network or Network()
+        self._decisions: dict = {}  # broadcast-or-partition decisions already made
+        self._meta_cache: dict = {}  # result metas per operand kinds
 
     def __repr__(self) -> str:
         return f"<spfuse.dask.DaskKernel {self.text!r} fusion={self.kernel.fusion!r}>"
@@ -203,13 +205,24 @@ class DaskKernel:
         over = [n for n in chunked if operands[n].nbytes > cap]
         under = [n for n in chunked if n not in over]
         # a factor whose chunked axes all follow a sparse operand's row blocks has no choice to make
+        # (compared between all partitioning and all broadcast: factors chunked along one index decide together)
         everyone = self._partition_dims(operands, frozenset())
-        candidates = [n for n in under if self._partition_dims(operands, frozenset({n})) != everyone]
+        no_one = self._partition_dims(operands, frozenset(under))
+        candidates = [n for n in under if everyone[n] != no_one[n]]
         choices: tuple = ()
         broadcast = set(under) - set(candidates)
         if candidates:
-            from spfuse.dask.cost import choose_factors
-            chosen, choices = choose_factors(self, operands, candidates, nworkers, self.network)
+            # the decision depends on the dask operands (names are content tokens), the others'
+            # shapes and the cluster: one planned call's decision serves the next ones
+            key = (nworkers, cap, self.network, tuple(
+                (n, o.name, o.chunks) if isinstance(o, da.Array) else (n, type(o).__name__, tuple(o.shape))
+                for n, o in sorted(operands.items())))
+            if key not in self._decisions:
+                from spfuse.dask.cost import choose_factors
+                if len(self._decisions) >= 64:
+                    self._decisions.pop(next(iter(self._decisions)))
+                self._decisions[key] = choose_factors(self, operands, candidates, nworkers, self.network)
+            chosen, choices = self._decisions[key]
             broadcast |= chosen
         from spfuse.dask.cost import FactorChoice
         choices += tuple(FactorChoice(n, int(operands[n].nbytes), "partition", None, None,
@@ -568,6 +581,13 @@ class DaskKernel:
         stays scipy (scipy in, scipy out); a Tensor result whose planned
         format ends in a dense level (rows of a dense matrix, as MTTKRP's)
         becomes numpy; anything else keeps the kind the kernel gave."""
+        kinds = tuple((o.name, type(o.array._meta).__name__, str(o.array.dtype), o.array.ndim,
+                       getattr(o.array._meta, "format", None)) for o in lay.operands)
+        if kinds not in self._meta_cache:
+            self._meta_cache[kinds] = self._compute_metas(lay)
+        return self._meta_cache[kinds]
+
+    def _compute_metas(self, lay: Layout) -> dict:
         tiny = {}
         for o in lay.operands:
             meta = o.array._meta

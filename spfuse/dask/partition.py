@@ -106,9 +106,9 @@ class BlockInfo:
         [True, True, False]
         """
         cols = self.columns[block][axis - 1]
-        hit = np.zeros(len(bounds) - 1, dtype=bool)
-        hit[np.unique(np.searchsorted(bounds, cols, side="right") - 1)] = True
-        return hit
+        nb = len(bounds) - 1
+        which = np.searchsorted(bounds, cols, side="right") - 1
+        return np.bincount(which[(which >= 0) & (which < nb)], minlength=nb)[:nb] > 0
 
 
 _INFO: dict[str, BlockInfo] = {}
