@@ -174,8 +174,8 @@ def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: i
     scored = [(c, predicted(c)) for c in combos]
     scored = [(c, p) for c, p in scored if p is not None]
     if not scored:  # the model does not apply (several results): broadcast what fits
-        return set(names), tuple(FactorChoice(n, 0, "broadcast", None, None, "no cost model for this program")
-                                 for n in names)
+        return set(names), tuple(FactorChoice(n, int(operands[n].nbytes), "broadcast", None, None,
+                                              "no cost model for this program") for n in names)
     best = min(scored, key=lambda cp: (cp[1][1], cp[1][0], -len(cp[0])))[0]
     choices = []
     for n in names:
@@ -503,8 +503,8 @@ def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None
 
 
 def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,
-            bandwidth: float = 1.25e9, latency: float = 50e-6, transfers_per_worker: float = 0.0,
-            task_overhead: float = 1e-3) -> float:
+            bandwidth: float = Network.bandwidth, latency: float = Network.latency,
+            transfers_per_worker: float = 0.0, task_overhead: float = Network.task_overhead) -> float:
     """Projected seconds of one call on ``workers`` nodes (weak scaling: fixed work per node).
 
     ``compute_seconds``: one node's kernel time on its share; then the
