@@ -171,9 +171,25 @@ def _run_once(client, make) -> float:
     return t
 
 
-def _median_time(client, make, repeat: int) -> float:
-    _run_once(client, make)  # warm-up: imports, plan caches on the workers
-    return statistics.median(_run_once(client, make) for _ in range(repeat))
+def _worker_cpu(dask_worker=None) -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _median_run(client, make, repeat: int) -> dict:
+    """Median over ``repeat`` runs (after a warm-up: imports, plan caches on the
+    workers) of the wall time and of what a loaded machine does not distort
+    much: CPU seconds of all worker processes, tasks, bytes moved between workers."""
+    import spfuse.dask as sfd
+    _run_once(client, make)
+    runs = []
+    for _ in range(repeat):
+        cpu0, marks = sum(client.run(_worker_cpu).values()), sfd.transfer_marks(client)
+        seconds = _run_once(client, make)
+        runs.append(dict(seconds=seconds, worker_cpu=sum(client.run(_worker_cpu).values()) - cpu0,
+                         moved=sum(sfd.measured_transfers(client, since=marks).values())))
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def _peak_rss(client) -> dict:
@@ -226,14 +242,22 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
                 k = sfd.compile(program, nworkers=nworkers)
-                t = _median_time(client, functools.partial(k, **ops), repeat)
+                run = _median_run(client, functools.partial(k, **ops), repeat)
+                t = run["seconds"]
                 lay = k.layout(**ops)
                 strategy = k.choose_strategy(lay)
                 if lay.factors:
                     strategy += " (" + ", ".join(f"{f.name} {f.choice}" for f in lay.factors) + ")"
+                arr = k(**ops)
+                given = {key for o in lay.operands for key in o.array.__dask_graph__()}
+                tasks = len(set(arr.__dask_graph__()) - given)  # the call's own tasks
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
-                                    seconds=t, strategy=strategy))
-                print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
+                                    seconds=t, worker_cpu=run["worker_cpu"], moved=run["moved"], tasks=tasks,
+                                    load=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+                                    strategy=strategy))
+                print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}, workers' CPU "
+                      f"{report.fmt_time(run['worker_cpu'])}, {tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
+                      file=out)
             rss = _peak_rss(client)
             for w, (addr, b) in enumerate(sorted(rss.items())):
                 results.append(dict(study="rss", workers=nworkers, worker=w, peak_rss=b))
@@ -440,13 +464,20 @@ def format_tables(rows: list[dict]) -> str:
         for kernel in dict.fromkeys(r["kernel"] for r in weak):
             t = {r["workers"]: r for r in weak if r["kernel"] == kernel}
             if 1 in t and 2 in t:
+                cpu = [t[w].get("worker_cpu") for w in (1, 2)]
                 table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
                               report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
-                              t[2]["strategy"]])
+                              f"{t[2].get('load', float('nan')):.1f}",
+                              *[report.fmt_time(c) if c else "n/a" for c in cpu],
+                              f"{2 * cpu[0] / cpu[1]:.0%}" if cpu[0] and cpu[1] else "n/a",
+                              f"{t[1].get('tasks', '?')}/{t[2].get('tasks', '?')}",
+                              f"{t[2].get('moved', 0) / 2**20:.1f} MiB", t[2]["strategy"]])
         base = next((r["efficiency"] for r in rows if r["study"] == "machine"), None)
         note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
-        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note})",
-                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "strategy"], table)]
+        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note});",
+                "CPU = all worker processes' CPU seconds per call; CPU efficiency = 2 x CPU@1 / CPU@2",
+                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load", "CPU@1", "CPU@2",
+                              "CPU eff.", "tasks 1/2", "moved@2", "strategy"], table)]
     rss = [r for r in rows if r["study"] == "rss"]
     if rss:
         out += ["", "peak resident set per worker process (after the weak-scaling runs)",
