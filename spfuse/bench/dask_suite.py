@@ -355,12 +355,14 @@ def _peers(rows: int, repeat: int, memory_limit: str, out: TextIO) -> list[dict]
     return found
 
 
-def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 32, 64), bandwidth=1.25e9,
-                latency=50e-6, task_overhead=200e-6) -> list[dict]:
+def _projection(kernels, rows: int, weak: list[dict], memory_limit: str = "2GiB", workers=(1, 2, 4, 8, 16, 32, 64),
+                bandwidth=1.25e9, latency=50e-6, task_overhead=200e-6) -> list[dict]:
     """Weak-scaling runtime projected from the cost model (round-robin placement, no execution)."""
+    from dask.utils import parse_bytes
+
     import spfuse.dask as sfd
     from spfuse.dask.cost import Network, project
-    from spfuse.dask.kernel import BROADCAST_BYTES
+    cap = parse_bytes(memory_limit) // 4  # spfuse.dask's default broadcast cap on such workers
     found = []
     small = max(rows // 8, 2000)  # the model's structure per worker; bytes scale with rows
     for kernel in kernels:
@@ -369,7 +371,7 @@ def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 3
             program, ops = weak_scaling_inputs(kernel, w, small)
             scale = rows / small
             # broadcast-or-partition decided as at full size: memory cap and bandwidth scaled like the bytes
-            k = sfd.compile(program, broadcast_bytes=int(BROADCAST_BYTES / scale), nworkers=w,
+            k = sfd.compile(program, broadcast_bytes=int(cap / scale), nworkers=w,
                             network=Network(bandwidth / scale, latency, task_overhead))
             c = k.cost(nworkers=w, finalize=False, **ops)  # results stay distributed
             busiest = max(c.per_worker.values()) * scale
@@ -433,7 +435,7 @@ def run_dask_suite(size: str = "small", repeat: int | None = None, kernels: str 
         program, ops = weak_scaling_inputs(kernel, 1, rows)
         memory.append(dict(study="task-memory", kernel=kernel, **_task_memory(program, ops)))
     peers = _peers(peer_rows, repeat, memory_limit, out)
-    projection = _projection(names, rows, weak)
+    projection = _projection(names, rows, weak, memory_limit)
     rows_all = weak + comm + memory + peers + projection
     print(format_tables(rows_all), file=out)
     if json_path:
