@@ -422,16 +422,14 @@ def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng)
     with client.as_current():
         distributed.wait(dA)
     sfd.partition._remember(dA.name, sfd.block_info(sfd.from_scipy(A, chunks=(1000,) * 4)))
-    addrs = sorted(client.scheduler_info()["workers"])
-    keys = list(dask.core.flatten(dA.__dask_keys__()))
-    placement = {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items()}
+    placement = sfd.placement_of(client, [dA])
+    assert len(placement) == 4
     predicted = sfd.cost(SPMM, nworkers=2, placement=placement, A=dA, B=B).total
     measured = []
     for attempt in range(3):  # Dask's placement is not deterministic (work stealing): best of 3
-        before = sfd.measured_transfers(client)
+        t0 = sfd.transfer_marks(client)
         client.compute(sfd.evaluate(SPMM, A=dA, B=B + attempt)).result()
-        after = sfd.measured_transfers(client)
-        measured.append(sum(after.values()) - sum(before.values()))
+        measured.append(sum(sfd.measured_transfers(client, since=t0).values()))
         if abs(predicted - measured[-1]) <= 0.25 * measured[-1]:
             break
     else:
@@ -472,3 +470,146 @@ def test_combine_adds_sparse_dense_and_tensor_partials():
     np.testing.assert_array_equal(s.toarray(), 2 * a.toarray() + np.eye(2))
     t = spfuse.Tensor.from_coo([[0, 1], [1, 0], [0, 1]], [1.0, 2.0], (2, 2, 2))
     np.testing.assert_array_equal(add_partials([t, t, t]).todense(), 3 * t.todense())
+
+
+# -- broadcast or partition: a cost-model decision under a memory cap ------------------------------
+def band_spmm_operands(rng, n=20000, blocks=4):
+    A = sp.csr_array(sp.diags([rng.random(n - abs(k)) for k in range(-3, 4)], list(range(-3, 4))))
+    B = rng.random((n, 32))
+    return A, B, dict(A=sfd.from_scipy(A, chunks=(n // blocks,) * blocks),
+                      B=da.from_array(B, chunks=(n // blocks, 32)))
+
+
+def test_cost_model_broadcasts_a_small_factor_every_block_touches(rng):
+    """Random columns: every row block touches every block of B, so partitioning
+    B means a task and a partial per block pair; shipping B once per worker is cheaper."""
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 8)), chunks=(100, 8)))
+    lay = sfd.compile(SPMM, nworkers=4).layout(**ops)
+    (why,) = lay.factors
+    assert why.name == "B" and why.choice == "broadcast"
+    assert why.broadcast[1] < why.partition[1]  # predicted seconds
+    assert next(o for o in lay.operands if o.name == "B").dims == (None, None)
+    assert lay.nworkers == 4 and "B (0.02 MiB): broadcast" in sfd.compile(SPMM, nworkers=4).explain(**ops)
+
+
+def test_cost_model_partitions_a_large_factor_of_a_band_matrix(run, rng):
+    """A band matrix's row block reads a few rows of its neighbours' blocks of
+    B: gathering them beats shipping 5 MB of B to every worker."""
+    A, B, ops = band_spmm_operands(rng)
+    k = sfd.compile(SPMM, nworkers=4)
+    lay = k.layout(**ops)
+    (why,) = lay.factors
+    assert why.choice == "partition" and why.partition[1] < why.broadcast[1]
+    assert why.partition[0] < why.broadcast[0] / 4
+    assert next(o for o in lay.operands if o.name == "B").dims[0] is not None
+    assert k.choose_strategy(lay) == "gather"
+    np.testing.assert_allclose(run(k(**ops)), A @ B)
+    # on one worker nothing moves: the fewer tasks of a broadcast win
+    one = sfd.compile(SPMM, nworkers=1).layout(**ops)
+    assert one.factors[0].choice == "broadcast" and one.factors[0].broadcast[0] == 0
+
+
+def test_a_factor_over_the_memory_cap_is_never_broadcast(rng):
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    B = da.from_array(rng.random((400, 8)), chunks=(100, 8))
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=B)
+    lay = sfd.compile(SPMM, nworkers=4, broadcast_bytes=B.nbytes - 1).layout(**ops)
+    (why,) = lay.factors
+    assert why.choice == "partition" and why.broadcast is None and "memory cap" in why.reason
+    assert next(o for o in lay.operands if o.name == "B").dims[0] is not None
+    np.testing.assert_allclose(sfd.compile(SPMM, broadcast_bytes=B.nbytes - 1)(**ops).compute(scheduler="sync"),
+                               A @ B.compute())
+
+
+def test_workers_and_memory_cap_come_from_the_current_client(client):
+    k = sfd.compile(SPMM)
+    assert k._resources() == (1, sfd.kernel.BROADCAST_BYTES)  # no client: one process
+    with client.as_current():
+        assert k._resources() == (2, 2**30 // 4)  # two workers of 1 GiB: a quarter each
+    assert sfd.compile(SPMM, nworkers=3, broadcast_bytes=5)._resources() == (3, 5)
+    with pytest.raises(ValueError, match="nworkers"):
+        sfd.compile(SPMM, nworkers=0)
+    with pytest.raises(ValueError, match="broadcast_bytes"):
+        sfd.compile(SPMM, broadcast_bytes=-1)
+
+
+@pytest.mark.parametrize("strategy", ["reduce", "gather"])
+def test_pinned_tasks_move_exactly_the_predicted_bytes(client, rng, strategy):
+    """With a partitioned factor Dask's own placement (occupancy, stealing)
+    decides which blocks move; pinned where the model places each task, the
+    workers' transfer logs equal the prediction (up to the plan: Dask's
+    sizeof counts a pickled kernel as ~56 bytes)."""
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    k = sfd.compile(SPMM, strategy=strategy, broadcast_bytes=0)
+    lay = k.layout(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    ops = {o.name: client.persist(o.array) for o in lay.operands}
+    distributed = pytest.importorskip("distributed")
+    with client.as_current():
+        distributed.wait(list(ops.values()))
+    sfd.partition._remember(ops["A"].name, sfd.block_info(lay.operands[0].array))
+    assert len(sfd.placement_of(client, [ops["A"]])) == 4
+    y, predicted = k.pinned(client, **ops)
+    assert set(predicted.placed.values()) == {0, 1}  # both workers get work
+    t0 = sfd.transfer_marks(client)
+    got = client.compute(y, optimize_graph=False).result()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_persisted_tensor_slabs_stay_sparse(client, rng):
+    """Dask gives a persisted array of Tensor slabs a numpy meta; spfuse still
+    knows the operand is sparse (its block metadata) and returns the right kind."""
+    shape = (40, 7, 6)
+    X = spfuse.Tensor.from_coo(np.array([rng.integers(0, s, 200) for s in shape]), rng.random(200), shape)
+    C, D = rng.random((7, 3)), rng.random((6, 3))
+    dX = client.persist(sfd.from_tensor(X, chunks=(10,) * 4))
+    assert not isinstance(dX._meta, spfuse.Tensor)
+    lay = sfd.compile(MTTKRP).layout(X=dX, C=C, D=D)
+    assert next(o for o in lay.operands if o.name == "X").sparse and lay.factors == ()
+    assert not isinstance(dX._meta, spfuse.Tensor)  # the caller's array is not changed
+    assert_same(client.compute(sfd.evaluate(MTTKRP, X=dX, C=C, D=D)).result(),
+                spfuse.evaluate(MTTKRP, X=X, C=C, D=D))
+
+
+def test_factors_chunked_along_one_index_are_decided_together(rng, operands):
+    """D and E are both chunked along j: broadcasting one alone changes nothing
+    (the other still partitions j), so both must be candidates."""
+    A = power_law(rng, 400, 400)
+    part = lambda k: da.from_array(rng.random((400, k)), chunks=(100, k))  # noqa: E731
+    ops = dict(B=sfd.from_scipy(A, chunks=(100,) * 4), C=part(4), D=part(4), E=part(4))
+    lay = sfd.compile(SDDMM_SPMM, nworkers=2).layout(**ops)
+    assert {f.name for f in lay.factors} == {"D", "E"}
+    assert len({f.choice for f in lay.factors}) == 1
+
+
+def test_planning_decisions_and_metas_are_reused_across_calls(rng, monkeypatch):
+    """The broadcast-or-partition decision (several planned graphs through the
+    cost model) and the result metas (a kernel call) are made once per kind of call."""
+    import importlib
+    cost_module = importlib.import_module("spfuse.dask.cost")  # (spfuse.dask.cost is also the function)
+    A = sp.random_array((400, 400), density=0.05, format="csr", rng=1)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=da.from_array(rng.random((400, 8)), chunks=(100, 8)))
+    k = sfd.compile(SPMM, nworkers=4)
+    calls = {"decide": 0, "metas": 0}
+    decide, metas = cost_module.choose_factors, k._compute_metas
+
+    def counting_decide(*a, **kw):
+        calls["decide"] += 1
+        return decide(*a, **kw)
+
+    def counting_metas(*a, **kw):
+        calls["metas"] += 1
+        return metas(*a, **kw)
+    monkeypatch.setattr(cost_module, "choose_factors", counting_decide)
+    monkeypatch.setattr(k, "_compute_metas", counting_metas)
+    first = k(**ops)
+    second = k(**ops)
+    assert calls == {"decide": 1, "metas": 1}
+    assert first.name == second.name
+    k(**{**ops, "B": ops["B"] + 1})  # another factor: decided again, same kinds of metas
+    assert calls == {"decide": 2, "metas": 1}
+    sfd.compile(SPMM, nworkers=1)(**ops)  # another kernel (other cluster size): its own decision
+    assert calls["decide"] == 3

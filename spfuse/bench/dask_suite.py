@@ -16,7 +16,8 @@ with a ``memory_limit`` per worker, spfuse running one thread per task:
   factor rows it reads;
 * **communication**: bytes the cost model predicts (placement of the
   persisted operands read from the scheduler) against the bytes the
-  workers' ``transfer_incoming_log`` records, per strategy;
+  workers' ``transfer_incoming_log`` records, per strategy, with every
+  task pinned where the model places it and with Dask placing them;
 * **peers**: the Dask route a user has today -- ``dask.array`` of pydata
   ``sparse.COO`` chunks with ``@`` (SpMM) and ``B * (C @ D)`` (SDDMM: no
   sampled product, so each block materialises its dense ``C @ D`` rows) --
@@ -170,9 +171,25 @@ def _run_once(client, make) -> float:
     return t
 
 
-def _median_time(client, make, repeat: int) -> float:
-    _run_once(client, make)  # warm-up: imports, plan caches on the workers
-    return statistics.median(_run_once(client, make) for _ in range(repeat))
+def _worker_cpu(dask_worker=None) -> float:
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _median_run(client, make, repeat: int) -> dict:
+    """Median over ``repeat`` runs (after a warm-up: imports, plan caches on the
+    workers) of the wall time and of what a loaded machine does not distort
+    much: CPU seconds of all worker processes, tasks, bytes moved between workers."""
+    import spfuse.dask as sfd
+    _run_once(client, make)
+    runs = []
+    for _ in range(repeat):
+        cpu0, marks = sum(client.run(_worker_cpu).values()), sfd.transfer_marks(client)
+        seconds = _run_once(client, make)
+        runs.append(dict(seconds=seconds, worker_cpu=sum(client.run(_worker_cpu).values()) - cpu0,
+                         moved=sum(sfd.measured_transfers(client, since=marks).values())))
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def _peak_rss(client) -> dict:
@@ -180,13 +197,6 @@ def _peak_rss(client) -> dict:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return client.run(rss)
-
-
-def _placement(client, arrays) -> dict:
-    from dask.core import flatten
-    addrs = sorted(client.scheduler_info()["workers"])
-    keys = [k for a in arrays for k in flatten(a.__dask_keys__())]
-    return {k: addrs.index(sorted(ws)[0]) for k, ws in client.who_has(keys).items() if ws}
 
 
 def _task_memory(program: str, operands: dict) -> dict:
@@ -231,12 +241,23 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
             for kernel in kernels:
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
-                k = sfd.compile(program)
-                t = _median_time(client, functools.partial(k, **ops), repeat)
-                strategy = k.choose_strategy(k.layout(**ops))
+                k = sfd.compile(program, nworkers=nworkers)
+                run = _median_run(client, functools.partial(k, **ops), repeat)
+                t = run["seconds"]
+                lay = k.layout(**ops)
+                strategy = k.choose_strategy(lay)
+                if lay.factors:
+                    strategy += " (" + ", ".join(f"{f.name} {f.choice}" for f in lay.factors) + ")"
+                arr = k(**ops)
+                given = {key for o in lay.operands for key in o.array.__dask_graph__()}
+                tasks = len(set(arr.__dask_graph__()) - given)  # the call's own tasks
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
-                                    seconds=t, strategy=strategy))
-                print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}", file=out)
+                                    seconds=t, worker_cpu=run["worker_cpu"], moved=run["moved"], tasks=tasks,
+                                    load=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+                                    strategy=strategy))
+                print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}, workers' CPU "
+                      f"{report.fmt_time(run['worker_cpu'])}, {tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
+                      file=out)
             rss = _peak_rss(client)
             for w, (_addr, b) in enumerate(sorted(rss.items())):
                 results.append(dict(study="rss", workers=nworkers, worker=w, peak_rss=b))
@@ -247,32 +268,38 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
 
 
 def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[dict]:
+    """Predicted vs measured bytes: pinned where the model places each task
+    (:meth:`~spfuse.dask.DaskKernel.pinned`), and left to Dask's own placement."""
     import spfuse.dask as sfd
     from spfuse.errors import UnsupportedError
     cluster, client = _cluster(2, memory_limit)
     rows_out = []
+
+    def moved(graph, **compute_kw) -> int:
+        t0 = sfd.transfer_marks(client)
+        client.compute(graph, **compute_kw).result()
+        return sum(sfd.measured_transfers(client, since=t0).values())
+
     try:
         for kernel in kernels:
             program, ops = weak_scaling_inputs(kernel, 2, rows)
             for strategy in ("reduce", "gather"):
-                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0)
+                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0, nworkers=2)
                 lay = k.layout(**ops)
                 persisted = _persist(client, {o.name: o.array for o in lay.operands})
                 try:
-                    predicted = k.cost(nworkers=2, placement=_placement(client, [
-                        v for v in persisted.values() if hasattr(v, "dask")]), **persisted)
+                    graph, predicted = k.pinned(client, **persisted)
                 except UnsupportedError as exc:  # gather does not apply to this kernel
                     rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, note=str(exc)[:60]))
                     continue
-                before = sfd.measured_transfers(client)
-                client.compute(k(**persisted)).result()
-                after = sfd.measured_transfers(client)
-                measured = sum(after.values()) - sum(before.values())
+                measured = moved(graph, optimize_graph=False)  # Dask's optimisation drops annotations
+                free = moved(k(**persisted))
                 rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, predicted=predicted.total,
-                                     measured=measured, error=(predicted.total - measured) / max(measured, 1)))
-                print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B",
-                      file=out)
-                del persisted
+                                     measured=measured, error=(predicted.total - measured) / max(measured, 1),
+                                     unpinned=free, unpinned_error=(predicted.total - free) / max(free, 1)))
+                print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B "
+                      f"pinned, {free} B placed by Dask", file=out)
+                del persisted, graph
     finally:
         client.close()
         cluster.close()
@@ -328,12 +355,14 @@ def _peers(rows: int, repeat: int, memory_limit: str, out: TextIO) -> list[dict]
     return found
 
 
-def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 32, 64), bandwidth=1.25e9,
-                latency=50e-6, task_overhead=200e-6) -> list[dict]:
+def _projection(kernels, rows: int, weak: list[dict], memory_limit: str = "2GiB", workers=(1, 2, 4, 8, 16, 32, 64),
+                bandwidth=1.25e9, latency=50e-6, task_overhead=200e-6) -> list[dict]:
     """Weak-scaling runtime projected from the cost model (round-robin placement, no execution)."""
+    from dask.utils import parse_bytes
+
     import spfuse.dask as sfd
-    from spfuse.dask.cost import project
-    from spfuse.dask.kernel import BROADCAST_BYTES
+    from spfuse.dask.cost import Network, project
+    cap = parse_bytes(memory_limit) // 4  # spfuse.dask's default broadcast cap on such workers
     found = []
     small = max(rows // 8, 2000)  # the model's structure per worker; bytes scale with rows
     for kernel in kernels:
@@ -341,8 +370,9 @@ def _projection(kernels, rows: int, weak: list[dict], workers=(1, 2, 4, 8, 16, 3
         for w in workers:
             program, ops = weak_scaling_inputs(kernel, w, small)
             scale = rows / small
-            # broadcast-or-partition decided as at full size
-            k = sfd.compile(program, broadcast_bytes=int(BROADCAST_BYTES / scale))
+            # broadcast-or-partition decided as at full size: memory cap and bandwidth scaled like the bytes
+            k = sfd.compile(program, broadcast_bytes=int(cap / scale), nworkers=w,
+                            network=Network(bandwidth / scale, latency, task_overhead))
             c = k.cost(nworkers=w, finalize=False, **ops)  # results stay distributed
             busiest = max(c.per_worker.values()) * scale
             transfers = max(c.transfers.values())
@@ -405,7 +435,7 @@ def run_dask_suite(size: str = "small", repeat: int | None = None, kernels: str 
         program, ops = weak_scaling_inputs(kernel, 1, rows)
         memory.append(dict(study="task-memory", kernel=kernel, **_task_memory(program, ops)))
     peers = _peers(peer_rows, repeat, memory_limit, out)
-    projection = _projection(names, rows, weak)
+    projection = _projection(names, rows, weak, memory_limit)
     rows_all = weak + comm + memory + peers + projection
     print(format_tables(rows_all), file=out)
     if json_path:
@@ -436,13 +466,20 @@ def format_tables(rows: list[dict]) -> str:
         for kernel in dict.fromkeys(r["kernel"] for r in weak):
             t = {r["workers"]: r for r in weak if r["kernel"] == kernel}
             if 1 in t and 2 in t:
+                cpu = [t[w].get("worker_cpu") for w in (1, 2)]
                 table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
                               report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
-                              t[2]["strategy"]])
+                              f"{t[2].get('load', float('nan')):.1f}",
+                              *[report.fmt_time(c) if c else "n/a" for c in cpu],
+                              f"{2 * cpu[0] / cpu[1]:.0%}" if cpu[0] and cpu[1] else "n/a",
+                              f"{t[1].get('tasks', '?')}/{t[2].get('tasks', '?')}",
+                              f"{t[2].get('moved', 0) / 2**20:.1f} MiB", t[2]["strategy"]])
         base = next((r["efficiency"] for r in rows if r["study"] == "machine"), None)
         note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
-        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note})",
-                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "strategy"], table)]
+        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note});",
+                "CPU = all worker processes' CPU seconds per call; CPU efficiency = 2 x CPU@1 / CPU@2",
+                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load", "CPU@1", "CPU@2",
+                              "CPU eff.", "tasks 1/2", "moved@2", "strategy"], table)]
     rss = [r for r in rows if r["study"] == "rss"]
     if rss:
         out += ["", "peak resident set per worker process (after the weak-scaling runs)",
@@ -456,12 +493,16 @@ def format_tables(rows: list[dict]) -> str:
                                f"{r['peak'] / 2**20:.1f} MiB", f"{r['ratio']:.2f}"] for r in mem])]
     comm = [r for r in rows if r["study"] == "comm"]
     if comm:
-        out += ["", "communication on 2 workers: predicted (cost model) vs measured (transfer logs); target 15%",
-                report._grid(["kernel", "strategy", "predicted", "measured", "error"],
+        out += ["", "communication on 2 workers: predicted (cost model) vs measured (transfer logs); target 15%;",
+                "pinned = every task where the model places it; by Dask = Dask's occupancy-driven placement",
+                report._grid(["kernel", "strategy", "predicted", "measured pinned", "error", "measured by Dask",
+                              "error"],
                              [[r["kernel"], r["strategy"],
                                f"{r['predicted'] / 2**20:.2f} MiB" if "predicted" in r else "n/a",
                                f"{r['measured'] / 2**20:.2f} MiB" if "measured" in r else "n/a",
-                               f"{r['error']:+.0%}" if "error" in r else r.get("note", "")] for r in comm])]
+                               f"{r['error']:+.1%}" if "error" in r else r.get("note", ""),
+                               f"{r['unpinned'] / 2**20:.2f} MiB" if "unpinned" in r else "n/a",
+                               f"{r['unpinned_error']:+.0%}" if "unpinned_error" in r else ""] for r in comm])]
     peers = [r for r in rows if r["study"] == "peers"]
     if peers:
         out += ["", "spfuse.dask vs dask.array of pydata sparse chunks (2 workers; ratio > 1: spfuse faster)",

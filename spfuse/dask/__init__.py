@@ -25,7 +25,16 @@ True
 from __future__ import annotations
 
 from spfuse.dask import registrations  # noqa: F401  (registers sizeof/tokenize/concatenate)
-from spfuse.dask.cost import CommCost, cost, measured_transfers, project
+from spfuse.dask.cost import (
+    CommCost,
+    FactorChoice,
+    Network,
+    cost,
+    measured_transfers,
+    placement_of,
+    project,
+    transfer_marks,
+)
 from spfuse.dask.kernel import DaskKernel, compile, evaluate
 from spfuse.dask.partition import (
                                    balanced_boundaries,
@@ -37,4 +46,5 @@ from spfuse.dask.partition import (
 )
 
 __all__ = ["evaluate", "compile", "DaskKernel", "from_scipy", "from_tensor", "from_mtx", "from_npz",
-           "balanced_boundaries", "block_info", "cost", "project", "measured_transfers", "CommCost"]
+           "balanced_boundaries", "block_info", "cost", "project", "measured_transfers", "CommCost",
+           "transfer_marks", "placement_of", "Network", "FactorChoice"]

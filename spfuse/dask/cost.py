@@ -49,7 +49,8 @@ from spfuse.dask.gather import distinct_columns, run_gathered, take_rows
 from spfuse.dask.partition import block_info
 from spfuse.errors import UnsupportedError
 
-__all__ = ["CommCost", "cost", "predict_bytes", "project", "measured_transfers"]
+__all__ = ["CommCost", "Network", "FactorChoice", "choose_factors", "cost", "predict_bytes", "project",
+           "measured_transfers", "transfer_marks", "placement_of"]
 
 _SPARSE_ENTRY = 12  # a float64 value + an int32 coordinate
 _INDPTR = 4
@@ -70,6 +71,7 @@ class CommCost:
     transfers: dict = field(default_factory=dict)
     tasks: int = 0
     moved: list = field(default_factory=list, repr=False)  # (key, to worker, bytes)
+    placed: dict = field(default_factory=dict, repr=False)  # task key -> worker it runs on
 
     @property
     def total(self) -> int:
@@ -79,6 +81,132 @@ class CommCost:
         12
         """
         return int(sum(self.per_worker.values()))
+
+
+@dataclass(frozen=True)
+class Network:
+    """What moving data and scheduling tasks cost: the parameters of :func:`project`.
+
+    ``bandwidth`` (bytes/s a worker receives), ``latency`` (seconds per
+    transfer), ``task_overhead`` (seconds of the one scheduler per task).
+
+    >>> c = CommCost("reduce", 2, {0: 0, 1: 1_250_000}, {0: 0, 1: 2}, tasks=10)
+    >>> round(Network().seconds(c) * 1e3, 3)  # 1 ms receiving + 2 latencies + 10 tasks
+    3.1
+    """
+
+    bandwidth: float = 1.25e9
+    latency: float = 50e-6
+    task_overhead: float = 200e-6
+
+    def seconds(self, c: CommCost) -> float:
+        """Predicted communication + scheduling seconds of ``c`` (no compute): the
+        busiest worker's receive time plus the scheduler's time for every task."""
+        busiest = max((c.per_worker[w] / self.bandwidth + c.transfers.get(w, 0) * self.latency
+                       for w in c.per_worker), default=0.0)
+        return busiest + c.tasks * self.task_overhead
+
+
+@dataclass(frozen=True)
+class FactorChoice:
+    """Why a dense factor is broadcast or partitioned.
+
+    ``broadcast`` / ``partition``: ``(bytes moved in all, predicted seconds)``
+    of the cheapest plan with this factor broadcast / partitioned (``None``:
+    not allowed -- over the memory cap, or no plan applies).
+    """
+
+    name: str
+    nbytes: int
+    choice: str
+    broadcast: tuple | None
+    partition: tuple | None
+    reason: str
+
+    def __str__(self) -> str:
+        def fmt(x):
+            return "n/a" if x is None else f"{x[0] / 2**20:.2f} MiB, {x[1] * 1e3:.2f} ms"
+        return (f"{self.name} ({self.nbytes / 2**20:.2f} MiB): {self.choice} -- broadcast {fmt(self.broadcast)}; "
+                f"partition {fmt(self.partition)} ({self.reason})")
+
+
+def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: int, network: Network) -> tuple:
+    """Which of the ``candidates`` (chunked dense factors under the memory cap) to broadcast.
+
+    Every combination (greedy flips past three factors) is planned and
+    predicted by :func:`predict_bytes` on ``nworkers`` workers, with the
+    strategy ``kernel`` would choose for it; the cheapest by
+    :meth:`Network.seconds` wins (ties: fewer bytes, then more broadcast).
+    Returns ``(names to broadcast, FactorChoice per candidate)``.
+
+    >>> import numpy as np, scipy.sparse as sp, dask.array as da, spfuse.dask as sfd
+    >>> A = sfd.from_scipy(sp.random_array((400, 400), density=0.05, format="csr", rng=0), chunks=(100,) * 4)
+    >>> k = sfd.compile("C[i,k] = A[i,j] * B[j,k]")
+    >>> ops = dict(A=A, B=da.ones((400, 8), chunks=(100, 8)))
+    >>> chosen, why = choose_factors(k, ops, ["B"], 4, Network())
+    >>> chosen, why[0].choice  # every row block touches every block of B: ship B once per worker
+    ({'B'}, 'broadcast')
+    """
+    import itertools
+    seen: dict = {}
+
+    def predicted(broadcast: frozenset):
+        if broadcast not in seen:
+            try:
+                lay = kernel._plan(operands, broadcast)
+                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay), None, nworkers)
+                seen[broadcast] = (c.total, network.seconds(c))
+            except UnsupportedError:
+                seen[broadcast] = None
+        return seen[broadcast]
+
+    names = list(candidates)
+    if len(names) <= 3:
+        combos = [frozenset(c) for r in range(len(names) + 1) for c in itertools.combinations(names, r)]
+    else:  # greedy: start from all broadcast, partition one factor at a time while it pays
+        current = frozenset(names)
+        for n in names:
+            flip = current - {n}
+            a, b = predicted(current), predicted(flip)
+            if b is not None and (a is None or b[1] < a[1]):
+                current = flip
+        combos = list(seen)
+    scored = [(c, predicted(c)) for c in combos]
+    scored = [(c, p) for c, p in scored if p is not None]
+    if not scored:  # the model does not apply (several results): broadcast what fits
+        return set(names), tuple(FactorChoice(n, int(operands[n].nbytes), "broadcast", None, None,
+                                              "no cost model for this program") for n in names)
+    best = min(scored, key=lambda cp: (cp[1][1], cp[1][0], -len(cp[0])))[0]
+    choices = []
+    for n in names:
+        bc = [p for c, p in scored if n in c]
+        pa = [p for c, p in scored if n not in c]
+        b = min(bc, key=lambda p: p[1], default=None)
+        q = min(pa, key=lambda p: p[1], default=None)
+        choice = "broadcast" if n in best else "partition"
+        nbytes = int(operands[n].nbytes)
+        choices.append(FactorChoice(n, nbytes, choice, b, q, f"cheaper on {nworkers} worker(s)"))
+    return set(best), tuple(choices)
+
+
+def _merge_traffic(lay: Any, nworkers: int) -> tuple:
+    """``(bytes, transfers, tasks)`` of merging broadcast factors given in several chunks into one.
+
+    The chunks are taken as spread round-robin; the merging worker already
+    holds its share and receives the rest (one merge task per factor).
+    """
+    nbytes = transfers = tasks = 0
+    for o in lay.operands:
+        src = o.source
+        if src is None or o.sparse or any(len(c) > 1 for c in o.array.chunks):
+            continue
+        n = int(np.prod(src.numblocks))
+        if n > 1:
+            held = min(nworkers, n)
+            nbytes += int(src.nbytes * (1 - 1 / held))
+            transfers += n - -(-n // held)
+            tasks += 1
+    return nbytes, transfers, tasks
 
 
 def _func_of(task: Any):
@@ -107,7 +235,9 @@ class _Sizes:
             for idx in np.ndindex(*o.array.numblocks):
                 key = (o.array.name,) + idx
                 shape = tuple(c[i] for c, i in zip(o.array.chunks, idx, strict=True))
-                if o.sparse:
+                if o.sparse and info.nbytes:  # what Dask's sizeof counts: what a transfer is logged as
+                    self.sizes[key] = info.nbytes[idx[0]]
+                elif o.sparse:
                     self.sizes[key] = info.nnz[idx[0]] * _SPARSE_ENTRY + (shape[0] + 1) * _INDPTR + _OVERHEAD
                 else:
                     self.sizes[key] = int(np.prod(shape)) * o.array.dtype.itemsize
@@ -209,6 +339,12 @@ class _Sizes:
         return int(min(nnz, rows * other) * _SPARSE_ENTRY + (rows + 1) * _INDPTR + _OVERHEAD)
 
 
+#: Workers holding at least ``1 - _TIE`` of the most input bytes any worker
+#: holds are equally good places for a task (the less loaded one wins).
+_TIE = 0.1
+_WORK = (run_cell, run_gathered, add_partials, take_rows, distinct_columns)
+
+
 def _default_placement(lay: Any, nworkers: int) -> dict:
     """Row block ``b`` of a partitioned operand on worker ``b mod W``; broadcast ones on worker 0."""
     where = {}
@@ -220,7 +356,7 @@ def _default_placement(lay: Any, nworkers: int) -> dict:
 
 
 def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | None = None,
-                  nworkers: int = 2, finalize: bool = True) -> CommCost:
+                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
@@ -230,14 +366,22 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     >>> c.per_worker[0], c.per_worker[1] - 4 * 8 < 2048  # worker 1 fetches x (and the plan) once
     (0, True)
 
-    ``placement``: key -> worker index of the operand blocks (default: see
-    the module docstring).  ``finalize``: count the move of the result
+    ``placement``: key -> worker index (or a set of them: replicas) of the
+    operand blocks (default: see the module docstring).  ``finalize``: count the move of the result
     blocks to the one worker that joins them (what ``compute()`` does; not
-    ``persist()``).  Programs with one result only.
+    ``persist()``).  ``built``: the ``(results, metas)`` of ``kernel._build``
+    when the graph is already built (its keys then get ``CommCost.placed``).
+    Programs with one result only.
+
+    A task is placed on the worker holding most of its input bytes; workers
+    within :data:`_TIE` of the most are equally good, and the one with the
+    least work placed so far (input bytes of block, gather and combine
+    tasks) takes it -- Dask balances by occupancy the same way, and
+    :meth:`~spfuse.dask.DaskKernel.pinned` makes the placement binding.
     """
     if len(lay.classification.results) != 1:
         raise UnsupportedError("the communication cost model handles programs with one result")
-    results, metas = kernel._build(lay, strategy)
+    results, metas = built if built is not None else kernel._build(lay, strategy)
     arrays = list(results.values()) if isinstance(results, dict) else [results]
     graph = {}
     for a in arrays:
@@ -247,7 +391,14 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     if placement:
         where.update({k: v for k, v in placement.items() if k in where})
     out = CommCost(strategy, nworkers, {w: 0 for w in range(nworkers)}, {w: 0 for w in range(nworkers)})
-    held = {k: {w} for k, w in where.items()}
+    # a placement may name several workers: replicas Dask keeps after earlier transfers
+    held = {k: set(w) if isinstance(w, (set, frozenset, tuple, list)) else {w} for k, w in where.items()}
+    out.placed.update({k: min(h) for k, h in held.items()})
+    merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
+    if nworkers > 1:
+        out.per_worker[0] += merged
+        out.transfers[0] += merges
+    out.tasks += merge_tasks
     order = _topological(graph, set(where))
     # a key that most tasks read (a broadcast factor, the plan) ends up on every
     # worker anyway: it does not decide where a task runs
@@ -257,6 +408,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
             dependents[d] = dependents.get(d, 0) + 1
     ncells = sum(1 for k in order if _func_of(graph[k]) in (run_cell, run_gathered))
     shared = max(2, ncells // 2) - 1
+    load = np.zeros(nworkers)
     for key in order:
         task = graph[key]
         deps = [d for d in _deps(graph, key)]
@@ -271,7 +423,11 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
         for d in local:
             for w in held.get(d, ()):
                 by_worker[w] += sizes.of(d)
-        w = int(np.argmax(by_worker)) if by_worker.any() else 0
+        near = np.flatnonzero(by_worker >= by_worker.max() * (1 - _TIE))
+        w = int(near[np.argmin(load[near])])
+        if _func_of(task) in _WORK:
+            load[w] += sum(sizes.of(d) for d in local)
+        out.placed[key] = w
         for d in deps:
             h = held.setdefault(d, set())
             if h and w not in h:
@@ -347,8 +503,8 @@ def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None
 
 
 def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,
-            bandwidth: float = 1.25e9, latency: float = 50e-6, transfers_per_worker: float = 0.0,
-            task_overhead: float = 1e-3) -> float:
+            bandwidth: float = Network.bandwidth, latency: float = Network.latency,
+            transfers_per_worker: float = 0.0, task_overhead: float = Network.task_overhead) -> float:
     """Projected seconds of one call on ``workers`` nodes (weak scaling: fixed work per node).
 
     ``compute_seconds``: one node's kernel time on its share; then the
@@ -362,18 +518,66 @@ def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, work
     return compute_seconds + bytes_per_worker / bandwidth + transfers_per_worker * latency + tasks * task_overhead
 
 
-def measured_transfers(client: Any) -> dict:
-    """Bytes each worker of ``client``'s cluster has received from other workers so far.
+def measured_transfers(client: Any, since: Mapping | None = None) -> dict:
+    """Bytes each worker of ``client``'s cluster received from other workers (sizes
+    as Dask's ``sizeof`` counts them), from every worker's ``transfer_incoming_log``.
 
-    Read from every worker's ``transfer_incoming_log`` (sizes as Dask's
-    ``sizeof`` counts them); take differences around a computation.
+    ``since``: what :func:`transfer_marks` returned before a computation --
+    then only the transfers logged after it count.  (The log keeps the last
+    ``distributed.admin.low-level-log-length`` transfers, 1000, so
+    differences of totals go wrong on a busy cluster; its time stamps are
+    shifted by the estimated scheduler delay, so a time cut is unreliable.)
 
     >>> from distributed import Client, LocalCluster
     >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
     ...         Client(cluster, set_as_default=False) as client:
-    ...     list(measured_transfers(client).values())
+    ...     list(measured_transfers(client, since=transfer_marks(client)).values())
     [0]
     """
-    def incoming(dask_worker) -> int:
-        return int(sum(entry["total"] for entry in dask_worker.transfer_incoming_log))
+    def incoming(dask_worker, since=since) -> int:
+        log = list(dask_worker.transfer_incoming_log)
+        mark = (since or {}).get(dask_worker.address)
+        if mark is not None:
+            after = [k for k, e in enumerate(log) if _mark_of(e) == mark]
+            log = log[after[-1] + 1:] if after else log
+        return int(sum(e["total"] for e in log))
     return client.run(incoming)
+
+
+def _mark_of(entry: Mapping) -> tuple:
+    return entry["start"], entry["stop"], entry["total"], entry["who"]
+
+
+def transfer_marks(client: Any) -> dict:
+    """Each worker's last logged transfer: pass as ``since`` to :func:`measured_transfers`.
+
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     list(transfer_marks(client).values())
+    [None]
+    """
+    def last(dask_worker):
+        log = dask_worker.transfer_incoming_log
+        return _mark_of(log[-1]) if log else None
+    return client.run(last)
+
+
+def placement_of(client: Any, arrays: Any) -> dict:
+    """Block key -> indices (in sorted address order) of the workers holding it, for
+    the blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
+
+    >>> import dask.array as da
+    >>> from distributed import Client, LocalCluster
+    >>> with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \\
+    ...         Client(cluster, set_as_default=False) as client:
+    ...     x = client.persist(da.ones(4, chunks=2))
+    ...     _ = client.gather(client.futures_of(x))
+    ...     sorted(placement_of(client, [x]))  == sorted(x.__dask_keys__()), placement_of(client, [da.ones(2)])
+    (True, {})
+    """
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    futures = client.futures_of(arrays)
+    if not futures:
+        return {}
+    return {k: frozenset(addrs.index(w) for w in ws) for k, ws in client.who_has(futures).items() if ws}

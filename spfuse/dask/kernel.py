@@ -61,14 +61,22 @@ __all__ = ["DaskKernel", "compile", "evaluate", "Layout", "STRATEGIES"]
 #: communication cost model picks).
 STRATEGIES = ("auto", "reduce", "gather")
 
-#: Dense dask operands up to this size are broadcast (one chunk, shipped once
-#: per worker) unless their rows follow a sparse operand's row blocks;
-#: larger ones chunked along an index partition it.
+#: The memory cap on broadcasting a dense factor when no cluster is known (with
+#: one, a quarter of the smallest worker's ``memory_limit``): a chunked dense
+#: dask factor over the cap always partitions the indices it is chunked
+#: along; under it, the communication cost model chooses
+#: (:func:`spfuse.dask.cost.choose_factors`).
 BROADCAST_BYTES = 64 * 2**20
 
 
 def _is_sparse_block(obj: Any) -> bool:
     return sp.issparse(obj) or isinstance(obj, Tensor) and not obj.format.is_dense
+
+
+def _is_sparse_array(arr: da.Array) -> bool:
+    """Sparse chunks: by its meta, or by block metadata spfuse holds (a persisted
+    array of Tensor slabs comes back from Dask with a numpy meta)."""
+    return _is_sparse_block(arr._meta) or block_info(arr, compute=False) is not None
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,7 @@ class OperandLayout:
     sparse: bool
     dims: tuple
     blocked: tuple
+    source: Any = None  # the dask array given, when it was rechunked to ``array``
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,9 @@ class Layout:
     classification: C.Classification
     cells: tuple
     grid: tuple  # the dimensions, in cell-coordinate order
+    factors: tuple = ()  # a FactorChoice per chunked dense factor: broadcast or partition, and why
+    nworkers: int = 1  # the workers the choices were made for
+    broadcast_cap: int = BROADCAST_BYTES  # bytes: larger dense factors are never broadcast
 
     def block_range(self, dim, block: int) -> tuple[int, int]:
         """The coordinate range ``[lo, hi)`` of ``block`` of dimension ``dim``.
@@ -113,9 +125,14 @@ def _bounds_of(chunks: tuple) -> np.ndarray:
 class DaskKernel:
     """A program planned for Dask: call it with operands to get lazy dask arrays.
 
-    ``broadcast_bytes``: dense dask operands up to this size are broadcast
-    (one chunk) rather than partitioning the indices they are chunked along
-    (0: every chunked dense operand partitions); ``strategy``: see
+    Each dense dask factor chunked along an index is either broadcast (one
+    chunk, shipped once per worker) or partitions that index; the
+    communication cost model picks the cheaper for ``nworkers`` workers
+    (default: the current ``distributed`` client's, else 1) on ``network``
+    (:class:`spfuse.dask.cost.Network`); ``broadcast_bytes`` is the memory
+    cap -- a larger factor is never broadcast (default: a quarter of the
+    smallest worker's ``memory_limit``, else :data:`BROADCAST_BYTES`; 0:
+    every chunked dense factor partitions); ``strategy``: see
     :data:`STRATEGIES`; ``split_every``: fan-in of the reduction tree; ``prune``: skip cells
     whose share of an annihilating sparse operand is empty (needs each
     sparse operand's block metadata, see :func:`spfuse.dask.block_info`).
@@ -127,7 +144,13 @@ class DaskKernel:
 
     def __init__(self, program: str, *, fusion: str = "auto", out_format: str | None = None,
                  num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
-                 strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES):
+                 strategy: str = "auto", broadcast_bytes: int | None = None, nworkers: int | None = None,
+                 network: Any = None):
+        from spfuse.dask.cost import Network
+        if nworkers is not None and (not isinstance(nworkers, int) or nworkers < 1):
+            raise ValueError(f"nworkers must be an int >= 1, got {nworkers!r}")
+        if broadcast_bytes is not None and (not isinstance(broadcast_bytes, int) or broadcast_bytes < 0):
+            raise ValueError(f"broadcast_bytes must be an int >= 0 or None, got {broadcast_bytes!r}")
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
         if not isinstance(program, str):
@@ -141,6 +164,10 @@ class DaskKernel:
         self.prune = prune
         self.strategy = strategy
         self.broadcast_bytes = broadcast_bytes
+        self.nworkers = nworkers
+        self.network = network or Network()
+        self._decisions: dict = {}  # broadcast-or-partition decisions already made
+        self._meta_cache: dict = {}  # result metas per operand kinds
 
     def __repr__(self) -> str:
         return f"<spfuse.dask.DaskKernel {self.text!r} fusion={self.kernel.fusion!r}>"
@@ -172,7 +199,58 @@ class DaskKernel:
                 raise ValueError(f"operand {name!r} has unknown chunk sizes; call compute_chunk_sizes() first")
             shapes[name] = tuple(obj.shape)
         result_shapes(program, shapes)  # shape/arity checks with spfuse's messages
-        dims = self._partition_dims(operands)
+        nworkers, cap = self._resources()
+        chunked = [n for n in program.inputs if isinstance(operands[n], da.Array)
+                   and not _is_sparse_array(operands[n]) and any(len(c) > 1 for c in operands[n].chunks)]
+        over = [n for n in chunked if operands[n].nbytes > cap]
+        under = [n for n in chunked if n not in over]
+        # a factor whose chunked axes all follow a sparse operand's row blocks has no choice to make
+        # (compared between all partitioning and all broadcast: factors chunked along one index decide together)
+        everyone = self._partition_dims(operands, frozenset())
+        no_one = self._partition_dims(operands, frozenset(under))
+        candidates = [n for n in under if everyone[n] != no_one[n]]
+        choices: tuple = ()
+        broadcast = set(under) - set(candidates)
+        if candidates:
+            # the decision depends on the dask operands (names are content tokens), the others'
+            # shapes and the cluster: one planned call's decision serves the next ones
+            key = (nworkers, cap, self.network, tuple(
+                (n, o.name, o.chunks) if isinstance(o, da.Array) else (n, type(o).__name__, tuple(o.shape))
+                for n, o in sorted(operands.items())))
+            if key not in self._decisions:
+                from spfuse.dask.cost import choose_factors
+                if len(self._decisions) >= 64:
+                    self._decisions.pop(next(iter(self._decisions)))
+                self._decisions[key] = choose_factors(self, operands, candidates, nworkers, self.network)
+            chosen, choices = self._decisions[key]
+            broadcast |= chosen
+        from spfuse.dask.cost import FactorChoice
+        choices += tuple(FactorChoice(n, int(operands[n].nbytes), "partition", None, None,
+                                      f"over the broadcast memory cap of {cap} B") for n in over)
+        lay = self._plan(operands, frozenset(broadcast))
+        return dataclasses.replace(lay, factors=choices, nworkers=nworkers, broadcast_cap=cap)
+
+    def _resources(self) -> tuple[int, int]:
+        """``(workers, broadcast cap in bytes)``: as given, else from the current ``distributed`` client."""
+        nworkers, cap = self.nworkers, self.broadcast_bytes
+        if nworkers is None or cap is None:
+            workers = {}
+            try:
+                from distributed import default_client
+                workers = default_client().scheduler_info(n_workers=-1)["workers"]
+            except (ImportError, ValueError):  # no distributed, or no client: one process
+                pass
+            if nworkers is None:
+                nworkers = max(len(workers), 1)
+            if cap is None:
+                limits = [w.get("memory_limit") or 0 for w in workers.values()]
+                cap = min(limits) // 4 if limits and all(limits) else BROADCAST_BYTES
+        return nworkers, cap
+
+    def _plan(self, operands: Mapping[str, Any], broadcast: frozenset) -> Layout:
+        """The layout with the chunked dense factors in ``broadcast`` broadcast and the others partitioning."""
+        program = self.program
+        dims = self._partition_dims(operands, broadcast)
         ops = tuple(self._conform(name, operands[name], dims[name]) for name in program.inputs)
         cls = C.classify(program, {o.name: o.dims for o in ops})
         bounds = {d: _bounds_of(d[2]) for o in ops for d in o.dims if d is not None}
@@ -180,7 +258,31 @@ class DaskKernel:
         cells = self._cells(ops, cls, bounds, grid)
         return Layout(ops, bounds, cls, cells, grid)
 
-    def _partition_dims(self, operands: Mapping[str, Any]) -> dict[str, list]:
+    def explain(self, **operands: Any) -> str:
+        """What a call on these operands will do: partitions, strategy, cells, and each dense
+        factor's broadcast-or-partition choice with the cost model's numbers.
+
+        >>> import numpy as np, scipy.sparse as sp, dask.array as da, spfuse.dask as sfd
+        >>> A = sfd.from_scipy(sp.random_array((400, 400), density=0.05, format="csr", rng=0), chunks=(100,) * 4)
+        >>> print(sfd.compile("C[i,k] = A[i,j] * B[j,k]", nworkers=4).explain(
+        ...     A=A, B=da.ones((400, 8), chunks=(100, 8))))  # doctest: +ELLIPSIS
+        spfuse.dask plan for 'C[i,k] = A[i,j] * B[j,k]' on 4 worker(s), strategy reduce, 4 cell task(s)
+          A: sparse, row blocks (100, 100, 100, 100)
+          B: dense, broadcast
+          B (0.02 MiB): broadcast -- broadcast 0.11 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
+        """
+        lay = self.layout(**operands)
+        lines = [f"spfuse.dask plan for {self.text!r} on {lay.nworkers} worker(s), strategy "
+                 f"{self.choose_strategy(lay)}, {len(lay.cells)} cell task(s)"]
+        for o in lay.operands:
+            parts = [f"axis {a} in blocks {d[2]}" for a, d in enumerate(o.dims) if d is not None]
+            if o.sparse and o.dims and o.dims[0] is not None:
+                parts[0] = f"row blocks {o.dims[0][2]}"
+            lines.append(f"  {o.name}: {'sparse' if o.sparse else 'dense'}, {', '.join(parts) or 'broadcast'}")
+        lines += [f"  {f}" for f in lay.factors]
+        return "\n".join(lines)
+
+    def _partition_dims(self, operands: Mapping[str, Any], broadcast: frozenset) -> dict[str, list]:
         """The dimension label of every input axis (``None``: not partitioned).
 
         Axes joined by an index in some statement (through temporaries too)
@@ -207,9 +309,9 @@ class DaskKernel:
             obj = operands[name]
             if not isinstance(obj, da.Array):
                 continue
-            sparse = _is_sparse_block(obj._meta)
-            if not sparse and obj.nbytes <= self.broadcast_bytes:
-                continue  # a small dense factor is broadcast, not a partition of its indices
+            sparse = _is_sparse_array(obj)
+            if not sparse and name in broadcast:
+                continue  # a broadcast factor is not a partition of its indices
             for axis, cs in enumerate(obj.chunks):
                 if len(cs) > 1:
                     rank = 0 if sparse and axis == 0 else 1
@@ -229,7 +331,11 @@ class DaskKernel:
     def _conform(self, name: str, obj: Any, dims: list) -> OperandLayout:
         """``obj`` as a dask array whose partitioned axes follow their dimension."""
         if isinstance(obj, da.Array):
-            sparse = _is_sparse_block(obj._meta)
+            sparse = _is_sparse_array(obj)
+            info = block_info(obj, compute=False) if sparse else None
+            if info is not None and info.meta is not None and not _is_sparse_block(obj._meta):
+                # a copy: the caller's array is not touched
+                obj = with_meta(da.Array(obj.dask, obj.name, obj.chunks, meta=obj._meta), info.meta)
             if sparse and obj.ndim and any(len(c) > 1 for c in obj.chunks[1:]):
                 raise ValueError(f"sparse operand {name!r} must be chunked along axis 0 only (row blocks), "
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")
@@ -245,10 +351,13 @@ class DaskKernel:
         else:
             sparse = False
             dense = obj.todense() if isinstance(obj, Tensor) else np.asarray(obj)
-            arr = da.from_array(dense, chunks=tuple(d[2] if d is not None else -1 for d in dims),
-                                name=f"spfuse-dense-{name}-{dask.base.tokenize(dense)}")
+            chunks = tuple(d[2] if d is not None else -1 for d in dims)
+            # the chunking is part of the name: the same array cut two ways must not share block keys
+            arr = da.from_array(dense, chunks=chunks,
+                                name=f"spfuse-dense-{name}-{dask.base.tokenize(dense, chunks)}")
         blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks, strict=True))
-        return OperandLayout(name, arr, sparse, tuple(dims), blocked)
+        source = obj if isinstance(obj, da.Array) and arr is not obj else None
+        return OperandLayout(name, arr, sparse, tuple(dims), blocked, source)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
         """The cells of the block grid that some result needs, minus pruned ones."""
@@ -316,6 +425,40 @@ class DaskKernel:
         from spfuse.dask.cost import predict_bytes
         lay = self.layout(**operands)
         return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers, finalize)
+
+    def pinned(self, client: Any, **operands: Any) -> tuple:
+        """The call's result(s) with every task pinned to the worker the cost model
+        places it on, and that prediction (a :class:`~spfuse.dask.cost.CommCost`).
+
+        Dask places a task by worker occupancy as well as data and steals work
+        from busy workers, so which bytes move varies from run to run;
+        pinned (``workers=`` annotations, ``allow_other_workers=False``; the
+        scheduler does not steal restricted tasks) the moves are the ones
+        predicted.  Operand blocks already on the cluster (``persist``) are
+        read where ``client.who_has`` says they are.
+
+        >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
+        >>> from distributed import Client, LocalCluster
+        >>> A = sfd.from_scipy(sp.random_array((40, 40), density=0.2, format="csr", rng=0), chunks=4)
+        >>> with LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \\
+        ...         Client(cluster, set_as_default=False) as client:
+        ...     y, predicted = sfd.compile("y[i] = A[i,j] * x[j]").pinned(client, A=A, x=np.ones(40))
+        ...     bool(np.allclose(client.compute(y).result(), A.compute() @ np.ones(40)))
+        True
+        """
+        from spfuse.dask.cost import placement_of, predict_bytes
+        lay = self.layout(**operands)
+        strategy = self.choose_strategy(lay)
+        built = self._build(lay, strategy)
+        addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        placement = placement_of(client, [o.array for o in lay.operands])
+        predicted = predict_bytes(self, lay, strategy, placement, len(addrs), built=built)
+        result = built[0]
+        pin = _Pin(predicted.placed, tuple(addrs))
+        for arr in (result.values() if isinstance(result, dict) else [result]):
+            for layer in arr.dask.layers.values():
+                layer.annotations = {**(layer.annotations or {}), "workers": pin, "allow_other_workers": False}
+        return result, predicted
 
     def _build(self, lay: Layout, strategy: str):
         """The result arrays of ``lay`` under ``strategy``, and the results' metas."""
@@ -440,6 +583,13 @@ class DaskKernel:
         stays scipy (scipy in, scipy out); a Tensor result whose planned
         format ends in a dense level (rows of a dense matrix, as MTTKRP's)
         becomes numpy; anything else keeps the kind the kernel gave."""
+        kinds = tuple((o.name, type(o.array._meta).__name__, str(o.array.dtype), o.array.ndim,
+                       getattr(o.array._meta, "format", None)) for o in lay.operands)
+        if kinds not in self._meta_cache:
+            self._meta_cache[kinds] = self._compute_metas(lay)
+        return self._meta_cache[kinds]
+
+    def _compute_metas(self, lay: Layout) -> dict:
         tiny = {}
         for o in lay.operands:
             meta = o.array._meta
@@ -504,13 +654,26 @@ class DaskKernel:
         return with_meta(total, meta)
 
 
+@dataclass(frozen=True)
+class _Pin:
+    """A ``workers`` annotation: key -> [the address the cost model placed it on] (any worker if not placed)."""
+
+    placed: Mapping
+    addrs: tuple
+
+    def __call__(self, key: Any) -> list:
+        w = self.placed.get(key)
+        return list(self.addrs) if w is None else [self.addrs[w]]
+
+
 def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
     return block
 
 
 def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
             num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
-            strategy: str = "auto", broadcast_bytes: int = BROADCAST_BYTES) -> DaskKernel:
+            strategy: str = "auto", broadcast_bytes: int | None = None, nworkers: int | None = None,
+            network: Any = None) -> DaskKernel:
     """Plan ``program`` for Dask once; call the result with operands.
 
     ``num_threads`` is the spfuse thread count *per task* (default 1: one
@@ -526,12 +689,14 @@ def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = N
            [1., 1.]])
     """
     return DaskKernel(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
-                      split_every=split_every, prune=prune, strategy=strategy, broadcast_bytes=broadcast_bytes)
+                      split_every=split_every, prune=prune, strategy=strategy, broadcast_bytes=broadcast_bytes,
+                      nworkers=nworkers, network=network)
 
 
 def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
              num_threads: int | None = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
-             broadcast_bytes: int = BROADCAST_BYTES, **operands: Any):
+             broadcast_bytes: int | None = None, nworkers: int | None = None, network: Any = None,
+             **operands: Any):
     """Evaluate ``program`` on dask (and numpy/scipy) operands; returns lazy dask array(s).
 
     Sparse matrices are dask arrays of CSR row blocks
@@ -539,7 +704,9 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = 
     chunks=(rows, n), asarray=False)``); N-d sparse tensors are dask arrays
     of :class:`spfuse.Tensor` slabs along mode 0 (:func:`spfuse.dask.from_tensor`).
     numpy operands and one-chunk dask arrays are broadcast (shipped once per
-    worker); a dense dask array chunked along an axis partitions that index.
+    worker); a dense dask array chunked along an axis is broadcast or
+    partitions that index, whichever the cost model predicts cheaper (see
+    :class:`DaskKernel` for ``nworkers``, ``network``, ``broadcast_bytes``).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask
     >>> A = sp.csr_array(np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]))
@@ -550,4 +717,4 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = 
     """
     return compile(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
                    split_every=split_every, prune=prune, strategy=strategy,
-                   broadcast_bytes=broadcast_bytes)(**operands)
+                   broadcast_bytes=broadcast_bytes, nworkers=nworkers, network=network)(**operands)

@@ -96,6 +96,8 @@ class BlockInfo:
 
     nnz: tuple
     columns: tuple  # columns[b][axis - 1] -> sorted int64 array
+    nbytes: tuple = ()  # nbytes[b]: what Dask's sizeof counts for block b (what a transfer moves)
+    meta: Any = None  # an empty block of the right kind (Dask replaces a Tensor meta after persist)
 
     def touched(self, block: int, axis: int, bounds: np.ndarray) -> np.ndarray:
         """Which blocks of ``bounds`` (a partition of ``axis``) block ``block`` touches.
@@ -105,9 +107,9 @@ class BlockInfo:
         [True, True, False]
         """
         cols = self.columns[block][axis - 1]
-        hit = np.zeros(len(bounds) - 1, dtype=bool)
-        hit[np.unique(np.searchsorted(bounds, cols, side="right") - 1)] = True
-        return hit
+        nb = len(bounds) - 1
+        which = np.searchsorted(bounds, cols, side="right") - 1
+        return np.bincount(which[(which >= 0) & (which < nb)], minlength=nb)[:nb] > 0
 
 
 _INFO: dict[str, BlockInfo] = {}
@@ -122,13 +124,17 @@ def _remember(name: str, info: BlockInfo) -> None:
         _INFO[name] = info
 
 
-def _block_meta(block: Any) -> tuple[int, tuple]:
-    """(nnz, distinct coordinates per non-leading axis) of one sparse block."""
+def _block_meta(block: Any) -> tuple[int, tuple, int]:
+    """(nnz, distinct coordinates per non-leading axis, Dask's sizeof) of one sparse block."""
+    from dask.sizeof import sizeof
+
+    from spfuse.dask import registrations  # noqa: F401  (sizeof of sparse arrays and Tensor)
     if isinstance(block, Tensor):
         coords = block.coords
-        return int(block.nnz), tuple(np.unique(coords[a]).astype(np.int64) for a in range(1, block.ndim))
+        return (int(block.nnz), tuple(np.unique(coords[a]).astype(np.int64) for a in range(1, block.ndim)),
+                int(sizeof(block)))
     csr = block.tocsr()
-    return int(csr.nnz), (np.unique(csr.indices).astype(np.int64),)
+    return int(csr.nnz), (np.unique(csr.indices).astype(np.int64),), int(sizeof(block))
 
 
 def block_info(arr: da.Array, compute: bool = True) -> BlockInfo | None:
@@ -147,7 +153,7 @@ def block_info(arr: da.Array, compute: bool = True) -> BlockInfo | None:
     info = _INFO.get(arr.name)
     if info is None and compute:
         per_block = dask.compute(*[dask.delayed(_block_meta)(b) for b in arr.to_delayed().ravel()])
-        info = BlockInfo(tuple(n for n, _ in per_block), tuple(c for _, c in per_block))
+        info = BlockInfo(*(tuple(m[k] for m in per_block) for k in range(3)))
         _remember(arr.name, info)
     return info
 
@@ -156,13 +162,25 @@ def _from_blocks(blocks: list, bounds: np.ndarray, shape: tuple, meta: Any, pref
     """A dask array over already-sliced blocks along axis 0 (the data sit in the graph)."""
     name = f"{prefix}-{dask.base.tokenize(*blocks, tuple(bounds))}"
     rest = (0,) * (len(shape) - 1)
-    layer = {(name, b) + rest: blk for b, blk in enumerate(blocks)}
+    # a task, not a bare literal: the worker that runs it imports spfuse.dask (and with it
+    # the sizeof registrations), so Dask's memory and transfer accounting counts the block's
+    # buffers (a csr_array would count ~56 bytes) from the moment it is stored
+    layer = {(name, b) + rest: (stored_block, blk) for b, blk in enumerate(blocks)}
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     chunks = (tuple(np.diff(bounds).tolist()),) + tuple((s,) for s in shape[1:])
     arr = with_meta(da.Array(graph, name, chunks, meta=meta), meta)
-    _remember(name, BlockInfo(tuple(_block_meta(b)[0] for b in blocks),
-                              tuple(_block_meta(b)[1] for b in blocks)))
+    per_block = [_block_meta(b) for b in blocks]
+    _remember(name, BlockInfo(*(tuple(m[k] for m in per_block) for k in range(3)), meta=meta))
     return arr
+
+
+def stored_block(block: Any) -> Any:
+    """The block itself (the task that puts one of spfuse's row blocks on a worker).
+
+    >>> stored_block(3)
+    3
+    """
+    return block
 
 
 def with_meta(arr: da.Array, meta: Any) -> da.Array:
