@@ -55,6 +55,7 @@ from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
+from spfuse._kernels._bitmap cimport SPFUSE_CTZ64, _bitmap_readback, out_index_t
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
@@ -92,17 +93,6 @@ cdef extern from *:
     """
     double spfuse_select(int c, double a, double b) noexcept nogil
 
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define SPFUSE_CTZ64(x) ((Py_ssize_t)__builtin_ctzll(x))
-    #else
-    static inline Py_ssize_t SPFUSE_CTZ64(unsigned long long x) {
-        Py_ssize_t n = 0; while (!(x & 1)) { x >>= 1; n++; } return n; }
-    #endif
-    """
-    # index of the lowest set bit of a non-zero word
-    Py_ssize_t SPFUSE_CTZ64(uint64_t x) noexcept nogil
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
@@ -596,47 +586,6 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
                     rn[i] = cnt
         if failed:
             raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
-
-
-# An OUTPUT index type, independent of the operands' (SpAdd writes the sum
-# of int64 operands that fits int32 as int32 directly: the result's tensor
-# would narrow it anyway, at the cost of a copy).
-ctypedef fused out_index_t:
-    int32_t
-    int64_t
-
-
-cdef inline Py_ssize_t _bitmap_readback(const double* acc, uint64_t* bits, uint64_t* words,
-                                        Py_ssize_t minw, Py_ssize_t maxw,
-                                        out_index_t* outc, floating* outv) noexcept nogil:
-    """Write the marked columns of a scattered row, in increasing order, to
-    ``outc``/``outv`` (values from ``acc``) and clear the marks; return their
-    count.
-
-    ``bits`` has a bit per column (set = touched), ``words`` a summary bit per
-    64-column word of ``bits``; ``[minw, maxw]`` bounds the summary words in
-    use.  Set summary bits lead to set words, set bits to columns (count
-    trailing zeros): sorted without a sort, O(entries + span / 4096), and both
-    bitmaps are all-zero again afterwards."""
-    cdef Py_ssize_t w1, w0, k, cnt = 0
-    cdef uint64_t sw, bw
-    for w1 in range(minw, maxw + 1):
-        sw = words[w1]
-        if sw == 0:
-            continue
-        words[w1] = 0
-        while sw:
-            w0 = (w1 << 6) + SPFUSE_CTZ64(sw)
-            sw &= sw - 1
-            bw = bits[w0]
-            bits[w0] = 0
-            while bw:
-                k = (w0 << 6) + SPFUSE_CTZ64(bw)
-                bw &= bw - 1
-                outc[cnt] = <out_index_t>k
-                outv[cnt] = <floating>acc[k]
-                cnt += 1
-    return cnt
 
 
 cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept nogil:

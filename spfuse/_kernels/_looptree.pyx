@@ -32,7 +32,7 @@ only changes where the COO emissions are appended (still in iteration order)
 and where block mode flushes (bitwise the per-element results), so results
 do not depend on the chunking.
 """
-from libc.stdint cimport int64_t, INT64_MAX
+from libc.stdint cimport int64_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, realloc, free
 from libc.string cimport memcpy
 from libc.math cimport exp, log, tanh, sqrt, fabs
@@ -41,6 +41,7 @@ cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_New
 import numpy as np
 
+from spfuse._kernels._bitmap cimport _bitmap_readback
 from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
@@ -190,9 +191,10 @@ ctypedef struct Ctx:
     double** coo_val
     int64_t* coo_n
     int64_t* coo_cap
-    unsigned char** ws_mark  # per workspace: 1 where touched since the last flush
-    int64_t** ws_list  # per workspace: the touched coordinates, in touch order
-    int64_t* ws_n
+    uint64_t** ws_bits   # per workspace: a bit per coordinate touched since the last flush
+    uint64_t** ws_words  # ... and a summary bit per 64-coordinate word of ws_bits
+    int64_t* ws_lo       # per workspace: the range of summary words in use (-1: none)
+    int64_t* ws_hi
     WsOut* wso
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
@@ -402,71 +404,22 @@ cdef int coo_grow(Ctx* C, int64_t c, int64_t nvar) noexcept nogil:
 
 cdef inline void ws_apply(Plan* P, Ctx* C, int64_t b, int64_t k, int64_t op, double v) noexcept nogil:
     """Workspace update at coordinate k: the first write since the last flush
-    sets (so no clearing pass is needed), later ones combine by ``op``."""
+    sets (so no clearing pass is needed) and marks k in the bitmap, later
+    ones combine by ``op``."""
     cdef int64_t w = P.buf_ws[b]
-    cdef unsigned char* mark = C.ws_mark[w]
-    if mark[k]:
+    cdef int64_t w0 = k >> 6
+    cdef uint64_t bit = (<uint64_t>1) << (k & 63)
+    cdef uint64_t* bits = C.ws_bits[w]
+    if bits[w0] & bit:
         apply_op(C.buf[b] + k, op, v)
-    else:
-        mark[k] = 1
-        C.ws_list[w][C.ws_n[w]] = k
-        C.ws_n[w] += 1
-        C.buf[b][k] = v
-
-
-cdef void _sort_i64(int64_t* a, int64_t n) noexcept nogil:
-    """Sort ``a[:n]`` ascending in place: quicksort (median of three) down to
-    runs of 24, finished by one insertion sort -- no comparator calls, no
-    allocation (the lists are a row's touched coordinates, ~10-1000)."""
-    cdef int64_t lo, hi, i, j, mid, p, x
-    cdef int64_t stack_lo[64]
-    cdef int64_t stack_hi[64]
-    cdef int sp = 0
-    stack_lo[0] = 0
-    stack_hi[0] = n - 1
-    sp = 1
-    while sp > 0:
-        sp -= 1
-        lo = stack_lo[sp]
-        hi = stack_hi[sp]
-        while hi - lo > 24:
-            mid = lo + ((hi - lo) >> 1)
-            if a[mid] < a[lo]:
-                a[mid], a[lo] = a[lo], a[mid]
-            if a[hi] < a[lo]:
-                a[hi], a[lo] = a[lo], a[hi]
-            if a[hi] < a[mid]:
-                a[hi], a[mid] = a[mid], a[hi]
-            p = a[mid]
-            i = lo
-            j = hi
-            while i <= j:
-                while a[i] < p:
-                    i += 1
-                while a[j] > p:
-                    j -= 1
-                if i <= j:
-                    a[i], a[j] = a[j], a[i]
-                    i += 1
-                    j -= 1
-            # recurse into the smaller side later, loop on the larger (depth <= log2 n)
-            if j - lo < hi - i:
-                stack_lo[sp] = i
-                stack_hi[sp] = hi
-                sp += 1
-                hi = j
-            else:
-                stack_lo[sp] = lo
-                stack_hi[sp] = j
-                sp += 1
-                lo = i
-    for i in range(1, n):
-        x = a[i]
-        j = i - 1
-        while j >= 0 and a[j] > x:
-            a[j + 1] = a[j]
-            j -= 1
-        a[j + 1] = x
+        return
+    bits[w0] |= bit
+    C.buf[b][k] = v
+    C.ws_words[w][w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
+    if C.ws_lo[w] < 0 or (w0 >> 6) < C.ws_lo[w]:
+        C.ws_lo[w] = w0 >> 6
+    if (w0 >> 6) > C.ws_hi[w]:
+        C.ws_hi[w] = w0 >> 6
 
 
 cdef int wso_reserve(WsOut* o, int64_t n, int64_t nrec, int64_t width) noexcept nogil:
@@ -497,46 +450,33 @@ cdef int wso_reserve(WsOut* o, int64_t n, int64_t nrec, int64_t width) noexcept 
 
 
 cdef void exec_flush(Plan* P, Ctx* C, int64_t w) noexcept nogil:
-    """Append a workspace's touched coordinates, in order, and their values to
-    its output's rows, with one record (the output's other variables, then
-    the count), and clear them."""
-    cdef int64_t n = C.ws_n[w]
+    """Append a workspace's touched coordinates, in increasing order (read
+    back from its bitmap: no sort), and their values to its output's rows,
+    with one record (the output's other variables, then the count), and
+    clear the bitmap."""
+    cdef int64_t lo = C.ws_lo[w]
     cdef int64_t c = P.ws_coo[w]
     cdef int64_t nv = P.coo_nvar[c]
     cdef int64_t vs = P.coo_vstart[c]
     cdef int64_t at = P.ws_pos[w]
-    cdef int64_t ext = P.ws_extent[w]
-    cdef int64_t* lst = C.ws_list[w]
-    cdef unsigned char* mark = C.ws_mark[w]
-    cdef double* W = C.buf[P.ws_buf[w]]
-    cdef int64_t e, d, k, cn, m
+    cdef int64_t d, m, n, most
     cdef int64_t* dst
-    if n == 0:
-        return
-    C.work += n
-    # sorted by a scan of the marks when that is cheaper than sorting the list
-    m = 1
-    while (1 << m) < n:
-        m += 1
-    if n * m * 4 >= ext:
-        k = 0
-        for e in range(ext):
-            if mark[e]:
-                lst[k] = e
-                k += 1
-    else:
-        _sort_i64(lst, n)
     cdef WsOut* o = &C.wso[w]
-    if wso_reserve(o, n, 1, nv) != 0:
+    if lo < 0:
+        return
+    # at most 4096 coordinates per summary word in use
+    most = (C.ws_hi[w] - lo + 1) << 12
+    if most > P.ws_extent[w]:
+        most = P.ws_extent[w]
+    if wso_reserve(o, most, 1, nv) != 0:
         C.err = 1
         return
-    cn = o.n
-    for e in range(n):
-        k = lst[e]
-        o.k[cn + e] = k
-        o.v[cn + e] = W[k]
-        mark[k] = 0
-    o.n = cn + n
+    n = _bitmap_readback(C.buf[P.ws_buf[w]], C.ws_bits[w], C.ws_words[w], lo, C.ws_hi[w],
+                         o.k + o.n, o.v + o.n)
+    C.ws_lo[w] = -1
+    C.ws_hi[w] = -1
+    C.work += n
+    o.n += n
     dst = o.rec + o.rn * nv
     m = 0
     for d in range(nv):
@@ -545,7 +485,6 @@ cdef void exec_flush(Plan* P, Ctx* C, int64_t w) noexcept nogil:
             m += 1
     dst[nv - 1] = n
     o.rn += 1
-    C.ws_n[w] = 0
 
 
 cdef void exec_stmt(Plan* P, Ctx* C, int64_t s) noexcept nogil:
@@ -2295,16 +2234,20 @@ cdef class _Program:
                 C.coo_val = <double**>calloc(nc + 1, sizeof(double*))
                 C.coo_n = <int64_t*>calloc(nc + 1, sizeof(int64_t))
                 C.coo_cap = <int64_t*>calloc(nc + 1, sizeof(int64_t))
-                C.ws_mark = <unsigned char**>calloc(nw + 1, sizeof(unsigned char*))
-                C.ws_list = <int64_t**>calloc(nw + 1, sizeof(int64_t*))
-                C.ws_n = <int64_t*>calloc(nw + 1, sizeof(int64_t))
+                C.ws_bits = <uint64_t**>calloc(nw + 1, sizeof(uint64_t*))
+                C.ws_words = <uint64_t**>calloc(nw + 1, sizeof(uint64_t*))
+                C.ws_lo = <int64_t*>malloc((nw + 1) * sizeof(int64_t))
+                C.ws_hi = <int64_t*>malloc((nw + 1) * sizeof(int64_t))
                 C.wso = <WsOut*>calloc(nw + 1, sizeof(WsOut))
-                if C.ws_mark == NULL or C.ws_list == NULL or C.ws_n == NULL or C.wso == NULL:
+                if C.ws_bits == NULL or C.ws_words == NULL or C.ws_lo == NULL or C.ws_hi == NULL \
+                        or C.wso == NULL:
                     raise MemoryError()
                 for w in range(nw):
-                    C.ws_mark[w] = <unsigned char*>calloc(P.ws_extent[w] + 1, sizeof(unsigned char))
-                    C.ws_list[w] = <int64_t*>malloc((P.ws_extent[w] + 1) * sizeof(int64_t))
-                    if C.ws_mark[w] == NULL or C.ws_list[w] == NULL:
+                    C.ws_lo[w] = -1
+                    C.ws_hi[w] = -1
+                    C.ws_bits[w] = <uint64_t*>calloc(((P.ws_extent[w] + 63) >> 6) + 1, sizeof(uint64_t))
+                    C.ws_words[w] = <uint64_t*>calloc(((P.ws_extent[w] + 4095) >> 12) + 1, sizeof(uint64_t))
+                    if C.ws_bits[w] == NULL or C.ws_words[w] == NULL:
                         raise MemoryError()
                 if self.any_block:
                     C.blk_i = <int64_t*>malloc(BLK * (self.max_blk_lev + 1) * sizeof(int64_t))
@@ -2410,16 +2353,16 @@ cdef class _Program:
                     for c in range(nc):
                         free(C.coo_crd[c])
                         free(C.coo_val[c])
-                if C.ws_mark != NULL:
+                if C.ws_bits != NULL:
                     for w in range(nw):
-                        free(C.ws_mark[w])
-                if C.ws_list != NULL:
+                        free(C.ws_bits[w])
+                if C.ws_words != NULL:
                     for w in range(nw):
-                        free(C.ws_list[w])
+                        free(C.ws_words[w])
                 if C.wso != NULL:
                     for w in range(nw):
                         free(C.wso[w].k); free(C.wso[w].v); free(C.wso[w].rec)
-                free(C.ws_mark); free(C.ws_list); free(C.ws_n); free(C.wso)
+                free(C.ws_bits); free(C.ws_words); free(C.ws_lo); free(C.ws_hi); free(C.wso)
                 free(C.blk_i); free(C.vst); free(C.sw_rowid); free(C.sw_q); free(C.sw_t)
                 free(C.buf); free(C.coo_crd); free(C.coo_val); free(C.coo_n); free(C.coo_cap)
             free(ctxs); free(scratch); free(priv); free(shared)
