@@ -1,0 +1,297 @@
+"""Complex values as pairs of real values: a program over complex operands
+rewritten into a program over their real and imaginary parts.
+
+This is the standard complex lowering compilers use (MLIR's
+``complex-to-standard``): every complex operand ``X`` becomes two real
+operands ``X__re`` and ``X__im``, every complex statement ``T = e`` becomes
+``T__re = re(e)`` and ``T__im = im(e)``, and the caller recombines the two
+real results.  The rewritten program is ordinary spfuse index notation, so
+it runs on every existing planner pass and kernel unchanged.
+
+Rules (``x = a + bi``, ``y = c + di``; a part that is structurally zero is
+dropped, so a real factor costs 2 products, not 4)::
+
+    x + y, x - y   ->  (a ± c) + (b ± d)i
+    x * y          ->  (ac - bd) + (ad + bc)i
+    x / y          ->  ((ac + bd) + (bc - ad)i) / (c*c + d*d)
+    -x             ->  -a - bi
+    sum(k, x)      ->  sum(k, a) + sum(k, b)i
+    abs(x)         ->  sqrt(a*a + b*b)          (a real result)
+    where(r, x, y) ->  where(r, a, c) + where(r, b, d)i   (r real)
+
+A product needs each part of each factor twice.  A factor that is not a
+plain access or literal is therefore first bound to a temporary statement
+(two statements for a complex one), so a chain of ``k`` complex factors
+costs ``4(k-1)`` real products, not ``2**k`` copies of the chain.  In
+practice the bound factors are reductions (``sum(k, A*X)`` in ``A*X*W``),
+which the three-address decomposition makes temporaries of anyway.
+
+Everything else applied to a complex value (``exp log relu sigmoid tanh
+sqrt``, ``max``/``min`` reductions, a complex ``where`` condition) raises
+:class:`~spfuse.errors.UnsupportedError` naming the function and the dtype.
+
+Division and ``abs`` use the textbook formulas: unlike numpy (Smith's
+division, ``hypot``) they overflow when ``|y|**2`` or ``|x|**2`` exceeds the
+float64 range (about ``1e154``), and ``x / 0`` gives ``nan`` parts where
+numpy may give ``inf``.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from spfuse.errors import UnsupportedError
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
+from spfuse.frontend.canonical import to_text
+from spfuse.frontend.parser import parse_program
+from spfuse.frontend.reductions import free_indices
+
+__all__ = ["ComplexSplit", "split_complex", "part_names"]
+
+#: a value as its (real, imaginary) parts; ``None`` is a part known to be zero
+Parts = tuple  # tuple[Expr | None, Expr | None]
+
+
+@dataclass(frozen=True)
+class ComplexSplit:
+    """A complex program lowered to real arithmetic.
+
+    ``program``: the real program (parsed, reductions explicit).
+    ``inputs``: per complex input, the names its real and imaginary parts are
+    read under.  ``results``: per result of the original program, in order,
+    the result names of its real and imaginary parts in ``program`` (``None``
+    for a part that is identically zero).  ``complex_results``: the results
+    whose value is complex (the others, such as ``abs(z)``, are real).
+    """
+
+    program: Program
+    inputs: Mapping[str, tuple[str, str]]
+    results: Mapping[str, tuple[str | None, str | None]]
+    complex_results: frozenset[str]
+
+
+def part_names(name: str, taken: Iterable[str]) -> tuple[str, str]:
+    """The names of ``name``'s real and imaginary parts, unused in ``taken``.
+
+    >>> part_names("A", {"A", "B"})
+    ('A__re', 'A__im')
+    >>> part_names("A", {"A", "A__re"})
+    ('A___re', 'A___im')
+    """
+    taken = set(taken)
+    sep = "__"
+    while f"{name}{sep}re" in taken or f"{name}{sep}im" in taken:
+        sep += "_"
+    return f"{name}{sep}re", f"{name}{sep}im"
+
+
+def _atomic(e: Expr | None) -> bool:
+    return e is None or isinstance(e, (Access, Literal))
+
+
+def _add(x: Expr | None, y: Expr | None) -> Expr | None:
+    if y is None:
+        return x
+    return y if x is None else Binary("+", x, y)
+
+
+def _sub(x: Expr | None, y: Expr | None) -> Expr | None:
+    if y is None:
+        return x
+    return _neg(y) if x is None else Binary("-", x, y)
+
+
+def _neg(x: Expr | None) -> Expr | None:
+    return None if x is None else Unary("neg", x)
+
+
+def _mul(x: Expr | None, y: Expr | None) -> Expr | None:
+    return None if x is None or y is None else Binary("*", x, y)
+
+
+def _div(x: Expr | None, y: Expr) -> Expr | None:
+    return None if x is None else Binary("/", x, y)
+
+
+class _Splitter:
+    """One walk over a program, emitting the real statements in order."""
+
+    def __init__(self, program: Program, complex_inputs: frozenset[str], dtype: str):
+        self.dtype = dtype
+        taken = set(program.inputs) | set(program.assigned)
+        for s in program.statements:
+            taken.update(a.name for a in _accesses(s.value))
+        self.taken = taken
+        #: name -> (real part name or None, imaginary part name or None) for complex names
+        self.parts: dict[str, tuple[str | None, str | None]] = {}
+        self.inputs: dict[str, tuple[str, str]] = {}
+        for name in program.inputs:
+            if name in complex_inputs:
+                self.inputs[name] = self.parts[name] = self._fresh_parts(name)
+        self.statements: list[Assignment] = []
+        self._temps = (f"_cx{n}" for n in itertools.count() if f"_cx{n}" not in taken)
+
+    def _fresh_parts(self, name: str) -> tuple[str, str]:
+        re_name, im_name = part_names(name, self.taken)
+        self.taken.update((re_name, im_name))
+        return re_name, im_name
+
+    def unsupported(self, what: str) -> UnsupportedError:
+        return UnsupportedError(f"{what} of a {self.dtype} value is not supported: spfuse computes complex values "
+                                "as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() "
+                                "with a real condition")
+
+    # -- values ------------------------------------------------------------
+    def split(self, e: Expr) -> Parts:
+        """``e`` as (real part, imaginary part)."""
+        if isinstance(e, Access):
+            if e.name not in self.parts:
+                return e, None
+            re_name, im_name = self.parts[e.name]
+            return (None if re_name is None else Access(re_name, e.indices),
+                    None if im_name is None else Access(im_name, e.indices))
+        if isinstance(e, Literal):
+            value = complex(e.value)
+            if value.imag == 0:
+                return Literal(value.real), None
+            return (Literal(value.real) if value.real != 0 else None), Literal(value.imag)
+        if isinstance(e, Binary):
+            return self.binary(e)
+        if isinstance(e, Unary):
+            return self.unary(e)
+        if isinstance(e, Reduce):
+            re, im = self.split(e.body)
+            if im is not None and e.op != "sum":
+                raise self.unsupported(f"{e.op}() reduction")
+            wrap = lambda part: None if part is None else Reduce(e.op, e.index, part)  # noqa: E731
+            return wrap(re), wrap(im)
+        if isinstance(e, Where):
+            cond, cond_im = self.split(e.cond)
+            if cond_im is not None:
+                raise self.unsupported("where() condition")
+            then, other = self.split(e.then), self.split(e.other)
+            if then[1] is None and other[1] is None:
+                return Where(cond, then[0], other[0]), None
+            cond = self.bound((cond, None), e.cond)[0]
+            pick = lambda a, b: None if a is None and b is None else Where(  # noqa: E731
+                cond, Literal(0.0) if a is None else a, Literal(0.0) if b is None else b)
+            return pick(then[0], other[0]), pick(then[1], other[1])
+        raise TypeError(f"expected an expression node, got {type(e).__name__}")
+
+    def binary(self, e: Binary) -> Parts:
+        x, y = self.split(e.left), self.split(e.right)
+        if e.op == "+":
+            return _add(x[0], y[0]), _add(x[1], y[1])
+        if e.op == "-":
+            return _sub(x[0], y[0]), _sub(x[1], y[1])
+        if x[1] is None and y[1] is None:
+            return Binary(e.op, x[0], y[0]), None
+        if e.op == "*":
+            # each part of one factor meets every non-zero part of the other
+            if y[1] is not None and y[0] is not None:
+                x = self.bound(x, e.left)
+            if x[1] is not None and x[0] is not None:
+                y = self.bound(y, e.right)
+            (a, b), (c, d) = x, y
+            return _sub(_mul(a, c), _mul(b, d)), _add(_mul(a, d), _mul(b, c))
+        assert e.op == "/"
+        if y[1] is None:  # complex / real
+            if x[0] is not None and x[1] is not None:
+                y = self.bound(y, e.right)
+            return _div(x[0], y[0]), _div(x[1], y[0])
+        # x / y = x * conj(y) / |y|**2
+        x, y = self.bound(x, e.left), self.bound(y, e.right)
+        (a, b), (c, d) = x, y
+        norm = self.bound((_add(_mul(c, c), _mul(d, d)), None), e.right)[0]
+        return _div(_add(_mul(a, c), _mul(b, d)), norm), _div(_sub(_mul(b, c), _mul(a, d)), norm)
+
+    def unary(self, e: Unary) -> Parts:
+        re, im = self.split(e.arg)
+        if e.fn == "neg":
+            return _neg(re), _neg(im)
+        if im is None:
+            return Unary(e.fn, re), None
+        if e.fn == "abs":
+            re, im = self.bound((re, im), e.arg)
+            return Unary("sqrt", _add(_mul(re, re), _mul(im, im))), None
+        raise self.unsupported(f"{e.fn}()")
+
+    def bound(self, parts: Parts, origin: Expr) -> Parts:
+        """``parts`` as plain accesses: a compound part becomes a temporary
+        statement over its own free indices (so it is computed once however
+        often it is read)."""
+        if all(_atomic(p) for p in parts):
+            return parts
+        name = next(self._temps)
+        names = self._fresh_parts(name) if parts[1] is not None else (name, None)
+        self.taken.add(name)
+        out = []
+        for part, part_name in zip(parts, names):
+            if _atomic(part):
+                out.append(part)
+                continue
+            indices = free_indices(part)
+            self.statements.append(Assignment(Access(part_name, indices), part))
+            out.append(Access(part_name, indices))
+        return tuple(out)
+
+    # -- statements --------------------------------------------------------
+    def statement(self, s: Assignment) -> None:
+        target = s.target
+        re, im = self.split(s.value)
+        if im is None:
+            self.parts.pop(target.name, None)  # reassigned with a real value
+            self.statements.append(Assignment(target, re))
+            return
+        names = self._fresh_parts(target.name)
+        if re is None:
+            names = (None, names[1])
+        self.parts[target.name] = names
+        for part, name in zip((re, im), names):
+            if part is not None:
+                self.statements.append(Assignment(Access(name, target.indices), part))
+
+
+def _accesses(e: Expr):
+    from spfuse.frontend.ast import iter_accesses
+    return iter_accesses(e)
+
+
+def split_complex(program: Program, complex_inputs: Iterable[str], dtype: str = "complex") -> ComplexSplit:
+    """Rewrite ``program`` over complex ``complex_inputs`` into real arithmetic.
+
+    ``program`` comes from :func:`~spfuse.frontend.parser.parse_program`;
+    ``dtype`` only words the errors.  A pure function: the same arguments
+    give an equal :class:`ComplexSplit`.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> s = split_complex(parse_program("y[i] = A[i,j] * x[j]"), {"A", "x"})
+    >>> print(s.program.text)
+    y__re[i] = sum(j, A__re[i, j] * x__re[j] - A__im[i, j] * x__im[j])
+    y__im[i] = sum(j, A__re[i, j] * x__im[j] + A__im[i, j] * x__re[j])
+    >>> dict(s.results), s.inputs["A"]
+    ({'y': ('y__re', 'y__im')}, ('A__re', 'A__im'))
+    >>> print(split_complex(parse_program("y[i] = A[i,j] * x[j]"), {"x"}).program.text)
+    y__re[i] = sum(j, A[i, j] * x__re[j])
+    y__im[i] = sum(j, A[i, j] * x__im[j])
+    >>> split_complex(parse_program("y[i] = exp(x[i])"), {"x"}, "complex64")
+    Traceback (most recent call last):
+    ...
+    spfuse.errors.UnsupportedError: exp() of a complex64 value is not supported: spfuse computes complex values \
+as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() with a real condition
+    """
+    complex_inputs = frozenset(complex_inputs)
+    unknown = complex_inputs - set(program.inputs)
+    if unknown:
+        raise ValueError(f"complex_inputs {sorted(unknown)} are not inputs of the program {program.text!r}")
+    splitter = _Splitter(program, complex_inputs, dtype)
+    for s in program.statements:
+        splitter.statement(s)
+    real = Program(tuple(splitter.statements))
+    real = parse_program(to_text(real))  # text, spans and explicit reductions consistent with the nodes
+    results = {}
+    for name in program.results:
+        results[name] = splitter.parts.get(name, (name, None))
+    complex_results = frozenset(n for n in program.results if n in splitter.parts)
+    return ComplexSplit(real, dict(splitter.inputs), results, complex_results)
