@@ -38,8 +38,8 @@ numpy may give ``inf``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
@@ -47,7 +47,7 @@ from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
 from spfuse.frontend.reductions import free_indices
 
-__all__ = ["ComplexSplit", "split_complex", "part_names"]
+__all__ = ["ComplexSplit", "NeedsExtents", "split_complex", "part_names"]
 
 #: a value as its (real, imaginary) parts; ``None`` is a part known to be zero
 Parts = tuple  # tuple[Expr | None, Expr | None]
@@ -69,6 +69,13 @@ class ComplexSplit:
     inputs: Mapping[str, tuple[str, str]]
     results: Mapping[str, tuple[str | None, str | None]]
     complex_results: frozenset[str]
+    #: part results that hold only some of their result's modes (constant along the others), with the
+    #: positions they hold: ``R[i,j] = E[i] + F[i,j]`` with real ``F`` has ``R__im[i] = E__im[i]``
+    kept: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+class NeedsExtents(LookupError):
+    """:func:`split_complex` needs the index extents of the program (see its ``extents``)."""
 
 
 def part_names(name: str, taken: Iterable[str]) -> tuple[str, str]:
@@ -117,14 +124,19 @@ def _div(x: Expr | None, y: Expr) -> Expr | None:
 class _Splitter:
     """One walk over a program, emitting the real statements in order."""
 
-    def __init__(self, program: Program, complex_inputs: frozenset[str], dtype: str):
+    def __init__(self, program: Program, complex_inputs: frozenset[str], dtype: str,
+                 extents: Sequence[Mapping[str, int]] | None):
         self.dtype = dtype
+        self.extents = extents
+        self.statement_number = 0
         taken = set(program.inputs) | set(program.assigned)
         for s in program.statements:
             taken.update(a.name for a in _accesses(s.value))
         self.taken = taken
         #: name -> (real part name or None, imaginary part name or None) for complex names
         self.parts: dict[str, tuple[str | None, str | None]] = {}
+        #: part name -> positions of its name's indices it holds, when not all of them
+        self.kept: dict[str, tuple[int, ...]] = {}
         self.inputs: dict[str, tuple[str, str]] = {}
         for name in program.inputs:
             if name in complex_inputs:
@@ -148,9 +160,8 @@ class _Splitter:
         if isinstance(e, Access):
             if e.name not in self.parts:
                 return e, None
-            re_name, im_name = self.parts[e.name]
-            return (None if re_name is None else Access(re_name, e.indices),
-                    None if im_name is None else Access(im_name, e.indices))
+            return tuple(None if part is None else Access(part, self._held(part, e.indices))
+                         for part in self.parts[e.name])
         if isinstance(e, Literal):
             value = complex(e.value)
             if value.imag == 0:
@@ -164,8 +175,7 @@ class _Splitter:
             re, im = self.split(e.body)
             if im is not None and e.op != "sum":
                 raise self.unsupported(f"{e.op}() reduction")
-            wrap = lambda part: None if part is None else Reduce(e.op, e.index, part)  # noqa: E731
-            return wrap(re), wrap(im)
+            return self.reduce(e, re), self.reduce(e, im)
         if isinstance(e, Where):
             cond, cond_im = self.split(e.cond)
             if cond_im is not None:
@@ -178,6 +188,17 @@ class _Splitter:
                 cond, Literal(0.0) if a is None else a, Literal(0.0) if b is None else b)
             return pick(then[0], other[0]), pick(then[1], other[1])
         raise TypeError(f"expected an expression node, got {type(e).__name__}")
+
+    def reduce(self, e: Reduce, part: Expr | None) -> Expr | None:
+        if part is None:
+            return None
+        if e.index in free_indices(part):
+            return Reduce(e.op, e.index, part)
+        # sum(k, E[i] + F[i,k]) with real F: the imaginary part does not use k, and sums
+        # extent(k) copies of E__im[i] (a reduction over an unused index is no program)
+        if self.extents is None:
+            raise NeedsExtents(e.index)
+        return Binary("*", Literal(float(self.extents[self.statement_number][e.index])), part)
 
     def binary(self, e: Binary) -> Parts:
         x, y = self.split(e.left), self.split(e.right)
@@ -236,6 +257,10 @@ class _Splitter:
             out.append(Access(part_name, indices))
         return tuple(out)
 
+    def _held(self, part: str, indices: tuple[str, ...]) -> tuple[str, ...]:
+        kept = self.kept.get(part)
+        return indices if kept is None else tuple(indices[p] for p in kept)
+
     # -- statements --------------------------------------------------------
     def statement(self, s: Assignment) -> None:
         target = s.target
@@ -250,7 +275,13 @@ class _Splitter:
         self.parts[target.name] = names
         for part, name in zip((re, im), names):
             if part is not None:
-                self.statements.append(Assignment(Access(name, target.indices), part))
+                # A part may not use every index of the target (the terms that did are real, or
+                # purely imaginary): it is stored without them and read as constant along them.
+                used = set(free_indices(part))
+                kept = tuple(p for p, k in enumerate(target.indices) if k in used)
+                if len(kept) < len(target.indices):
+                    self.kept[name] = kept
+                self.statements.append(Assignment(Access(name, self._held(name, target.indices)), part))
 
 
 def _accesses(e: Expr):
@@ -258,12 +289,17 @@ def _accesses(e: Expr):
     return iter_accesses(e)
 
 
-def split_complex(program: Program, complex_inputs: Iterable[str], dtype: str = "complex") -> ComplexSplit:
+def split_complex(program: Program, complex_inputs: Iterable[str], dtype: str = "complex",
+                  extents: Sequence[Mapping[str, int]] | None = None) -> ComplexSplit:
     """Rewrite ``program`` over complex ``complex_inputs`` into real arithmetic.
 
     ``program`` comes from :func:`~spfuse.frontend.parser.parse_program`;
-    ``dtype`` only words the errors.  A pure function: the same arguments
-    give an equal :class:`ComplexSplit`.
+    ``dtype`` only words the errors.  ``extents`` (per statement, as
+    :func:`~spfuse.frontend.check.check_program` returns them) is needed only
+    when a part of a sum does not use the summed index (an explicit
+    ``sum(k, E[i] + F[i,k])`` with complex ``E`` and real ``F``); without
+    it, such a program raises :class:`NeedsExtents`.  A pure function: the
+    same arguments give an equal :class:`ComplexSplit`.
 
     >>> from spfuse.frontend.parser import parse_program
     >>> s = split_complex(parse_program("y[i] = A[i,j] * x[j]"), {"A", "x"})
@@ -285,8 +321,9 @@ as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() with
     unknown = complex_inputs - set(program.inputs)
     if unknown:
         raise ValueError(f"complex_inputs {sorted(unknown)} are not inputs of the program {program.text!r}")
-    splitter = _Splitter(program, complex_inputs, dtype)
-    for s in program.statements:
+    splitter = _Splitter(program, complex_inputs, dtype, extents)
+    for n, s in enumerate(program.statements):
+        splitter.statement_number = n
         splitter.statement(s)
     real = Program(tuple(splitter.statements))
     real = parse_program(to_text(real))  # text, spans and explicit reductions consistent with the nodes
@@ -294,4 +331,5 @@ as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() with
     for name in program.results:
         results[name] = splitter.parts.get(name, (name, None))
     complex_results = frozenset(n for n in program.results if n in splitter.parts)
-    return ComplexSplit(real, dict(splitter.inputs), results, complex_results)
+    kept = {n: splitter.kept[n] for parts in results.values() for n in parts if n in splitter.kept}
+    return ComplexSplit(real, dict(splitter.inputs), results, complex_results, kept)
