@@ -174,6 +174,7 @@ def test_sum_whose_imaginary_part_does_not_use_the_index_needs_extents():
 def test_part_without_some_target_indices_is_stored_without_them():
     split = split_complex(parse_program("R[j,k] = sum(i, E[i] - F[j,i]) + G[k]\nQ[j] = R[j,k] * G[k]"), {"E"})
     assert "R__im = sum(i, E__im[i])" in split.program.text
-    assert split.kept == {}  # R is not a result; Q's parts use every index
+    assert "Q__im = sum(k, R__im * G[k])" in split.program.text
+    assert split.kept == {"Q__im": ()}  # only results are listed: Q's imaginary part is constant along j
     split = split_complex(parse_program("R[j] = E[i] - F[j,i]"), {"E"})
     assert dict(split.results) == {"R": ("R__re", "R__im")} and split.kept == {"R__im": ()}
