@@ -38,7 +38,7 @@ import scipy.sparse as sp
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Program
 from spfuse.interop import is_pydata, to_scipy_coo
-from spfuse.passes.complex_split import ComplexSplit, NeedsExtents, split_complex
+from spfuse.passes.complex_split import ComplexSplit, NeedsExtents, split_complex, with_distinct_binders
 from spfuse.tensor import Tensor, as_tensor
 
 __all__ = ["is_complex", "complex_parts", "combine_parts", "run_complex"]
@@ -244,7 +244,7 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
         split = _split(program, complex_inputs & frozenset(program.inputs), str(result))
     except NeedsExtents:  # rare: a sum whose imaginary part does not use its index (not cached)
         from spfuse.frontend.check import check_program
-        extents = check_program(program, {n: np.shape(o) for n, o in operands.items()})
+        extents = check_program(with_distinct_binders(program), {n: np.shape(o) for n, o in operands.items()})
         split = split_complex(program, complex_inputs & frozenset(program.inputs), str(result), extents)
     real_operands: dict[str, Any] = {}
     for name, obj in operands.items():

@@ -285,6 +285,9 @@ def test_random_programs_with_complex_operands(seed, zero_size, fmt):
     except UnsupportedError as exc:
         assert " of a complex128 value is not supported" in str(exc)
         return
+    except ValueError as exc:  # max/min over an empty index, as for real operands
+        assert "has no identity" in str(exc)
+        return
     want = dense_reference(program, ops)
     if not isinstance(want, dict):
         got, want = {0: got}, {0: want}

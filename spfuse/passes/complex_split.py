@@ -46,8 +46,9 @@ from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Progr
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
 from spfuse.frontend.reductions import free_indices
+from spfuse.passes.rename import distinct_binders
 
-__all__ = ["ComplexSplit", "NeedsExtents", "split_complex", "part_names"]
+__all__ = ["ComplexSplit", "NeedsExtents", "split_complex", "part_names", "with_distinct_binders"]
 
 #: a value as its (real, imaginary) parts; ``None`` is a part known to be zero
 Parts = tuple  # tuple[Expr | None, Expr | None]
@@ -76,6 +77,20 @@ class ComplexSplit:
 
 class NeedsExtents(LookupError):
     """:func:`split_complex` needs the index extents of the program (see its ``extents``)."""
+
+
+def with_distinct_binders(program: Program) -> Program:
+    """``program`` with every reduction index distinct from the other index names of its statement
+    (:func:`~spfuse.passes.rename.distinct_binders`), so a sub-expression bound to a temporary never
+    has an index both free and summed.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.frontend.canonical import to_text
+    >>> to_text(with_distinct_binders(parse_program("R[i,j] = sum(j, A[i,j]) - B[i,j]")))
+    'R[i, j] = sum(j1, A[i, j1]) - B[i, j]'
+    """
+    return Program(tuple(Assignment(s.target, distinct_binders(s), s.span) for s in program.statements),
+                   program.text)
 
 
 def part_names(name: str, taken: Iterable[str]) -> tuple[str, str]:
@@ -295,7 +310,8 @@ def split_complex(program: Program, complex_inputs: Iterable[str], dtype: str = 
 
     ``program`` comes from :func:`~spfuse.frontend.parser.parse_program`;
     ``dtype`` only words the errors.  ``extents`` (per statement, as
-    :func:`~spfuse.frontend.check.check_program` returns them) is needed only
+    :func:`~spfuse.frontend.check.check_program` returns them for
+    :func:`with_distinct_binders` of the program) is needed only
     when a part of a sum does not use the summed index (an explicit
     ``sum(k, E[i] + F[i,k])`` with complex ``E`` and real ``F``); without
     it, such a program raises :class:`NeedsExtents`.  A pure function: the
@@ -322,7 +338,7 @@ as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() with
     if unknown:
         raise ValueError(f"complex_inputs {sorted(unknown)} are not inputs of the program {program.text!r}")
     splitter = _Splitter(program, complex_inputs, dtype, extents)
-    for n, s in enumerate(program.statements):
+    for n, s in enumerate(with_distinct_binders(program).statements):
         splitter.statement_number = n
         splitter.statement(s)
     real = Program(tuple(splitter.statements))
