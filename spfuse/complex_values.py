@@ -36,9 +36,16 @@ import numpy as np
 import scipy.sparse as sp
 
 from spfuse.errors import UnsupportedError
-from spfuse.frontend.ast import Program
+from spfuse.frontend.ast import Access, Literal, Program
 from spfuse.interop import is_pydata, to_scipy_coo
-from spfuse.passes.complex_split import ComplexSplit, NeedsExtents, split_complex, with_distinct_binders
+from spfuse.passes.complex_split import (
+    ComplexSplit,
+    NeedsExtents,
+    TermExpansion,
+    expand_terms,
+    split_complex,
+    with_distinct_binders,
+)
 from spfuse.tensor import Tensor, as_tensor
 
 __all__ = ["is_complex", "complex_parts", "combine_parts", "run_complex"]
@@ -135,7 +142,7 @@ def _same_pattern(x: Any, y: Any) -> bool:
         if x.format != y.format:
             return False
         if x.format == "coo":
-            return all(np.array_equal(a, b) for a, b in zip(x.coords, y.coords))
+            return all(np.array_equal(a, b) for a, b in zip(x.coords, y.coords, strict=True))
         return np.array_equal(x.indptr, y.indptr) and np.array_equal(x.indices, y.indices)
     if hasattr(x, "indptr"):  # pydata GCXS
         return (tuple(x.compressed_axes) == tuple(y.compressed_axes) and np.array_equal(x.indptr, y.indptr)
@@ -198,7 +205,7 @@ def combine_parts(re: Any, im: Any, dtype: np.dtype) -> Any:
 def _result_shape(program: Program, operands: Mapping[str, Any], name: str) -> tuple[int, ...]:
     from spfuse.frontend.check import check_program
     extents = check_program(program, {n: np.shape(o) for n, o in operands.items()})
-    for statement, ext in zip(reversed(program.statements), reversed(extents)):
+    for statement, ext in zip(reversed(program.statements), reversed(extents), strict=True):
         if statement.target.name == name:
             return tuple(ext[k] for k in statement.target.indices)
     raise KeyError(name)
@@ -218,6 +225,68 @@ def _broadcast(part: Any, kept: tuple[int, ...] | None, shape: tuple[int, ...]) 
 @functools.lru_cache(maxsize=512)
 def _split(program: Program, complex_inputs: frozenset[str], dtype: str) -> ComplexSplit:
     return split_complex(program, complex_inputs, dtype)
+
+
+@functools.lru_cache(maxsize=512)
+def _expansion(program: Program, complex_inputs: frozenset[str], dtype: str) -> TermExpansion | None:
+    """The term expansion when it is the faster way: one statement, at most 16 terms, and some term
+    is a real computation (not a bare operand, which the n-way sums of the split program serve)."""
+    try:
+        expansion = expand_terms(program, complex_inputs, dtype)
+    except NeedsExtents:
+        return None
+    if expansion is None:
+        return None
+    terms = expansion.real + expansion.imag
+    if all(isinstance(p.statements[0].value, (Access, Literal)) for _, p in terms):
+        return None
+    return expansion
+
+
+def _signed_sum(terms: list[tuple[float, Any]], out_format: str | None) -> Any:
+    """``sum(c * v)`` over term results, in their world (dense when the worlds differ)."""
+    values = [to_scipy_coo(v) if isinstance(v, Tensor) else v for _, v in terms]
+    coefs = [c for c, _ in terms]
+    if len(values) == 1 and coefs[0] == 1.0:
+        return values[0]
+    if all(sp.issparse(v) for v in values):
+        total = _sparse_sum(values, coefs)
+        return total.asformat(out_format or values[0].format)
+    if all(is_pydata(v) for v in values):
+        import sparse
+        total = _sparse_sum([sparse.COO(v) for v in values], coefs)
+        return total if isinstance(values[0], sparse.COO) else sparse.GCXS(
+            total, compressed_axes=values[0].compressed_axes)
+    dense = [v.toarray() if sp.issparse(v) else (v.todense() if is_pydata(v) else np.asarray(v)) for v in values]
+    total = dense[0] * coefs[0]
+    for c, v in zip(coefs[1:], dense[1:], strict=True):
+        total = total + v * c
+    return total
+
+
+def _sparse_sum(values: list, coefs: list[float]) -> Any:
+    total = values[0] * coefs[0] if coefs[0] != 1.0 else values[0]
+    for c, v in zip(coefs[1:], values[1:], strict=True):
+        total = total + v if c == 1.0 else (total - v if c == -1.0 else total + v * c)
+    return total
+
+
+def _run_terms(expansion: TermExpansion, real_operands: Mapping[str, Any], made: frozenset[str],
+               program: Program, operands: Mapping[str, Any], out_format: str | None, fusion: str,
+               num_threads: int | None, run: Callable[..., Any]) -> tuple[Any, Any]:
+    """The real and imaginary parts of a term expansion, each term a call of ``run``."""
+    parts = []
+    for terms in (expansion.real, expansion.imag):
+        values = []
+        for coef, term in terms:
+            used = {n: o for n, o in real_operands.items() if n in term.inputs}
+            value = run(term, used, out_format, fusion, num_threads, made & frozenset(used))
+            name = term.statements[0].target.name
+            if name in expansion.kept:
+                value = _broadcast(value, expansion.kept[name], _result_shape(program, operands, program.results[0]))
+            values.append((coef, value))
+        parts.append(_signed_sum(values, out_format) if values else None)
+    return parts[0], parts[1]
 
 
 def run_complex(program: Program, operands: Mapping[str, Any], out_format: str | None, fusion: str,
@@ -254,6 +323,13 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
             real_operands[re_name], real_operands[im_name] = re, im
         else:
             real_operands[name] = obj
+    expansion = _expansion(program, complex_inputs & frozenset(program.inputs), str(result))
+    if expansion is not None:  # one statement: each term on the kernel the real program would use
+        made = frozenset(n for n in real_operands if n not in operands)
+        re, im = _run_terms(expansion, real_operands, made, program, operands, out_format, fusion, num_threads,
+                            run)
+        return combine_parts(re, im, result) if im is not None else \
+            re.astype(np.dtype(result.char.lower()) if result.kind == "c" else result)
     used = set(split.program.inputs)
     real_operands = {n: o for n, o in real_operands.items() if n in used}
     made = frozenset(n for n in real_operands if n not in operands)  # validated just now

@@ -96,7 +96,8 @@ def test_reduction_chain_binds_each_reduction_once():
 ])
 def test_nonlinear_functions_of_complex_values_are_refused(text, what):
     program = parse_program(text)
-    with pytest.raises(UnsupportedError, match=rf"^{what.replace('(', '[(]').replace(')', '[)]')} of a complex64 value"):
+    pattern = what.replace("(", "[(]").replace(")", "[)]")
+    with pytest.raises(UnsupportedError, match=rf"^{pattern} of a complex64 value"):
         split_complex(program, set(program.inputs), "complex64")
 
 
