@@ -273,8 +273,8 @@ def _sparse_sum(values: list, coefs: list[float]) -> Any:
 
 def _run_terms(expansion: TermExpansion, real_operands: Mapping[str, Any], made: frozenset[str],
                program: Program, operands: Mapping[str, Any], out_format: str | None, fusion: str,
-               num_threads: int | None, run: Callable[..., Any]) -> tuple[Any, Any]:
-    """The real and imaginary parts of a term expansion, each term a call of ``run``."""
+               num_threads: int | None, run: Callable[..., Any], dtype: np.dtype) -> Any:
+    """The result of a term expansion, each term a call of ``run``."""
     parts = []
     for terms in (expansion.real, expansion.imag):
         values = []
@@ -285,8 +285,29 @@ def _run_terms(expansion: TermExpansion, real_operands: Mapping[str, Any], made:
             if name in expansion.kept:
                 value = _broadcast(value, expansion.kept[name], _result_shape(program, operands, program.results[0]))
             values.append((coef, value))
-        parts.append(_signed_sum(values, out_format) if values else None)
-    return parts[0], parts[1]
+        parts.append(values)
+    if not parts[1]:  # a real result (abs)
+        value = _signed_sum(parts[0], out_format)
+        return value.astype(np.dtype(dtype.char.lower()) if dtype.kind == "c" else dtype)
+    if all(isinstance(v, (np.ndarray, np.generic)) for _, v in parts[0] + parts[1]):
+        return _assemble_dense(parts[0], parts[1], dtype)
+    return combine_parts(_signed_sum(parts[0], out_format) if parts[0] else None,
+                         _signed_sum(parts[1], out_format), dtype)
+
+
+def _assemble_dense(real: list[tuple[float, Any]], imag: list[tuple[float, Any]], dtype: np.dtype) -> Any:
+    """``sum(c*v for real) + 1j*sum(c*v for imag)`` of dense term results, summed in place in the output."""
+    shape = np.shape(real[0][1]) if real else np.shape(imag[0][1])
+    out = np.zeros(shape, np.complex128)
+    for view, terms in ((out.real, real), (out.imag, imag)):
+        for coef, value in terms:
+            if coef == 1.0:
+                np.add(view, value, out=view)
+            elif coef == -1.0:
+                np.subtract(view, value, out=view)
+            else:
+                view += coef * np.asarray(value)
+    return out.astype(dtype, copy=False)[()]
 
 
 def run_complex(program: Program, operands: Mapping[str, Any], out_format: str | None, fusion: str,
@@ -326,10 +347,8 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
     expansion = _expansion(program, complex_inputs & frozenset(program.inputs), str(result))
     if expansion is not None:  # one statement: each term on the kernel the real program would use
         made = frozenset(n for n in real_operands if n not in operands)
-        re, im = _run_terms(expansion, real_operands, made, program, operands, out_format, fusion, num_threads,
-                            run)
-        return combine_parts(re, im, result) if im is not None else \
-            re.astype(np.dtype(result.char.lower()) if result.kind == "c" else result)
+        return _run_terms(expansion, real_operands, made, program, operands, out_format, fusion, num_threads, run,
+                          result)
     used = set(split.program.inputs)
     real_operands = {n: o for n, o in real_operands.items() if n in used}
     made = frozenset(n for n in real_operands if n not in operands)  # validated just now
