@@ -7,13 +7,15 @@ evaluated in complex numpy arithmetic.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from spfuse.errors import UnsupportedError
 from spfuse.frontend.ast import Access, Assignment, Binary, Literal, Program, Reduce
 from spfuse.frontend.parser import parse_program
-from spfuse.passes.complex_split import NeedsExtents, split_complex
+from spfuse.passes.complex_split import NeedsExtents, expand_terms, split_complex
 from spfuse.testing import dense_reference
 
 CASES = [
@@ -179,3 +181,68 @@ def test_part_without_some_target_indices_is_stored_without_them():
     assert split.kept == {"Q__im": ()}  # only results are listed: Q's imaginary part is constant along j
     split = split_complex(parse_program("R[j] = E[i] - F[j,i]"), {"E"})
     assert dict(split.results) == {"R": ("R__re", "R__im")} and split.kept == {"R__im": ()}
+
+
+# -- term expansion: one statement as signed sums of real one-statement programs -----------------------------
+
+def _expansion_text(e):
+    return [(c, p.text) for c, p in e.real], [(c, p.text) for c, p in e.imag]
+
+
+def test_expansion_of_spmv():
+    real, imag = _expansion_text(expand_terms(parse_program("y[i] = A[i,j] * x[j]"), {"A", "x"}))
+    assert real == [(1.0, "y__re0[i] = sum(j, A__re[i, j] * x__re[j])"),
+                    (-1.0, "y__re1[i] = sum(j, A__im[i, j] * x__im[j])")]
+    assert imag == [(1.0, "y__im0[i] = sum(j, A__re[i, j] * x__im[j])"),
+                    (1.0, "y__im1[i] = sum(j, A__im[i, j] * x__re[j])")]
+
+
+def test_expansion_keeps_the_statement_shape():
+    """SDDMM: every term is a real SDDMM (the template kernel's shape): 2**3 terms for 3 complex factors."""
+    e = expand_terms(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), {"B", "C", "D"})
+    assert len(e.real) == len(e.imag) == 4
+    for _, p in e.real + e.imag:
+        assert re.fullmatch(r"A__(re|im)\d\[i, j\] = B__(re|im)\[i, j\] \* sum\(k, C__(re|im)\[i, k\] \* "
+                            r"D__(re|im)\[k, j\]\)", p.text), p.text
+    # a real factor halves the terms
+    assert len(expand_terms(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), {"C", "D"}).real) == 2
+
+
+def test_expansion_refuses_many_terms_and_several_statements():
+    five = parse_program("y[i,j] = A[i,j] * B[i,j] * C[i,j] * D[i,j] * E[i,j]")
+    assert expand_terms(five, set(five.inputs)) is None  # 32 terms > 16: split_complex instead
+    assert expand_terms(five, set(five.inputs), max_terms=32) is not None
+    assert expand_terms(parse_program("t[i] = x[i]\ny[i] = t[i]"), {"x"}) is None
+
+
+def test_expansion_of_real_parts_and_constants():
+    real, imag = _expansion_text(expand_terms(parse_program("y[i] = abs(x[i]) * r[i]"), {"x"}))
+    assert real == [(1.0, "y__re0[i] = sqrt(x__re[i] * x__re[i] + x__im[i] * x__im[i]) * r[i]")] and imag == []
+    program = Program((Assignment(Access("y", ("i",)), Binary("*", Literal(2 - 3j), Access("x", ("i",)))),))
+    real, imag = _expansion_text(expand_terms(program, {"x"}))
+    # (2 - 3j)(a + bi) = (2a - (-3)b) + (2b + (-3)a)i
+    assert real == [(1.0, "y__re0[i] = 2.0 * x__re[i]"), (-1.0, "y__re1[i] = (-3.0) * x__im[i]")]
+    assert imag == [(1.0, "y__im0[i] = 2.0 * x__im[i]"), (1.0, "y__im1[i] = (-3.0) * x__re[i]")]
+
+
+def test_expansion_refuses_nonlinear_functions():
+    with pytest.raises(UnsupportedError, match=r"^exp\(\) of a complex128 value"):
+        expand_terms(parse_program("y[i] = exp(x[i])"), {"x"}, "complex128")
+
+
+@pytest.mark.parametrize("text, shapes", SEMANTIC[:6])
+def test_expansion_computes_the_complex_program(text, shapes, rng):
+    program = parse_program(text)
+    if len(program.statements) != 1:
+        pytest.skip("one statement only")
+    values = {n: rng.standard_normal(s) + (0 if n == "r" else 1j * rng.standard_normal(s)) for n, s in shapes.items()}
+    values = {n: v + 3 if n == "r" else v for n, v in values.items()}
+    expansion = expand_terms(program, set(shapes) - {"r"}, max_terms=64)
+    real_values = dict(values)
+    for name in set(shapes) - {"r"}:
+        real_values[f"{name}__re"], real_values[f"{name}__im"] = values[name].real.copy(), values[name].imag.copy()
+    got = 0
+    for unit, terms in ((1, expansion.real), (1j, expansion.imag)):
+        for coef, p in terms:
+            got = got + unit * coef * dense_reference(p, {n: real_values[n] for n in p.inputs})
+    np.testing.assert_allclose(got, dense_reference(program, values), rtol=1e-12, atol=1e-12)

@@ -293,3 +293,11 @@ def test_random_programs_with_complex_operands(seed, zero_size, fmt):
         got, want = {0: got}, {0: want}
     for name in want:
         np.testing.assert_allclose(densify(got[name]), want[name], rtol=1e-9, atol=1e-9)
+
+
+def test_long_product_chain_runs_the_split_program(rng):
+    """Five complex factors: 32 terms would be too many; the pairwise split (16 products) runs instead."""
+    ops = {n: _complex(rng, (4, 3), "csr" if n == "A" else "dense", density=0.8) for n in "ABCDE"}
+    got = spfuse.evaluate("y[i,j] = A[i,j] * B[i,j] * C[i,j] * D[i,j] * E[i,j]", **ops)
+    want = densify(ops["A"]) * ops["B"] * ops["C"] * ops["D"] * ops["E"]
+    _close(got, want)
