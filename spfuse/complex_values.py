@@ -340,8 +340,8 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
     for name, obj in operands.items():
         if name in split.inputs:
             re, im = complex_parts(obj, name)
-            re_name, im_name = split.inputs[name]
-            real_operands[re_name], real_operands[im_name] = re, im
+            re_input, im_input = split.inputs[name]
+            real_operands[re_input], real_operands[im_input] = re, im
         else:
             real_operands[name] = obj
     expansion = _expansion(program, complex_inputs & frozenset(program.inputs), str(result))
@@ -357,15 +357,15 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
         values = {split.program.results[0]: values}
     real_dtype = np.dtype(result.char.lower()) if result.kind == "c" else result
     out = {}
-    for name, (re_name, im_name) in split.results.items():
-        re = values[re_name] if re_name is not None else None
-        im = values[im_name] if im_name is not None else None
+    for result_name, (re_name, im_name) in split.results.items():
+        re_value = values[re_name] if re_name is not None else None
+        im_value = values[im_name] if im_name is not None else None
         if re_name in split.kept or im_name in split.kept:
-            shape = _result_shape(program, operands, name)
-            re = _broadcast(re, split.kept.get(re_name), shape)
-            im = _broadcast(im, split.kept.get(im_name), shape)
-        if name in split.complex_results:
-            out[name] = combine_parts(re, im, result)
+            shape = _result_shape(program, operands, result_name)
+            re_value = _broadcast(re_value, split.kept.get(re_name or ""), shape)
+            im_value = _broadcast(im_value, split.kept.get(im_name or ""), shape)
+        if result_name in split.complex_results:
+            out[result_name] = combine_parts(re_value, im_value, result)
         else:
-            out[name] = re if not hasattr(re, "astype") else re.astype(real_dtype)
+            out[result_name] = re_value.astype(real_dtype) if re_value is not None else re_value
     return out[next(iter(out))] if len(out) == 1 else out

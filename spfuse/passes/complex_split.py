@@ -133,6 +133,12 @@ def _mul(x: Expr | None, y: Expr | None) -> Expr | None:
     return None if x is None or y is None else Binary("*", x, y)
 
 
+def _required(x: Expr | None) -> Expr:
+    """``x``, known not to be a zero part here."""
+    assert x is not None
+    return x
+
+
 def _div(x: Expr | None, y: Expr) -> Expr | None:
     return None if x is None else Binary("/", x, y)
 
@@ -251,7 +257,7 @@ class _Splitter:
             return Unary(e.fn, re), None
         if e.fn == "abs":
             re, im = self.bound((re, im), e.arg)
-            return Unary("sqrt", _add(_mul(re, re), _mul(im, im))), None
+            return Unary("sqrt", _required(_add(_mul(re, re), _mul(im, im)))), None
         raise self.unsupported(f"{e.fn}()")
 
     def bound(self, parts: Parts, origin: Expr) -> Parts:
@@ -269,6 +275,7 @@ class _Splitter:
                 out.append(part)
                 continue
             indices = free_indices(part)
+            assert part_name is not None  # only a zero part has no name, and it is atomic
             self.statements.append(Assignment(Access(part_name, indices), part))
             out.append(Access(part_name, indices))
         return tuple(out)
@@ -285,12 +292,12 @@ class _Splitter:
             self.parts.pop(target.name, None)  # reassigned with a real value
             self.statements.append(Assignment(target, re))
             return
-        names = self._fresh_parts(target.name)
+        names: tuple[str | None, str | None] = self._fresh_parts(target.name)
         if re is None:
             names = (None, names[1])
         self.parts[target.name] = names
         for part, name in zip((re, im), names, strict=True):
-            if part is not None:
+            if part is not None and name is not None:
                 # A part may not use every index of the target (the terms that did are real, or
                 # purely imaginary): it is stored without them and read as constant along them.
                 used = set(free_indices(part))
@@ -415,11 +422,11 @@ class _Expander:
                 prod = lambda p, q, s: tuple((s * c * d, Binary("*", t, u)) for c, t in p for d, u in q)  # noqa: E731
                 return prod(x[0], y[0], 1.0) + prod(x[1], y[1], -1.0), prod(x[0], y[1], 1.0) + prod(x[1], y[0], 1.0)
             if not y[1]:  # complex / real
-                den = self.combine(y[0])
+                den = _required(self.combine(y[0]))
                 return (tuple((c, Binary("/", t, den)) for c, t in x[0]),
                         tuple((c, Binary("/", t, den)) for c, t in x[1]))
             c_, d_ = self.combine(y[0]), self.combine(y[1])
-            den = _add(_mul(c_, c_), _mul(d_, d_))
+            den = _required(_add(_mul(c_, c_), _mul(d_, d_)))
             over = lambda p, q, s: tuple((s * a * b, Binary("/", Binary("*", t, u), den))  # noqa: E731
                                          for a, t in p for b, u in q)
             return over(x[0], y[0], 1.0) + over(x[1], y[1], 1.0), over(x[1], y[0], 1.0) + over(x[0], y[1], -1.0)
@@ -430,7 +437,7 @@ class _Expander:
             if e.fn == "abs":
                 x = self.expand(e.arg)
                 re, im = self.combine(x[0]), self.combine(x[1])
-                return ((1.0, Unary("sqrt", _add(_mul(re, re), _mul(im, im)))),), ()
+                return ((1.0, Unary("sqrt", _required(_add(_mul(re, re), _mul(im, im))))),), ()
             raise _unsupported(f"{e.fn}()", self.dtype)
         if isinstance(e, Reduce):
             if e.op != "sum":
