@@ -42,10 +42,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from spfuse.errors import UnsupportedError
-from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where, iter_accesses
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
-from spfuse.frontend.reductions import free_indices
+from spfuse.frontend.reductions import children, free_indices
 from spfuse.passes.rename import distinct_binders
 
 __all__ = ["ComplexSplit", "NeedsExtents", "TermExpansion", "expand_terms", "split_complex", "part_names",
@@ -153,7 +153,7 @@ class _Splitter:
         self.statement_number = 0
         taken = set(program.inputs) | set(program.assigned)
         for s in program.statements:
-            taken.update(a.name for a in _accesses(s.value))
+            taken.update(a.name for a in iter_accesses(s.value))
         self.taken = taken
         #: name -> (real part name or None, imaginary part name or None) for complex names
         self.parts: dict[str, tuple[str | None, str | None]] = {}
@@ -172,9 +172,7 @@ class _Splitter:
         return re_name, im_name
 
     def unsupported(self, what: str) -> UnsupportedError:
-        return UnsupportedError(f"{what} of a {self.dtype} value is not supported: spfuse computes complex values "
-                                "as pairs of real parts and only lowers + - * /, neg, abs, sum() and where() "
-                                "with a real condition")
+        return _unsupported(what, self.dtype)
 
     # -- values ------------------------------------------------------------
     def split(self, e: Expr) -> Parts:
@@ -307,11 +305,6 @@ class _Splitter:
                 self.statements.append(Assignment(Access(name, self._held(name, target.indices)), part))
 
 
-def _accesses(e: Expr):
-    from spfuse.frontend.ast import iter_accesses
-    return iter_accesses(e)
-
-
 def split_complex(program: Program, complex_inputs: Iterable[str], dtype: str = "complex",
                   extents: Sequence[Mapping[str, int]] | None = None) -> ComplexSplit:
     """Rewrite ``program`` over complex ``complex_inputs`` into real arithmetic.
@@ -394,7 +387,7 @@ class _Expander:
     def is_real(self, e: Expr) -> bool:
         if isinstance(e, Literal):
             return complex(e.value).imag == 0
-        return not any(a.name in self.complex_names for a in _accesses(e)) and all(
+        return not any(a.name in self.complex_names for a in iter_accesses(e)) and all(
             self.is_real(c) for c in _literals(e))
 
     def combine(self, terms: Terms) -> Expr | None:
@@ -467,19 +460,7 @@ def _literals(e: Expr):
         node = stack.pop()
         if isinstance(node, Literal):
             yield node
-        stack.extend(_children(node))
-
-
-def _children(e: Expr) -> tuple:
-    if isinstance(e, Binary):
-        return (e.left, e.right)
-    if isinstance(e, Unary):
-        return (e.arg,)
-    if isinstance(e, Reduce):
-        return (e.body,)
-    if isinstance(e, Where):
-        return (e.cond, e.then, e.other)
-    return ()
+        stack.extend(children(node))
 
 
 def _unsupported(what: str, dtype: str) -> UnsupportedError:
