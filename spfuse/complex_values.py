@@ -165,8 +165,9 @@ def _with_data(x: Any, data: np.ndarray) -> Any:
 def combine_parts(re: Any, im: Any, dtype: np.dtype) -> Any:
     """``re + 1j*im`` of ``dtype``, in the world the parts came back in (``None`` is a zero part).
 
-    >>> combine_parts(np.array([1.0, 2.0]), np.array([0.5, 0.0]), np.dtype(np.complex64))
-    array([1. +0.5j, 2. +0.j ], dtype=complex64)
+    >>> z = combine_parts(np.array([1.0, 2.0]), np.array([0.5, 0.0]), np.dtype(np.complex64))
+    >>> z.tolist(), z.dtype
+    ([(1+0.5j), (2+0j)], dtype('complex64'))
     >>> import scipy.sparse as sp
     >>> combine_parts(sp.csr_array(np.eye(2)), None, np.dtype(np.complex128)).dtype
     dtype('complex128')
@@ -316,8 +317,10 @@ def run_complex(program: Program, operands: Mapping[str, Any], out_format: str |
 
     >>> from spfuse.api import _run, _parse
     >>> A = np.array([[1j, 0], [2, 1 - 1j]], np.complex64)
-    >>> run_complex(_parse("y[i] = A[i,j] * x[j]"), {"A": A, "x": np.array([1.0, 1j])}, None, "auto", None, _run)
-    array([0.+1.j, 3.+1.j], dtype=complex64)
+    >>> x = np.array([1.0, 1j], np.complex64)
+    >>> y = run_complex(_parse("y[i] = A[i,j] * x[j]"), {"A": A, "x": x}, None, "auto", None, _run)
+    >>> y.tolist(), y.dtype
+    ([1j, (3+1j)], dtype('complex64'))
     """
     if out_format == "csf":
         raise UnsupportedError("out_format='csf' gives a spfuse.Tensor, which holds real values; complex results "
