@@ -287,6 +287,9 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
+    if any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex) for o in operands.values()):
+        from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
+        return run_complex(program, operands, out_format, fusion, num_threads, _run)
     tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
     # Everything decided from the operands' formats, shapes, dtypes and origins
     # is remembered: a repeat call validates its operands, then only runs.
@@ -551,7 +554,8 @@ class Kernel:
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         if self._examples:
             operands = {**self._examples, **operands}
-        if not self._formats:  # nothing to convert: the plain call path
+        if not self._formats or any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex)
+                                    for o in operands.values()):  # nothing to convert (complex: see complex_values)
             return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
         tensors, made = self._tensors(operands)
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)

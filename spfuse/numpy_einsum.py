@@ -48,7 +48,7 @@ from spfuse.frontend.einsum import (
 from spfuse.interop import is_pydata
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["einsum_call", "compute_dtype", "CASTINGS", "ORDERS"]
+__all__ = ["einsum_call", "compute_dtype", "needs_exactness", "CASTINGS", "ORDERS"]
 
 CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
 ORDERS = ("C", "F", "A", "K")
@@ -72,53 +72,87 @@ def _is_operand(obj: Any) -> bool:
 
 
 def compute_dtype(result: np.dtype, what: str = "einsum") -> np.dtype:
-    """The value dtype spfuse computes a ``result``-typed einsum in (float32 or float64).
+    """The value dtype spfuse computes a ``result``-typed einsum in.
 
-    Integers and bool compute in float64 (the caller must check exactness);
-    other dtypes are refused.
+    float32/float64 as they are, float16 in float32, complex64/complex128 in
+    complex128 (pairs of float64 parts, :mod:`spfuse.complex_values`).
+    Integers, bool and long double compute in float64 (complex long double
+    in complex128) and the caller must check exactness
+    (:func:`needs_exactness`); other dtypes are refused.
 
     >>> compute_dtype(np.dtype(np.float16)), compute_dtype(np.dtype(np.int32))
     (dtype('float32'), dtype('float64'))
-    >>> compute_dtype(np.dtype(np.complex128))
+    >>> compute_dtype(np.dtype(np.complex64))
+    dtype('complex128')
+    >>> compute_dtype(np.dtype(object))
     Traceback (most recent call last):
     ...
-    spfuse.errors.UnsupportedError: einsum: complex128 values are not supported yet (spfuse computes in \
-float32/float64; int and bool only when exact in float64)
+    spfuse.errors.UnsupportedError: einsum: object values are not supported (spfuse computes in float32/float64 \
+and complex128; int, bool and long double only when exact in float64)
     """
     if result.kind == "f" and result.itemsize <= 8:
         return np.dtype(np.float32) if result.itemsize <= 4 else np.dtype(np.float64)
-    if result.kind in "biu":
+    if result.kind in "biu" or result.kind == "f":
         return np.dtype(np.float64)
-    raise UnsupportedError(f"{what}: {result} values are not supported yet (spfuse computes in float32/float64; "
-                           "int and bool only when exact in float64)")
+    if result.kind == "c":
+        return np.dtype(np.complex128)
+    raise UnsupportedError(f"{what}: {result} values are not supported (spfuse computes in float32/float64 and "
+                           "complex128; int, bool and long double only when exact in float64)")
 
 
-def _max_abs(obj: Any) -> float:
-    """max |value| of an operand (0 when empty), without densifying a sparse one."""
+def needs_exactness(result: np.dtype) -> bool:
+    """Whether a ``result``-typed einsum is computed in float64 only when exact:
+    integers, bool and long double (real or complex), which float64 cannot
+    hold in general; spfuse does not return a less precise answer unasked.
+
+    >>> needs_exactness(np.dtype(np.int64)), needs_exactness(np.dtype(np.longdouble)), \
+needs_exactness(np.dtype(np.complex128))
+    (True, True, False)
+    """
+    return result.kind in "biu" or (result.kind == "f" and result.itemsize > 8) or \
+        (result.kind == "c" and result.itemsize > 16)
+
+
+def _max_abs(obj: Any) -> float | None:
+    """max |value| of an operand's real and imaginary parts (0 when empty), without
+    densifying a sparse one; ``None`` when some value is not an integer."""
     if isinstance(obj, np.ndarray):
         vals = obj
     elif isinstance(obj, Tensor):
         vals = obj.values
-    elif sp.issparse(obj):
-        vals = obj.data
-    else:  # pydata
-        vals = obj.data
+    else:  # scipy or pydata
+        vals = np.asarray(obj.data)
     if vals.size == 0:
         return 0.0
     if vals.dtype.kind == "b":
         return float(vals.any())
+    if vals.dtype.kind == "c":
+        parts = [_max_abs(vals.real), _max_abs(vals.imag)]
+        return None if None in parts else max(parts)  # type: ignore[type-var]
+    if vals.dtype.kind == "f" and not (np.isfinite(vals).all() and (vals == np.trunc(vals)).all()):
+        return None
     return float(max(abs(int(vals.max())), abs(int(vals.min()))))
 
 
 def _check_exact(operands: Sequence[Any], terms: int, result: np.dtype) -> None:
-    """Refuse an integer/bool einsum whose float64 evaluation might not be exact.
+    """Refuse an integer, bool or long double einsum whose float64 evaluation might not be exact.
 
-    ``terms`` products are summed per output element; with every operand's
-    magnitude bounded by ``max(1, max|operand|)``, so is every partial sum of
-    any association order."""
-    bound = float(terms)
+    Every operand must hold integers.  ``terms`` products are summed per
+    output element; with every operand's magnitude bounded by
+    ``max(1, max|operand|)``, so is every partial sum of any association
+    order.  A complex factor's parts are bounded by twice the bound of its
+    parts (the products ``ac - bd`` of the complex lowering), and the
+    difference of two such sums by twice their bound.  Then every partial
+    result is an integer below 2**53, exact in float64 -- and in numpy's
+    wider type -- so both compute the same answer."""
+    bound = float(terms) * (2.0 if result.kind == "c" else 1.0)
     for obj in operands:
-        bound *= max(1.0, _max_abs(obj))
+        largest = _max_abs(obj)
+        if largest is None:
+            raise UnsupportedError(f"einsum: {result} values that are not all integers are not supported: spfuse "
+                                   "computes in float64 at most and does not return a lower-precision answer "
+                                   "unasked. Hint: pass dtype=np.float64 (or complex128) if that is acceptable")
+        bound *= max(1.0, largest) * (2.0 if result.kind == "c" else 1.0)
     if bound >= _EXACT_FLOAT64:
         raise UnsupportedError(f"einsum: {result} operands whose result could reach {bound:.3g} in magnitude "
                                "are not supported yet (spfuse computes integers in float64, exact only below "
@@ -160,6 +194,8 @@ def _drop_axes(obj: Any, axes: tuple[int, ...], name: str) -> Any:
     """``obj`` without its size-1 ``axes`` (numpy: a view; sparse: a tensor without those modes)."""
     if not axes:
         return obj
+    if not isinstance(obj, (np.ndarray, Tensor)) and not _tensor_dtype(obj.dtype):
+        obj = _dense(obj)  # complex or long double: no real Tensor to drop modes from
     if isinstance(obj, np.ndarray):
         return obj[tuple(0 if a in axes else slice(None) for a in range(obj.ndim))]
     t = as_tensor(obj, name=name)
@@ -172,8 +208,28 @@ def _drop_axes(obj: Any, axes: tuple[int, ...], name: str) -> Any:
     return dropped
 
 
+def _tensor_dtype(dtype: Any) -> bool:
+    """Whether a :class:`Tensor` can hold (a conversion of) ``dtype`` values."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 8)
+
+
 def _cast(obj: Any, dtype: np.dtype, name: str) -> Any:
-    """``obj`` with values of ``dtype`` (no copy when they already are)."""
+    """``obj`` with values of ``dtype`` (no copy when they already are).
+
+    For a complex ``dtype``, complex64/complex128 operands are kept (their
+    parts are split out in float64) and real ones become float64, not complex:
+    a real factor then costs two real products, not four."""
+    if dtype.kind == "c":
+        kind = np.dtype(obj.dtype).kind
+        if kind == "c" and np.dtype(obj.dtype).itemsize <= 16:
+            return obj
+        if kind != "c":
+            dtype = np.dtype(np.float64)
+        if not isinstance(obj, (np.ndarray, Tensor)) and obj.dtype != dtype:
+            return obj.astype(dtype)  # scipy or pydata, in its own world
+    if not isinstance(obj, (np.ndarray, Tensor)) and not _tensor_dtype(obj.dtype):
+        return obj.astype(dtype)  # long double scipy or pydata (exactness checked)
     if isinstance(obj, np.ndarray):
         return obj.astype(dtype, copy=False)
     if isinstance(obj, Tensor):
@@ -269,7 +325,7 @@ def einsum_call(args: Sequence[Any], run: Callable[..., Any], *, out: np.ndarray
                     for o, d in zip(operands, dtypes, strict=True)]
     if call.dropped:
         operands = [_drop_axes(o, axes, name) for name, o, axes in zip(call.names, operands, call.dropped, strict=True)]
-    if result.kind in "biu":
+    if needs_exactness(result):
         _check_exact(operands, call.terms, result)
     ready = {name: _cast(o, computed, name) for name, o in zip(call.names, operands, strict=True)}
     program = call.program

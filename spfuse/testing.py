@@ -39,7 +39,7 @@ SPARSE_FORMATS = ("dense", "csr", "csc", "coo")
 # oracle
 # ---------------------------------------------------------------------------
 def densify(x: Any) -> np.ndarray:
-    """``x`` as a float64 numpy array (scipy/pydata sparse via ``todense()``).
+    """``x`` as a float64 numpy array (complex128 when ``x`` is complex; scipy/pydata sparse via ``todense()``).
 
     >>> import scipy.sparse as sp
     >>> densify(sp.csr_array([[0, 2], [3, 0]]))
@@ -48,7 +48,7 @@ def densify(x: Any) -> np.ndarray:
     """
     if not isinstance(x, np.ndarray) and hasattr(x, "todense"):
         x = x.todense()
-    return np.asarray(x, dtype=np.float64)
+    return np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def _expand(arr: np.ndarray, idx: tuple, union: tuple) -> np.ndarray:
@@ -96,7 +96,7 @@ def _eval(e: Expr, env: dict, ext: dict) -> tuple[np.ndarray, tuple]:
             idx = uniq
         return arr, idx
     if t is Literal:
-        return np.asarray(float(e.value)), ()
+        return np.asarray(e.value if isinstance(e.value, complex) else float(e.value)), ()
     if t is Binary:
         a, ai = _eval(e.left, env, ext)
         b, bi = _eval(e.right, env, ext)
@@ -163,9 +163,10 @@ def dense_reference(program_or_text: Program | str, operands: Mapping[str, Any])
             extra = [k for k in idx if k not in target]
             if extra:
                 raise ValueError(f"index {extra[0]!r} is neither on the left nor reduced")
-            arr = _expand(np.asarray(arr, dtype=np.float64), idx, target)
+            dtype = np.complex128 if np.iscomplexobj(arr) else np.float64  # complex operands: complex arithmetic
+            arr = _expand(np.asarray(arr, dtype=dtype), idx, target)
             env[st.target.name] = np.array(
-                np.broadcast_to(arr, tuple(ext[k] for k in target)), dtype=np.float64)
+                np.broadcast_to(arr, tuple(ext[k] for k in target)), dtype=dtype)
     results = program.results
 
     def out(name):

@@ -318,6 +318,8 @@ def _mut_sparse(rng, ops, kernel, name):
     if choice == 8:  # value dtype that cannot be used
         dt = rng.choice(("complex128", "object", "U3", "datetime64[s]", "clongdouble"))
         m.data = d.astype(np.int64).astype(dt) if dt == "datetime64[s]" else d.astype(dt)
+        if dt == "complex128":  # computed as real and imaginary parts (spfuse.complex_values)
+            return "valid", "data dtype complex128"
         return "invalid", f"data dtype {dt}"
     if choice == 9:  # float / bool index arrays
         which = rng.random() < 0.5
@@ -488,7 +490,10 @@ def _mut_dense(rng, ops, kernel, name):
     a = np.array(ops[name])
     choice = int(rng.integers(0, 12))
     if choice == 0:
-        ops[name] = a.astype(str(rng.choice(("complex64", "object", "U4"))))
+        dt = str(rng.choice(("complex64", "object", "U4")))
+        ops[name] = a.astype(dt)
+        if dt == "complex64":  # computed as real and imaginary parts (spfuse.complex_values)
+            return "valid", "dense complex64"
         return "invalid", "dense bad dtype"
     if choice == 1:
         ops[name] = a.reshape(a.shape + (1,))
@@ -588,6 +593,8 @@ def make_case(seed: int, index: int) -> Case:
             ctor = spfuse.Tensor.from_csr if m.format == "csr" else spfuse.Tensor.from_csc
             ops[name] = _TensorCtor(ctor, m.data, m.indices, m.indptr, m._shape)
             case.label += " via Tensor.from_csr/csc"
+            if case.label.startswith("data dtype complex"):
+                case.kind = "invalid"  # a Tensor holds real values (complex scipy operands are split instead)
             if case.kind == "either":  # no scipy slack convention there: indptr[-1] must be nnz
                 case.kind = "invalid"
     elif r < 0.85:

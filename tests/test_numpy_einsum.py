@@ -153,10 +153,35 @@ def test_integers_that_float64_cannot_hold_are_refused():
         spfuse.einsum("i,i", a, a)
 
 
-@pytest.mark.parametrize("dtype", [np.complex128, np.longdouble, object])
-def test_dtypes_not_computed_yet_are_refused(dtype):
-    with pytest.raises(UnsupportedError, match="not supported yet"):
-        spfuse.einsum("i,i", np.ones(3, dtype), np.ones(3, dtype))
+def test_object_dtype_is_refused():
+    with pytest.raises(UnsupportedError, match="object values are not supported"):
+        spfuse.einsum("i,i", np.ones(3, object), np.ones(3, object))
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_long_double_answered_only_when_float64_is_exact(dtype):
+    a = np.arange(-3, 5).astype(dtype) * (1 + (1j if np.dtype(dtype).kind == "c" else 0))
+    got = spfuse.einsum("i,i", a, a)
+    assert got.dtype == np.dtype(dtype) and got == np.einsum("i,i", a, a)
+    with pytest.raises(UnsupportedError, match="not all integers.*lower-precision"):
+        spfuse.einsum("i,i", a / 3, a)
+    with pytest.raises(UnsupportedError, match="2\\*\\*53"):
+        spfuse.einsum("i,i", a * 2 ** 30, a * 2 ** 30)
+
+
+def test_complex_einsum_dtype_out_and_casting():
+    a = np.arange(6.0).reshape(2, 3) * (1 - 2j)
+    b = np.arange(3.0)
+    got = spfuse.einsum("ij,j->i", a, b, dtype=np.complex64, casting="same_kind")
+    assert got.dtype == np.complex64
+    np.testing.assert_allclose(got, np.einsum("ij,j->i", a, b), rtol=1e-6)
+    out = np.empty(2, np.complex128)
+    assert spfuse.einsum("ij,j->i", a, b, out=out) is out
+    np.testing.assert_allclose(out, a @ b)
+    with pytest.raises(TypeError, match="could not be cast"):
+        spfuse.einsum("ij,j->i", a, b, out=np.empty(2))  # complex into float under 'safe'
+    with pytest.raises(TypeError, match="could not be cast"):
+        spfuse.einsum("ij,j->i", a, b, dtype=np.float64)
 
 
 def test_float16_computed_in_float32():
