@@ -205,3 +205,28 @@ def test_aliased_ata_end_to_end_matches_scipy_and_keeps_input():
         np.testing.assert_array_equal(a, b)
     again = k(A=A * 2.0)   # the cached plan, other values
     np.testing.assert_allclose(again.toarray(), 4 * (A.T @ A).toarray(), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------ sums of products, distributed ---
+
+def test_sum_of_two_spmms_is_two_sums_not_a_union():
+    """sum(j, A·X − B·Y) runs as two sums over each operand's own pattern, not
+    as a union of both patterns with a temporary per (i, j, k)."""
+    rng = np.random.default_rng(6)
+    A, B = rand_csr(300, 200, 0.05, rng), rand_csr(300, 200, 0.05, rng)
+    X, Y = rng.standard_normal((200, 8)), rng.standard_normal((200, 8))
+    k = spfuse.compile("C[i,k] = A[i,j]*X[j,k] - 2*B[i,j]*Y[j,k]")
+    text = k.explain(A=A, B=B, X=X, Y=Y)
+    assert "T0[i,k] = sum(j, A[i,j] * X[j,k])" in text
+    assert "T0[i,j,k]" not in text
+    got = k(A=A, B=B, X=X, Y=Y)
+    np.testing.assert_allclose(got, A @ X - 2 * (B @ Y), rtol=1e-12, atol=1e-12)
+
+
+def test_sum_with_a_term_free_of_the_index_is_not_distributed():
+    """sum(j, A[i,j] + x[i]) adds x[i] once per j: it stays one sum."""
+    rng = np.random.default_rng(7)
+    A = rand_csr(20, 15, 0.3, rng)
+    x = rng.standard_normal(20)
+    got = spfuse.evaluate("y[i] = sum(j, A[i,j] + x[i])", A=A, x=x)
+    np.testing.assert_allclose(got, A.toarray().sum(1) + 15 * x, rtol=1e-12)

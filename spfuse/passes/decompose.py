@@ -102,6 +102,9 @@ def factor_reductions(expr: Expr) -> Expr:
     assert isinstance(expr, Reduce)
     body = factor_reductions(expr.body)
     if expr.op == "sum":
+        distributed = _distribute_sum(expr, body)
+        if distributed is not None:
+            return distributed
         factors = _product_factors(body)
         dependent = [f for f in factors if expr.index in free_indices(f)]
         independent = [f for f in factors if expr.index not in free_indices(f)]
@@ -109,6 +112,36 @@ def factor_reductions(expr: Expr) -> Expr:
             inner = Reduce("sum", expr.index, _product(dependent, expr.span), expr.span, expr.implicit)
             return _product(independent + [inner], expr.span)
     return Reduce(expr.op, expr.index, body, expr.span, expr.implicit)
+
+
+def _distribute_sum(expr: Reduce, body: Expr) -> Expr | None:
+    """``sum(k, t1 ± t2 ...)`` as ``sum(k, t1) ± sum(k, t2) ...`` when every
+    term uses ``k``, else None.
+
+    Summing the terms of a sum separately is exact in real arithmetic and
+    lets each term iterate its own operands (``sum(j, A[i,j]*X[j,k] -
+    B[i,j]*Y[j,k])`` is two SpMMs, not a union of A's and B's patterns with a
+    temporary per (i, j, k)).  A term without ``k`` would be counted once per
+    ``k``, so such sums are left alone.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.frontend.canonical import to_text
+    >>> p = parse_program("C[i,k] = sum(j, A[i,j]*X[j,k] - B[i,j]*Y[j,k])")
+    >>> to_text(factor_reductions(p.statements[0].value))
+    'sum(j, A[i, j] * X[j, k]) - sum(j, B[i, j] * Y[j, k])'
+    """
+    terms = sum_terms(body)
+    if len(terms) < 2 or any(expr.index not in free_indices(t) for _, t in terms):
+        return None
+    out: Expr | None = None
+    for c, t in terms:
+        part = t if abs(c) == 1.0 else Binary("*", Literal(abs(c)), t, expr.span)
+        red = factor_reductions(Reduce("sum", expr.index, part, expr.span, expr.implicit))
+        if out is None:
+            out = red if c > 0 else Unary("neg", red, expr.span)
+        else:
+            out = Binary("+" if c > 0 else "-", out, red, expr.span)
+    return out
 
 
 def sum_terms(expr: Expr) -> list[tuple[float, Expr]]:
