@@ -311,7 +311,10 @@ class _Builder:
                 walk(e.left, factors + lf, negate ^ ln, scope)
                 walk(e.right, factors + rf, negate ^ rn, scope)
             elif isinstance(e, Unary):
-                f, flip = unary_factors(e.fn, e.arg)
+                # a temporary's root function reads the temporary itself
+                # (relu' from H, not from recomputing its argument)
+                own = target if e is value and target.name in self.temporaries else None
+                f, flip = unary_factors(e.fn, e.arg, own)
                 walk(e.arg, factors + f, negate ^ flip, scope)
             elif isinstance(e, Where):
                 to_then, to_other = where_factors(e.cond)
