@@ -178,6 +178,43 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str
     return walk(value), origin
 
 
+def _canonical(e: Expr) -> Expr:
+    """``e`` with its indices renamed in order of appearance (free ones and
+    reduction ones apart), so two expressions that differ only in index
+    names compare equal: a dict key for deduplicating hoisted statements,
+    never printed.  Free indices are renamed in :func:`free_indices` order,
+    so a hit is read back as ``Access(name, free_indices(e))``."""
+    free = {k: f"\1{n}" for n, k in enumerate(free_indices(e))}
+    count = [0]
+
+    def walk(x: Expr, mapping: Mapping[str, str]) -> Expr:
+        if isinstance(x, Access):
+            return Access(x.name, tuple(mapping.get(k, k) for k in x.indices))
+        if isinstance(x, Reduce):
+            bound = f"\0{count[0]}"
+            count[0] += 1
+            return Reduce(x.op, bound, walk(x.body, {**mapping, x.index: bound}))
+        return map_children(x, lambda c: walk(c, mapping))
+
+    return walk(e, free)
+
+
+def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
+    """``A[o] / A[o]`` when ``e`` is a product (through ``*``, and the left of
+    ``/``) with a sparse input ``A[o]`` that reads ``index``: ``e`` is then 0
+    wherever ``A`` stores nothing."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Binary) and x.op == "*":
+            stack.extend((x.left, x.right))
+        elif isinstance(x, Binary) and x.op == "/":
+            stack.append(x.left)
+        elif isinstance(x, Access) and x.name in sparse and index in x.indices:
+            return Binary("/", x, x)
+    return None
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -252,14 +289,17 @@ class _Builder:
         """A statement-of-its-own for ``e`` (deduplicated); the access reading it."""
         if isinstance(e, Access):
             return e
-        found = self.hoisted.get(e)
+        key = _canonical(e)
+        found = self.hoisted.get(key)
         if found is None:
             e = self.hoist_reductions(e, base, inner=True)
-            indices = free_indices(e)
-            found = Access(self.names.fresh(f"{base}_r"), indices)
+            found = Access(self.names.fresh(f"{base}_r"), free_indices(e))
             self.hoisted_statements.append(Assignment(found, e))
-            self.hoisted[e] = found
-        return found
+            self.hoisted[key] = found
+            self.hoisted.setdefault(_canonical(e), found)
+            return found
+        # the same values under other index names: read them renamed
+        return Access(found.name, free_indices(e))
 
     def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
         """``e`` with every maximal reduction replaced by a hoisted temporary
@@ -329,12 +369,32 @@ class _Builder:
                 # and the tie test read the very same values
                 body = self.hoist(self.hoist_reductions(e.body, base), base)
                 extremum = self.hoist(Reduce(e.op, e.index, body), base)
+                # the same extremum written over the un-hoisted body reads this one
+                self.hoisted.setdefault(_canonical(e), extremum)
                 tie = Where(Binary("-", body, extremum), ZERO, ONE)
-                ties = self.hoist(Reduce("sum", e.index, tie), base)
+                ties = self.tie_count(n, e, tie, extremum, base)
                 walk(e.body, factors + [("*", tie), ("/", ties)], negate, inner)
 
         walk(value, [], False, target.indices)
         return out
+
+    def tie_count(self, n: int, e: Reduce, tie: Expr, extremum: Access, base: str) -> Access:
+        """How many ``e.index`` positions tie with the extremum (``sum(j, tie)``).
+
+        When ``e``'s body is a product with a sparse input ``A`` read at
+        ``e.index`` (a pattern reduction's ``A/A * ...``), the body is 0
+        wherever ``A`` stores nothing, so those positions tie exactly when the
+        extremum is 0: the count is ``sum(j, A/A * tie) + (extent - stored) *
+        [extremum == 0]``, with every loop on ``A``'s pattern instead of the
+        dense row."""
+        mask = _pattern_mask(e.body, e.index, self.sparse)
+        if mask is None:
+            return self.hoist(Reduce("sum", e.index, tie), base)
+        on_pattern = self.hoist(Reduce("sum", e.index, Binary("*", mask, tie)), base)
+        stored = self.hoist(Reduce("sum", e.index, mask), base)
+        extent = self.hoist(Reduce("sum", e.index, Access(self.ones_vector(n, e.index), (e.index,))), base)
+        off_pattern = Binary("*", Binary("-", extent, stored), Where(extremum, ZERO, ONE))
+        return self.hoist(Binary("+", on_pattern, off_pattern), base)
 
     def target_indices(self, name: str) -> tuple[str, ...]:
         for s in self.forward.statements:
