@@ -191,7 +191,7 @@ def execution_choices(program: Program) -> list[ExecutionChoice]:
     >>> execution_choices(parse_program("y[i] = x[i]"))
     []
     """
-    return [c for (p, _), c in list(_choices.items()) if p == program]
+    return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],

@@ -469,6 +469,8 @@ class _Builder:
                 stack.extend((e.left, e.right))
             elif isinstance(e, Binary) and e.op == "/":
                 stack.append(e.left)
+            elif isinstance(e, Reduce):  # a reduction of terms all 0 where A is (A reads no bound index)
+                stack.append(e.body)
             elif isinstance(e, Access) and e.name in self.sparse and e.indices == target:
                 return Binary("/", e, e)
         return None
