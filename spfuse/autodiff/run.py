@@ -23,7 +23,8 @@ from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "values_at", "vjp"]
+__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "values_at",
+           "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
