@@ -79,20 +79,21 @@ def transposed_csr(t: Tensor) -> Tensor:
     if t.format != Format.csr():
         return t.transpose().asformat("csr")
     level = t.levels[1]
+    assert isinstance(level, CompressedLevel)  # CSR
     pos, crd = level.pos, level.crd
-    key = (t.shape, pos.dtype.str, len(crd), _address(pos), _address(crd))
+    rows, cols = t.shape
+    key = ((rows, cols), pos.dtype.str, len(crd), _address(pos), _address(crd))
     with _lock:
         found = _cache.get(key)
         if found is not None:
             _cache.move_to_end(key)
     if found is None or not (np.array_equal(found.pos, pos) and np.array_equal(found.crd, crd)):
-        found = _build(pos, crd, t.shape)
+        found = _build(pos, crd, (rows, cols))
         with _lock:
             _cache[key] = found
             _cache.move_to_end(key)
             while len(_cache) > MAX_PATTERNS:
                 _cache.popitem(last=False)
-    rows, cols = t.shape
     levels = (DenseLevel(cols), CompressedLevel(rows, found.t_pos, found.t_crd))
     return Tensor._trusted((cols, rows), Format.csr(), levels, t.values[found.order], t.origin)
 
