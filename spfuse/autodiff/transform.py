@@ -420,8 +420,13 @@ class _Builder:
                 if k in target:
                     mapping[k] = index_names.fresh(k)
             terms.append(self.transpose_reads(c.expression(mapping, target), target, c.source))
-        value = terms[0]
-        for t in terms[1:]:
+        # equal terms (x*x gives two) are computed once and doubled: x + x == 2*x exactly
+        counts: dict[Expr, int] = {}
+        for t in terms:
+            counts[t] = counts.get(t, 0) + 1
+        merged = [t if k == 1 else Binary("*", Literal(float(k)), t) for t, k in counts.items()]
+        value = merged[0]
+        for t in merged[1:]:
             value = Binary("+", value, t)
         if name in self.sparse and name in self.patterns:
             value = Binary("*", Access(self.patterns[name], target), value)
