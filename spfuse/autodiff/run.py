@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -133,46 +133,38 @@ class ExecutionChoice:
     the GCN adjoint 25 ms fused vs 7 ms split -- the fused plan turns two
     GEMMs into per-row outer products; MTTKRP's 12 ms fused vs 108 ms
     split), and the planner's cost model does not yet price the difference.
-    A backward pass repeats with one signature, so the first calls measure:
-    the default way (fused up to :data:`SPLIT_ABOVE` statements) runs twice
-    -- planning, then timed -- then the other way twice, and from then on the
-    faster one runs.  Both compute the same gradients (up to rounding order).
+    A backward pass repeats with one signature, so its first call measures:
+    each way runs twice (planning, then timed) and the faster one's result
+    is returned -- by that call and every later one, so repeated calls give
+    bit-identical gradients (the two ways may differ in rounding order).
 
-    >>> c = ExecutionChoice(fused_first=True)
-    >>> [c.next_split() for _ in range(2)]
-    [False, False]
+    >>> c = ExecutionChoice()
+    >>> c.measure(lambda split: "split" if split else "fused", clock=iter([0, 5, 0, 1]).__next__)
+    'split'
+    >>> c.split, c.describe()
+    (True, 'execution: statement by statement (measured 5e+03 ms fused, 1e+03 ms statement by statement)')
     """
 
-    def __init__(self, fused_first: bool):
-        self.order = (False, True) if fused_first else (True, False)
-        self.calls = 0
+    def __init__(self):
         self.seconds: dict[bool, float] = {}
+        self.split: bool | None = None
 
-    @property
-    def decided(self) -> bool | None:
-        """True/False (split or fused) once measured, else None."""
-        if len(self.seconds) < 2:
-            return None
-        return self.seconds[True] < self.seconds[False]
-
-    def next_split(self) -> bool:
-        """Whether the next call runs statement by statement."""
-        decided = self.decided
-        if decided is not None:
-            return decided
-        return self.order[min(self.calls // 2, 1)]
-
-    def record(self, split: bool, seconds: float) -> None:
-        """Note one call's time (the first call each way plans: not counted)."""
-        if self.calls % 2 == 1 and self.decided is None:
-            self.seconds[split] = seconds
-        self.calls += 1
+    def measure(self, run: Callable[[bool], Any], clock: Callable[[], float] = time.perf_counter) -> Any:
+        """Run ``run(split)`` both ways, twice each; decide; the winner's result."""
+        results = {}
+        for way in (False, True):
+            run(way)  # plans
+            start = clock()
+            results[way] = run(way)
+            self.seconds[way] = clock() - start
+        self.split = self.seconds[True] < self.seconds[False]
+        return results[self.split]
 
     def describe(self) -> str:
         """The measurement and the choice, in words."""
-        if self.decided is None:
-            return f"execution: not decided yet ({self.calls} calls measured)"
-        way = "statement by statement" if self.decided else "as one fused program"
+        if self.split is None:
+            return "execution: not measured yet"
+        way = "statement by statement" if self.split else "as one fused program"
         return (f"execution: {way} (measured {1e3 * self.seconds[False]:.3g} ms fused, "
                 f"{1e3 * self.seconds[True]:.3g} ms statement by statement)")
 
@@ -251,11 +243,11 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             if choice is None:
                 if len(_choices) >= _MAX_CHOICES:
                     _choices.pop(next(iter(_choices)))
-                choice = _choices[key] = ExecutionChoice(fused_first=True)
-            way = choice.next_split()
-            start = time.perf_counter()
-            raw = (_run_split if way else _run_fused)(program, ops, fusion, num_threads)
-            choice.record(way, time.perf_counter() - start)
+                choice = _choices[key] = ExecutionChoice()
+                raw = choice.measure(lambda split: (_run_split if split else _run_fused)(
+                    program, ops, fusion, num_threads))
+            else:
+                raw = (_run_split if choice.split else _run_fused)(program, ops, fusion, num_threads)
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:

@@ -10,8 +10,8 @@ faster) and the largest loss difference to spfuse over all epochs.
 Backward: per catalogue kernel (:mod:`spfuse.bench.suite`), the median time
 of ``spfuse.vjp`` with respect to every dense operand over the median time
 of the forward ``spfuse.evaluate``, same operands, same run; both after
-warm-up calls (planning; for vjp also the fused-or-split measurement of
-:class:`spfuse.autodiff.run.ExecutionChoice`, four calls).
+a warm-up call (planning; for vjp also the fused-or-split measurement of
+:class:`spfuse.autodiff.run.ExecutionChoice`).
 """
 from __future__ import annotations
 
@@ -71,9 +71,8 @@ def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_pat
     return rows
 
 
-def _median_time(f, repeat: int, warmup: int = 1) -> float:
-    for _ in range(warmup):  # plans (and, for vjp, measures fused vs split: ExecutionChoice)
-        f()
+def _median_time(f, repeat: int) -> float:
+    f()  # warm-up: plans (for vjp also measures fused vs split: ExecutionChoice)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -108,7 +107,7 @@ def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: 
         cot = result.copy() if hasattr(result, "copy") else float(result)
         try:
             fwd = _median_time(lambda: spfuse.evaluate(kernel.program, **ops), repeat)
-            bwd = _median_time(lambda: spfuse.vjp(kernel.program, cot, wrt=wrt, **ops), repeat, warmup=5)
+            bwd = _median_time(lambda: spfuse.vjp(kernel.program, cot, wrt=wrt, **ops), repeat)
         except Exception as e:  # report, keep going
             print(f"  {kernel.name:<16} error: {type(e).__name__}: {e}", file=out)
             continue
