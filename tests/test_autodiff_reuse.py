@@ -165,3 +165,24 @@ def test_hoisted_statements_are_shared_across_index_names():
     grad_k = next(s for s in adj.text.splitlines() if s.startswith("grad_K["))
     assert "A_T" not in grad_k
     assert adj.program == parse_program(adj.text)
+
+
+def test_a_shared_sparse_prefix_is_computed_once(rng):
+    text = "A[i,j] = B[i,j] * (C[i,k] * D[k,j])"
+    lines = adjoint(text, wrt=("C", "D"), sparse=("B",)).text.splitlines()
+    assert lines == ["grad_A_p[i, j] = grad_A[i, j] * B[i, j]",
+                     "grad_C[i, k] = sum(j, grad_A_p[i, j] * D[k, j])",
+                     "grad_D[k, j] = sum(i, grad_A_p[i, j] * C[i, k])"]
+    # dense B: no pattern to compute the prefix on, it stays inline
+    assert "grad_A_p" not in adjoint(text, wrt=("C", "D")).text
+    B = _csr(rng, 6, 5)
+    check_gradients(text, {"B": B, "C": rng.standard_normal((6, 3)), "D": rng.standard_normal((3, 5))}, rng)
+    from spfuse.examples import autoencoder
+    X = autoencoder.ratings(12, 9, 3)
+    P = X.copy()
+    P.data[:] = 1.0
+    ops = {"X": X, "We": rng.standard_normal((9, 4)), "b": rng.standard_normal(4), "P": P,
+           "Wd": rng.standard_normal((4, 9)), "s": 0.5}
+    assert "grad_D_p[i, j] = grad_D[i, j] * P[i, j]" in adjoint(
+        autoencoder.PROGRAM, wrt=("We", "b", "Wd"), sparse=("X", "P")).text
+    check_gradients(autoencoder.PROGRAM, ops, rng, wrt=("We", "b", "Wd"))

@@ -396,6 +396,51 @@ class _Builder:
         off_pattern = Binary("*", Binary("-", extent, stored), Where(extremum, ZERO, ONE))
         return self.hoist(Binary("+", on_pattern, off_pattern), base)
 
+    def share_sparse_prefixes(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once the product-chain prefix several contributions of one
+        statement share, when it is sparse: the cotangent times a sparse
+        input's pattern (``grad_D[i,j] * P[i,j]`` feeding both ``grad_H`` and
+        ``grad_Wd``) becomes a statement of its own on that pattern, which
+        the contributions then read instead of co-iterating both operands
+        each.  A dense prefix is left inline (a later sparse factor of the
+        chain may restrict it).  Returns the new statements; rewrites the
+        chains in place."""
+        out: list[Assignment] = []
+        while True:
+            best = None
+            for length in range(len(min((c.chain for c in contributions), key=len, default=())), 1, -1):
+                groups: dict[tuple, list[_Contribution]] = {}
+                for c in contributions:
+                    if len(c.chain) > length:  # something must stay after the prefix
+                        groups.setdefault(tuple(c.chain[:length]), []).append(c)
+                for prefix, members in groups.items():
+                    if len(members) > 1 and self.sparse_prefix(prefix):
+                        best = (prefix, members)
+                        break
+                if best:
+                    break
+            if best is None:
+                return out
+            prefix, members = best
+            value: Expr = prefix[0][1]
+            for op, f in prefix[1:]:
+                value = apply_factor(value, op, f)
+            shared = Access(self.names.fresh(f"grad_{target}_p"), free_indices(value))
+            out.append(Assignment(shared, value))
+            for c in members:
+                c.chain = [("*", shared)] + c.chain[len(prefix):]
+
+    def sparse_prefix(self, prefix: tuple) -> bool:
+        """Whether the product ``prefix`` is zero off a sparse input's pattern
+        that spans all its indices (so its statement stores only that pattern)."""
+        if any(op not in ("*", "/") for op, _ in prefix[1:]):
+            return False
+        indices = set()
+        for _, f in prefix:
+            indices |= set(free_indices(f))
+        return any(op == "*" and isinstance(f, Access) and f.name in self.sparse and set(f.indices) == indices
+                   for op, f in prefix[1:])
+
     def target_indices(self, name: str) -> tuple[str, ...]:
         for s in self.forward.statements:
             if s.target.name == name:
@@ -498,7 +543,9 @@ class _Builder:
             elif name not in self.grad or name not in self.active:
                 continue
             value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
-            for c in self.contributions(n, stmt, value):
+            contributions = self.contributions(n, stmt, value)
+            grads.extend(self.share_sparse_prefixes(name, contributions))
+            for c in contributions:
                 pending.setdefault(c.name, []).append(c)
         gradients = {}
         for name in self.wrt:
