@@ -186,3 +186,12 @@ def test_a_shared_sparse_prefix_is_computed_once(rng):
     assert "grad_D_p[i, j] = grad_D[i, j] * P[i, j]" in adjoint(
         autoencoder.PROGRAM, wrt=("We", "b", "Wd"), sparse=("X", "P")).text
     check_gradients(autoencoder.PROGRAM, ops, rng, wrt=("We", "b", "Wd"))
+
+
+def test_explain_vjp_shows_the_measured_execution(rng):
+    k = spfuse.compile("U[i,k] = M[i,j] * B[j,k]; Z[i,h] = tanh(U[i,k]) * W[k,h]", M="csr")
+    assert "execution:" not in k.explain_vjp(("B", "W"))  # nothing measured for this program yet
+    k.vjp(rng.standard_normal((5, 2)), wrt=("B", "W"), M=_csr(rng, 5, 4), B=rng.standard_normal((4, 3)),
+          W=rng.standard_normal((3, 2)))
+    shown = k.explain_vjp(("B", "W"))
+    assert "execution: " in shown and "ms fused" in shown
