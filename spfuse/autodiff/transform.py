@@ -199,10 +199,10 @@ def _canonical(e: Expr) -> Expr:
     return walk(e, free)
 
 
-def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
-    """``A[o] / A[o]`` when ``e`` is a product (through ``*``, and the left of
-    ``/``) with a sparse input ``A[o]`` that reads ``index``: ``e`` is then 0
-    wherever ``A`` stores nothing."""
+def _sparse_factor(e: Expr, sparse: frozenset, wanted, through_reductions: bool = False) -> Access | None:
+    """A sparse input access ``A`` with ``wanted(A)`` that ``e`` is a product
+    with (through ``*``, the left of ``/`` and, with ``through_reductions``,
+    reduction bodies): ``e`` is then 0 wherever ``A`` stores nothing."""
     stack = [e]
     while stack:
         x = stack.pop()
@@ -210,9 +210,18 @@ def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
             stack.extend((x.left, x.right))
         elif isinstance(x, Binary) and x.op == "/":
             stack.append(x.left)
-        elif isinstance(x, Access) and x.name in sparse and index in x.indices:
-            return Binary("/", x, x)
+        elif isinstance(x, Reduce) and through_reductions:
+            stack.append(x.body)
+        elif isinstance(x, Access) and x.name in sparse and wanted(x):
+            return x
     return None
+
+
+def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
+    """``A[o] / A[o]`` when ``e`` is a product with a sparse input ``A[o]``
+    that reads ``index`` (see :func:`_sparse_factor`)."""
+    found = _sparse_factor(e, sparse, lambda a: index in a.indices)
+    return Binary("/", found, found) if found is not None else None
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -512,18 +521,9 @@ class _Builder:
         planner to compute it on the pattern only (not densely)."""
         stmt = next(s for s in self.forward.statements if s.target.name == name)
         target = stmt.target.indices
-        stack = [stmt.value]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Binary) and e.op == "*":
-                stack.extend((e.left, e.right))
-            elif isinstance(e, Binary) and e.op == "/":
-                stack.append(e.left)
-            elif isinstance(e, Reduce):  # a reduction of terms all 0 where A is (A reads no bound index)
-                stack.append(e.body)
-            elif isinstance(e, Access) and e.name in self.sparse and e.indices == target:
-                return Binary("/", e, e)
-        return None
+        # through reductions too: a sum of terms all 0 where A is (A reads no bound index)
+        found = _sparse_factor(stmt.value, self.sparse, lambda a: a.indices == target, through_reductions=True)
+        return Binary("/", found, found) if found is not None else None
 
     def build(self) -> Adjoint:
         forward = self.forward
