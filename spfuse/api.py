@@ -622,8 +622,8 @@ class Kernel:
 
     def explain_vjp(self, wrt: Any = None, *, temporaries: str = "auto") -> str:
         """The adjoint program :meth:`vjp` runs, with its keep/recompute choices."""
-        from spfuse.autodiff.kernel import kernel_adjoint
-        return kernel_adjoint(self, wrt, temporaries).describe()
+        from spfuse.autodiff.kernel import kernel_explain_vjp
+        return kernel_explain_vjp(self, wrt, temporaries)
 
     def __repr__(self) -> str:
         fmts = ", ".join(f"{n}={f.name}" for n, f in self._formats.items())

@@ -105,6 +105,28 @@ def to_torch(value: Any) -> Any:
     return torch.tensor(float(value), dtype=torch.float64)
 
 
+class _CSRArrays:
+    """A torch CSR tensor's arrays in the attributes a scipy CSR matrix has."""
+
+    format = "csr"
+
+    def __init__(self, t: Any):
+        self.indptr = t.crow_indices().numpy()
+        self.indices = t.col_indices().numpy()
+        self.data = t.values().numpy()
+        self.shape = (int(t.shape[0]), int(t.shape[1]))
+
+
+def _csr_tensor(t: Any) -> Tensor | None:
+    """A canonical torch CSR tensor as an spfuse Tensor, zero-copy, after the
+    one-pass index scan (no scipy object on the way: the per-call path of a
+    training loop); None when anything is unusual (the general path decides)."""
+    t = t.detach()
+    if t.ndim != 2:
+        return None
+    return Tensor._fast_compressed(_CSRArrays(t), "sparray")
+
+
 class _Input:
     """One converted input: the spfuse operand and how to hand its gradient back."""
 
@@ -112,8 +134,8 @@ class _Input:
         torch = _torch()
         self.source = source
         self.layout = source.layout if isinstance(source, torch.Tensor) else None
-        self.operand = to_spfuse(source, name)
-        self.tensor = as_tensor(self.operand, name=name)
+        tensor = _csr_tensor(source) if self.layout == torch.sparse_csr and source.device.type == "cpu" else None
+        self.tensor = tensor if tensor is not None else as_tensor(to_spfuse(source, name), name=name)
 
     @property
     def sparse(self) -> bool:

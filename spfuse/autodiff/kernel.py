@@ -4,11 +4,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spfuse.autodiff.run import cached_adjoint, vjp
+from spfuse.autodiff.run import cached_adjoint, execution_choices, vjp
 from spfuse.autodiff.transform import Adjoint
 from spfuse.tensor import as_tensor
 
-__all__ = ["kernel_vjp", "kernel_adjoint"]
+__all__ = ["kernel_vjp", "kernel_adjoint", "kernel_explain_vjp"]
 
 
 def _wrt(kernel, wrt) -> tuple:
@@ -52,3 +52,19 @@ def kernel_vjp(kernel, cotangent: Any, wrt, temporaries: str, operands: Mapping[
         converted[name] = value
     return vjp(kernel.program, cotangent, _wrt(kernel, wrt), temporaries=temporaries,
                fusion=kernel.fusion, num_threads=kernel.num_threads, **converted)
+
+
+def kernel_explain_vjp(kernel, wrt=None, temporaries: str = "auto") -> str:
+    """:func:`kernel_adjoint`'s description, with the fused-or-split choices
+    measured so far by :meth:`Kernel.vjp` calls (one per operand signature).
+
+    >>> import numpy as np, spfuse
+    >>> k = spfuse.compile("y[i] = A[i,j] * x[j] + x[i]", A="csr")
+    >>> print(kernel_explain_vjp(k, ("x",)).splitlines()[-1])
+      grad_x[j] = sum(i, grad_y[i] * A_T[j, i]) + grad_y[j]
+    """
+    adj = kernel_adjoint(kernel, wrt, temporaries)
+    lines = [adj.describe()]
+    if adj.program is not None:
+        lines.extend(c.describe() for c in execution_choices(adj.program) if c.split is not None)
+    return "\n".join(lines)

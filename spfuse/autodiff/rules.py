@@ -32,16 +32,23 @@ ONE, ZERO = Literal(1.0), Literal(0.0)
 Factor = tuple[str, Expr]
 
 
-def unary_factors(fn: str, arg: Expr) -> tuple[list[Factor], bool]:
+def unary_factors(fn: str, arg: Expr, value: Expr | None = None) -> tuple[list[Factor], bool]:
     """Factors carrying ``fn(arg)``'s adjoint to ``arg``, and whether the sign flips.
+
+    ``value``: an expression equal to ``fn(arg)`` to read instead of
+    recomputing it (a forward temporary holding it): ``sigmoid'`` is then
+    ``T * (1 - T)``, ``relu'`` selects where ``T != 0``, ``exp'`` is ``T``.
 
     >>> from spfuse.frontend.ast import Access
     >>> from spfuse.frontend.canonical import to_text
     >>> factors, negate = unary_factors("tanh", Access("x", ("i",)))
     >>> [(op, to_text(e)) for op, e in factors], negate
     ([('*', '1.0 - tanh(x[i]) * tanh(x[i])')], False)
+    >>> [(op, to_text(e)) for op, e in unary_factors("sigmoid", Access("x", ("i",)), Access("T", ("i",)))[0]]
+    [('*', 'T[i] * (1.0 - T[i])')]
     """
-    value = Unary(fn, arg)
+    if value is None:
+        value = Unary(fn, arg)
     if fn == "neg":
         return [], True
     if fn == "relu":

@@ -8,20 +8,23 @@ sparse operand's pattern, ones vectors, and the forward temporaries kept.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
 from spfuse.autodiff.transform import Adjoint, adjoint
+from spfuse.autodiff.transposes import transposed_csr
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["cached_adjoint", "pattern_values", "run_adjoint", "values_at", "vjp"]
+__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "values_at",
+           "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,24 +83,108 @@ def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
     return out
 
 
-#: Adjoint programs longer than this run one statement per evaluate() call
-#: (each statement still planned and fused on its own).  Measured: the
-#: sparse-attention adjoint (22 statements, n = 200) took 10.7 s as one
-#: program and 0.1 s statement by statement -- the whole-program plan of
-#: such long programs is not yet good (an executor/planner matter).
+#: Adjoint programs longer than this always run one statement per
+#: evaluate() call (each statement still planned and fused on its own).
+#: Measured: the sparse-attention adjoint (22 statements, n = 200) took 10.7 s
+#: as one program and 0.1 s statement by statement -- the whole-program plan
+#: of such long programs is not yet good (a planner matter).  Shorter ones are
+#: timed both ways on their first calls (see :class:`ExecutionChoice`).
 SPLIT_ABOVE = 10
+
+
+@functools.lru_cache(maxsize=256)
+def _statements(program: Program) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """Per statement: its target, its text and the names it reads (made once per program)."""
+    from spfuse.frontend.canonical import to_text
+    out = []
+    for st in program.statements:
+        text = to_text(st)
+        out.append((st.target.name, text, tuple(parse_program(text).inputs)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _extents(program: Program, shapes: tuple) -> list:
+    """Per statement, each index's extent (``check_program``, once per program and shapes)."""
+    return check_program(program, dict(shapes))
 
 
 def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None) -> dict:
     from spfuse.api import evaluate
-    from spfuse.frontend.canonical import to_text
     env = dict(ops)
-    for st in program.statements:
-        text = to_text(st)
-        reads = parse_program(text).inputs
-        env[st.target.name] = evaluate(text, fusion=fusion, num_threads=num_threads,
-                                       **{n: env[n] for n in reads})
+    for target, text, reads in _statements(program):
+        env[target] = evaluate(text, fusion=fusion, num_threads=num_threads, **{n: env[n] for n in reads})
     return {n: env[n] for n in program.results}
+
+
+def _run_fused(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None) -> dict:
+    from spfuse.api import evaluate
+    reads = set(program.inputs)
+    raw = evaluate(program.text, fusion=fusion, num_threads=num_threads,
+                   **{n: v for n, v in ops.items() if n in reads})
+    return raw if isinstance(raw, dict) else {program.results[0]: raw}
+
+
+class ExecutionChoice:
+    """How one adjoint program runs for one operand signature: as one fused
+    program or one statement at a time, decided by timing both.
+
+    Neither is better in general (measured, 2000-node inputs, one thread:
+    the GCN adjoint 25 ms fused vs 7 ms split -- the fused plan turns two
+    GEMMs into per-row outer products; MTTKRP's 12 ms fused vs 108 ms
+    split), and the planner's cost model does not yet price the difference.
+    A backward pass repeats with one signature, so its first call measures:
+    each way runs twice (planning, then timed) and the faster one's result
+    is returned -- by that call and every later one, so repeated calls give
+    bit-identical gradients (the two ways may differ in rounding order).
+
+    >>> c = ExecutionChoice()
+    >>> c.measure(lambda split: "split" if split else "fused", clock=iter([0, 5, 0, 1]).__next__)
+    'split'
+    >>> c.split, c.describe()
+    (True, 'execution: statement by statement (measured 5e+03 ms fused, 1e+03 ms statement by statement)')
+    """
+
+    def __init__(self):
+        self.seconds: dict[bool, float] = {}
+        self.split: bool | None = None
+
+    def measure(self, run: Callable[[bool], Any], clock: Callable[[], float] = time.perf_counter) -> Any:
+        """Run ``run(split)`` both ways, twice each; decide; the winner's result."""
+        results = {}
+        for way in (False, True):
+            run(way)  # plans
+            start = clock()
+            results[way] = run(way)
+            self.seconds[way] = clock() - start
+        self.split = self.seconds[True] < self.seconds[False]
+        return results[self.split]
+
+    def describe(self) -> str:
+        """The measurement and the choice, in words."""
+        if self.split is None:
+            return "execution: not measured yet"
+        way = "statement by statement" if self.split else "as one fused program"
+        return (f"execution: {way} (measured {1e3 * self.seconds[False]:.3g} ms fused, "
+                f"{1e3 * self.seconds[True]:.3g} ms statement by statement)")
+
+
+_choices: dict = {}
+_MAX_CHOICES = 256
+
+
+def _signature(ops: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((n, type(v).__name__, tuple(getattr(v, "shape", ())), str(getattr(v, "format", "")))
+                        for n, v in ops.items()))
+
+
+def execution_choices(program: Program) -> list[ExecutionChoice]:
+    """The fused-or-split measurements made so far for an adjoint program.
+
+    >>> execution_choices(parse_program("y[i] = x[i]"))
+    []
+    """
+    return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
@@ -111,7 +198,7 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     forward temporaries (computed here from ``tensors`` when not given).
     ``split``: run the adjoint program as one fused program (False) or one
     statement at a time (True); by default split when it has more than
-    :data:`SPLIT_ABOVE` statements.
+    :data:`SPLIT_ABOVE` statements, else measured (:class:`ExecutionChoice`).
     """
     dtype = np.result_type(*(t.dtype for t in tensors.values())) if tensors else np.float64
     out: dict[str, Any] = {}
@@ -126,16 +213,17 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
                 values = {saving.results[0]: values}
             saved = {t: values[adj.saved[t]] for t in adj.kept}
         shapes = {n: t.shape for n, t in tensors.items()}
-        extents = check_program(adj.forward, shapes)
         ops: dict[str, Any] = dict(tensors)
         ops.update({adj.cotangents[r]: v for r, v in cotangents.items() if r in adj.cotangents})
         for name, pattern in adj.patterns.items():
             t = tensors[name]
             ops[pattern] = t.with_values(np.ones(t.nnz, dtype=t.dtype))
         for name, transposed in adj.transposed.items():
-            ops[transposed] = tensors[name].transpose().asformat("csr")
-        for name, (statement, index) in adj.ones.items():
-            ops[name] = np.ones(extents[statement][index], dtype=dtype)
+            ops[transposed] = transposed_csr(tensors[name])
+        if adj.ones:
+            extents = _extents(adj.forward, tuple(sorted(shapes.items())))
+            for name, (statement, index) in adj.ones.items():
+                ops[name] = np.ones(extents[statement][index], dtype=dtype)
         if saved:
             ops.update(saved)
         program = adj.program
@@ -145,15 +233,21 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         for name in missing:  # a result without a cotangent contributes nothing
             result = next(r for r, c in adj.cotangents.items() if c == name)
             ops[name] = np.zeros(result_shapes(adj.forward, shapes)[result], dtype=dtype)
-        if split is None:
-            split = len(program.statements) > SPLIT_ABOVE
-        if split:
+        if split is not None or len(program.statements) < 2:
+            raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads)
+        elif len(program.statements) > SPLIT_ABOVE:
             raw = _run_split(program, ops, fusion, num_threads)
         else:
-            raw = evaluate(program.text, fusion=fusion, num_threads=num_threads,
-                           **{n: v for n, v in ops.items() if n in reads})
-            if not isinstance(raw, dict):
-                raw = {program.results[0]: raw}
+            key = (program, _signature(ops), fusion, num_threads)
+            choice = _choices.get(key)
+            if choice is None:
+                if len(_choices) >= _MAX_CHOICES:
+                    _choices.pop(next(iter(_choices)))
+                choice = _choices[key] = ExecutionChoice()
+                raw = choice.measure(lambda split: (_run_split if split else _run_fused)(
+                    program, ops, fusion, num_threads))
+            else:
+                raw = (_run_split if choice.split else _run_fused)(program, ops, fusion, num_threads)
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:

@@ -178,6 +178,52 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str
     return walk(value), origin
 
 
+def _canonical(e: Expr) -> Expr:
+    """``e`` with its indices renamed in order of appearance (free ones and
+    reduction ones apart), so two expressions that differ only in index
+    names compare equal: a dict key for deduplicating hoisted statements,
+    never printed.  Free indices are renamed in :func:`free_indices` order,
+    so a hit is read back as ``Access(name, free_indices(e))``."""
+    free = {k: f"\1{n}" for n, k in enumerate(free_indices(e))}
+    count = [0]
+
+    def walk(x: Expr, mapping: Mapping[str, str]) -> Expr:
+        if isinstance(x, Access):
+            return Access(x.name, tuple(mapping.get(k, k) for k in x.indices))
+        if isinstance(x, Reduce):
+            bound = f"\0{count[0]}"
+            count[0] += 1
+            return Reduce(x.op, bound, walk(x.body, {**mapping, x.index: bound}))
+        return map_children(x, lambda c: walk(c, mapping))
+
+    return walk(e, free)
+
+
+def _sparse_factor(e: Expr, sparse: frozenset, wanted, through_reductions: bool = False) -> Access | None:
+    """A sparse input access ``A`` with ``wanted(A)`` that ``e`` is a product
+    with (through ``*``, the left of ``/`` and, with ``through_reductions``,
+    reduction bodies): ``e`` is then 0 wherever ``A`` stores nothing."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Binary) and x.op == "*":
+            stack.extend((x.left, x.right))
+        elif isinstance(x, Binary) and x.op == "/":
+            stack.append(x.left)
+        elif isinstance(x, Reduce) and through_reductions:
+            stack.append(x.body)
+        elif isinstance(x, Access) and x.name in sparse and wanted(x):
+            return x
+    return None
+
+
+def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
+    """``A[o] / A[o]`` when ``e`` is a product with a sparse input ``A[o]``
+    that reads ``index`` (see :func:`_sparse_factor`)."""
+    found = _sparse_factor(e, sparse, lambda a: index in a.indices)
+    return Binary("/", found, found) if found is not None else None
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -252,14 +298,17 @@ class _Builder:
         """A statement-of-its-own for ``e`` (deduplicated); the access reading it."""
         if isinstance(e, Access):
             return e
-        found = self.hoisted.get(e)
+        key = _canonical(e)
+        found = self.hoisted.get(key)
         if found is None:
             e = self.hoist_reductions(e, base, inner=True)
-            indices = free_indices(e)
-            found = Access(self.names.fresh(f"{base}_r"), indices)
+            found = Access(self.names.fresh(f"{base}_r"), free_indices(e))
             self.hoisted_statements.append(Assignment(found, e))
-            self.hoisted[e] = found
-        return found
+            self.hoisted[key] = found
+            self.hoisted.setdefault(_canonical(e), found)
+            return found
+        # the same values under other index names: read them renamed
+        return Access(found.name, free_indices(e))
 
     def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
         """``e`` with every maximal reduction replaced by a hoisted temporary
@@ -311,7 +360,10 @@ class _Builder:
                 walk(e.left, factors + lf, negate ^ ln, scope)
                 walk(e.right, factors + rf, negate ^ rn, scope)
             elif isinstance(e, Unary):
-                f, flip = unary_factors(e.fn, e.arg)
+                # a temporary's root function reads the temporary itself
+                # (relu' from H, not from recomputing its argument)
+                own = target if e is value and target.name in self.temporaries else None
+                f, flip = unary_factors(e.fn, e.arg, own)
                 walk(e.arg, factors + f, negate ^ flip, scope)
             elif isinstance(e, Where):
                 to_then, to_other = where_factors(e.cond)
@@ -326,12 +378,77 @@ class _Builder:
                 # and the tie test read the very same values
                 body = self.hoist(self.hoist_reductions(e.body, base), base)
                 extremum = self.hoist(Reduce(e.op, e.index, body), base)
+                # the same extremum written over the un-hoisted body reads this one
+                self.hoisted.setdefault(_canonical(e), extremum)
                 tie = Where(Binary("-", body, extremum), ZERO, ONE)
-                ties = self.hoist(Reduce("sum", e.index, tie), base)
+                ties = self.tie_count(n, e, tie, extremum, base)
                 walk(e.body, factors + [("*", tie), ("/", ties)], negate, inner)
 
         walk(value, [], False, target.indices)
         return out
+
+    def tie_count(self, n: int, e: Reduce, tie: Expr, extremum: Access, base: str) -> Access:
+        """How many ``e.index`` positions tie with the extremum (``sum(j, tie)``).
+
+        When ``e``'s body is a product with a sparse input ``A`` read at
+        ``e.index`` (a pattern reduction's ``A/A * ...``), the body is 0
+        wherever ``A`` stores nothing, so those positions tie exactly when the
+        extremum is 0: the count is ``sum(j, A/A * tie) + (extent - stored) *
+        [extremum == 0]``, with every loop on ``A``'s pattern instead of the
+        dense row."""
+        mask = _pattern_mask(e.body, e.index, self.sparse)
+        if mask is None:
+            return self.hoist(Reduce("sum", e.index, tie), base)
+        on_pattern = self.hoist(Reduce("sum", e.index, Binary("*", mask, tie)), base)
+        stored = self.hoist(Reduce("sum", e.index, mask), base)
+        extent = self.hoist(Reduce("sum", e.index, Access(self.ones_vector(n, e.index), (e.index,))), base)
+        off_pattern = Binary("*", Binary("-", extent, stored), Where(extremum, ZERO, ONE))
+        return self.hoist(Binary("+", on_pattern, off_pattern), base)
+
+    def share_sparse_prefixes(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once the product-chain prefix several contributions of one
+        statement share, when it is sparse: the cotangent times a sparse
+        input's pattern (``grad_D[i,j] * P[i,j]`` feeding both ``grad_H`` and
+        ``grad_Wd``) becomes a statement of its own on that pattern, which
+        the contributions then read instead of co-iterating both operands
+        each.  A dense prefix is left inline (a later sparse factor of the
+        chain may restrict it).  Returns the new statements; rewrites the
+        chains in place."""
+        out: list[Assignment] = []
+        while True:
+            best = None
+            for length in range(len(min((c.chain for c in contributions), key=len, default=())), 1, -1):
+                groups: dict[tuple, list[_Contribution]] = {}
+                for c in contributions:
+                    if len(c.chain) > length:  # something must stay after the prefix
+                        groups.setdefault(tuple(c.chain[:length]), []).append(c)
+                for prefix, members in groups.items():
+                    if len(members) > 1 and self.sparse_prefix(prefix):
+                        best = (prefix, members)
+                        break
+                if best:
+                    break
+            if best is None:
+                return out
+            prefix, members = best
+            value: Expr = prefix[0][1]
+            for op, f in prefix[1:]:
+                value = apply_factor(value, op, f)
+            shared = Access(self.names.fresh(f"grad_{target}_p"), free_indices(value))
+            out.append(Assignment(shared, value))
+            for c in members:
+                c.chain = [("*", shared)] + c.chain[len(prefix):]
+
+    def sparse_prefix(self, prefix: tuple) -> bool:
+        """Whether the product ``prefix`` is zero off a sparse input's pattern
+        that spans all its indices (so its statement stores only that pattern)."""
+        if any(op not in ("*", "/") for op, _ in prefix[1:]):
+            return False
+        indices = set()
+        for _, f in prefix:
+            indices |= set(free_indices(f))
+        return any(op == "*" and isinstance(f, Access) and f.name in self.sparse and set(f.indices) == indices
+                   for op, f in prefix[1:])
 
     def target_indices(self, name: str) -> tuple[str, ...]:
         for s in self.forward.statements:
@@ -357,8 +474,13 @@ class _Builder:
                 if k in target:
                     mapping[k] = index_names.fresh(k)
             terms.append(self.transpose_reads(c.expression(mapping, target), target, c.source))
-        value = terms[0]
-        for t in terms[1:]:
+        # equal terms (x*x gives two) are computed once and doubled: x + x == 2*x exactly
+        counts: dict[Expr, int] = {}
+        for t in terms:
+            counts[t] = counts.get(t, 0) + 1
+        merged = [t if k == 1 else Binary("*", Literal(float(k)), t) for t, k in counts.items()]
+        value = merged[0]
+        for t in merged[1:]:
             value = Binary("+", value, t)
         if name in self.sparse and name in self.patterns:
             value = Binary("*", Access(self.patterns[name], target), value)
@@ -399,16 +521,9 @@ class _Builder:
         planner to compute it on the pattern only (not densely)."""
         stmt = next(s for s in self.forward.statements if s.target.name == name)
         target = stmt.target.indices
-        stack = [stmt.value]
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Binary) and e.op == "*":
-                stack.extend((e.left, e.right))
-            elif isinstance(e, Binary) and e.op == "/":
-                stack.append(e.left)
-            elif isinstance(e, Access) and e.name in self.sparse and e.indices == target:
-                return Binary("/", e, e)
-        return None
+        # through reductions too: a sum of terms all 0 where A is (A reads no bound index)
+        found = _sparse_factor(stmt.value, self.sparse, lambda a: a.indices == target, through_reductions=True)
+        return Binary("/", found, found) if found is not None else None
 
     def build(self) -> Adjoint:
         forward = self.forward
@@ -428,7 +543,9 @@ class _Builder:
             elif name not in self.grad or name not in self.active:
                 continue
             value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
-            for c in self.contributions(n, stmt, value):
+            contributions = self.contributions(n, stmt, value)
+            grads.extend(self.share_sparse_prefixes(name, contributions))
+            for c in contributions:
                 pending.setdefault(c.name, []).append(c)
         gradients = {}
         for name in self.wrt:

@@ -9,7 +9,9 @@ faster) and the largest loss difference to spfuse over all epochs.
 
 Backward: per catalogue kernel (:mod:`spfuse.bench.suite`), the median time
 of ``spfuse.vjp`` with respect to every dense operand over the median time
-of the forward ``spfuse.evaluate``, same operands, same run.
+of the forward ``spfuse.evaluate``, same operands, same run; both after
+a warm-up call (planning; for vjp also the fused-or-split measurement of
+:class:`spfuse.autodiff.run.ExecutionChoice`).
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_pat
 
 
 def _median_time(f, repeat: int) -> float:
-    f()  # warm-up: plans
+    f()  # warm-up: plans (for vjp also measures fused vs split: ExecutionChoice)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()

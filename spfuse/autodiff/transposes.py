@@ -1,0 +1,117 @@
+"""The CSR of a sparse matrix's transpose, its pattern remembered across calls.
+
+An adjoint reads a sparse matrix whose rows are summed as the CSR of its
+transpose (``A_T``, see :mod:`spfuse.autodiff.transform`).  A training loop
+calls the backward pass with the same pattern every epoch, often with new
+values, so the transposition's index work -- the counting sort -- is done
+once per pattern: what is remembered is the transposed pattern and the
+permutation taking the matrix's values to the transpose's storage order.
+Each call then costs one gather of the values.
+
+A cache entry holds *copies* of the pattern it was built from, never the
+caller's arrays (nothing here keeps an operand alive), and a hit compares
+the current pattern with them, so an index array changed in place is never
+served a stale transpose.
+
+>>> import numpy as np, scipy.sparse as sp
+>>> from spfuse.tensor import as_tensor
+>>> A = as_tensor(sp.csr_array(np.array([[0.0, 1.0], [2.0, 3.0]])))
+>>> transposed_csr(A).todense().tolist()
+[[0.0, 2.0], [1.0, 3.0]]
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from spfuse.formats import Format
+from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+
+__all__ = ["transposed_csr", "clear", "cache_size"]
+
+#: patterns remembered (least recently used dropped first)
+MAX_PATTERNS = 16
+
+
+@dataclass(frozen=True)
+class _Transposed:
+    pos: np.ndarray        # copies of the source pattern (CSR)
+    crd: np.ndarray
+    t_pos: np.ndarray      # the transpose's pattern (CSR of Aᵀ)
+    t_crd: np.ndarray
+    order: np.ndarray      # source value positions in the transpose's storage order
+
+
+_cache: OrderedDict = OrderedDict()
+_lock = threading.Lock()
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _build(pos: np.ndarray, crd: np.ndarray, shape: tuple[int, int]) -> _Transposed:
+    nnz = len(crd)
+    ranks = sp.csr_array((np.arange(nnz, dtype=np.int64), crd, pos), shape=shape).tocsc()
+    idx = crd.dtype
+    return _Transposed(pos.copy(), crd.copy(), ranks.indptr.astype(idx, copy=False),
+                       ranks.indices.astype(idx, copy=False), ranks.data)
+
+
+def transposed_csr(t: Tensor) -> Tensor:
+    """``t``'s transpose stored as CSR (values in its storage order).
+
+    A CSR ``t`` is transposed through the remembered pattern (see the module
+    docstring); any other 2-D format is converted directly (a CSC matrix's
+    transpose *is* a CSR one, sharing its arrays).
+
+    >>> import numpy as np
+    >>> t = Tensor.from_numpy(np.array([[1.0, 0.0, 2.0]]), "csr")
+    >>> tt = transposed_csr(t); tt.format.name, tt.shape, tt.values.tolist()
+    ('csr', (3, 1), [1.0, 2.0])
+    """
+    if t.ndim != 2:
+        raise ValueError(f"transposed_csr needs a matrix, got a {t.ndim}-d tensor")
+    if t.format != Format.csr():
+        return t.transpose().asformat("csr")
+    level = t.levels[1]
+    assert isinstance(level, CompressedLevel)  # CSR
+    pos, crd = level.pos, level.crd
+    rows, cols = t.shape
+    key = ((rows, cols), pos.dtype.str, len(crd), _address(pos), _address(crd))
+    with _lock:
+        found = _cache.get(key)
+        if found is not None:
+            _cache.move_to_end(key)
+    if found is None or not (np.array_equal(found.pos, pos) and np.array_equal(found.crd, crd)):
+        found = _build(pos, crd, (rows, cols))
+        with _lock:
+            _cache[key] = found
+            _cache.move_to_end(key)
+            while len(_cache) > MAX_PATTERNS:
+                _cache.popitem(last=False)
+    levels = (DenseLevel(cols), CompressedLevel(rows, found.t_pos, found.t_crd))
+    return Tensor._trusted((cols, rows), Format.csr(), levels, t.values[found.order], t.origin)
+
+
+def clear() -> None:
+    """Forget every remembered pattern.
+
+    >>> clear(); cache_size()
+    0
+    """
+    with _lock:
+        _cache.clear()
+
+
+def cache_size() -> int:
+    """How many patterns are remembered.
+
+    >>> isinstance(cache_size(), int)
+    True
+    """
+    return len(_cache)

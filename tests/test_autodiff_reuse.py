@@ -1,0 +1,197 @@
+"""What the backward pass reuses across calls, and the adjoint shapes that
+keep it cheap: remembered transposed patterns, the measured fused-or-split
+choice, derivatives read from kept temporaries, tie counts on the pattern,
+hoisted statements shared modulo index names."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import spfuse
+from spfuse.autodiff import adjoint, transposes
+from spfuse.autodiff.run import ExecutionChoice, execution_choices
+from spfuse.frontend.parser import parse_program
+from spfuse.tensor import as_tensor
+
+pytest.importorskip("torch")
+from test_autodiff import check_gradients  # noqa: E402
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(7)
+
+
+def _csr(rng, n, m, density=0.3):
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng)
+    A.sort_indices()
+    return A
+
+
+# ---------------------------------------------------------------------------
+# transposed patterns
+# ---------------------------------------------------------------------------
+def test_transpose_matches_scipy_and_follows_new_values(rng):
+    transposes.clear()
+    A = _csr(rng, 7, 5)
+    t = transposes.transposed_csr(as_tensor(A))
+    np.testing.assert_array_equal(t.todense(), A.toarray().T)
+    B = A.copy()
+    B.data = rng.standard_normal(B.nnz)  # same pattern, new values
+    t2 = transposes.transposed_csr(as_tensor(B))
+    np.testing.assert_array_equal(t2.todense(), B.toarray().T)
+    assert t2.format.name == "csr" and t2.shape == (5, 7)
+
+
+def test_pattern_changed_in_place_is_not_served_a_stale_transpose(rng):
+    transposes.clear()
+    A = sp.csr_array(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))
+    before = transposes.transposed_csr(as_tensor(A)).todense()
+    A.indices[:] = [0, 1, 2]  # same buffers, new (still canonical) pattern
+    after = transposes.transposed_csr(as_tensor(A)).todense()
+    np.testing.assert_array_equal(before, np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]).T)
+    np.testing.assert_array_equal(after, A.toarray().T)
+
+
+def test_cache_keeps_no_operand_alive_and_stays_bounded(rng):
+    transposes.clear()
+    A = _csr(rng, 6, 6)
+    refs = [weakref.ref(A.indices), weakref.ref(A.indptr), weakref.ref(A.data)]
+    transposes.transposed_csr(as_tensor(A))
+    assert transposes.cache_size() == 1
+    del A
+    gc.collect()
+    assert all(r() is None for r in refs)
+    for n in range(transposes.MAX_PATTERNS + 3):
+        transposes.transposed_csr(as_tensor(_csr(rng, 4 + n, 3)))
+    assert transposes.cache_size() == transposes.MAX_PATTERNS
+
+
+def test_vjp_through_a_transposed_read_sees_each_calls_values(rng):
+    """grad_x of y = A x reads A as the CSR of Aᵀ: same pattern, new values,
+    and a pattern rewritten in place, give the right gradient every call."""
+    text = "y[i] = A[i,j] * x[j]"
+    assert "A_T" in adjoint(text, wrt=("x",), sparse=("A",)).text
+    A = _csr(rng, 9, 6)
+    x, g = rng.standard_normal(6), rng.standard_normal(9)
+    for _ in range(3):
+        A.data = rng.standard_normal(A.nnz)
+        got = spfuse.vjp(text, g, wrt=("x",), A=A, x=x)["x"]
+        np.testing.assert_allclose(got, A.toarray().T @ g, rtol=1e-12)
+    rows = np.diff(A.indptr)
+    A.indices[:] = np.concatenate([np.arange(r) for r in rows])  # rewrite the pattern in place
+    got = spfuse.vjp(text, g, wrt=("x",), A=A, x=x)["x"]
+    np.testing.assert_allclose(got, A.toarray().T @ g, rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# fused or statement by statement: measured
+# ---------------------------------------------------------------------------
+def test_execution_choice_measures_each_way_twice_and_returns_the_winners_result():
+    calls = []
+
+    def run(split):
+        calls.append(split)
+        return "split" if split else "fused"
+
+    c = ExecutionChoice()
+    assert c.measure(run, clock=iter([0.0, 2.0, 0.0, 1.0]).__next__) == "split"
+    assert calls == [False, False, True, True] and c.split is True
+    assert "statement by statement" in c.describe()
+    slow_split = ExecutionChoice()
+    assert slow_split.measure(run, clock=iter([0.0, 1.0, 0.0, 5.0]).__next__) == "fused"
+    assert slow_split.split is False and "fused" in slow_split.describe()
+
+
+def test_gradients_are_identical_from_the_first_call_on(rng):
+    text = "T[i,k] = A[i,j] * B[j,k]; Z[i,h] = relu(T[i,k]) * W[k,h]"
+    A = _csr(rng, 8, 7)
+    ops = {"A": A, "B": rng.standard_normal((7, 5)), "W": rng.standard_normal((5, 3))}
+    cot = {"Z": rng.standard_normal((8, 3))}
+    first = check_gradients(text, ops, rng, wrt=("B", "W"), cotangents=cot)  # measures both ways
+    for _ in range(3):  # then the winner, bit for bit the same as the first call's result
+        again = check_gradients(text, ops, rng, wrt=("B", "W"), cotangents=cot)
+        for name in ("B", "W"):
+            np.testing.assert_array_equal(again[name], first[name])
+    choices = execution_choices(adjoint(text, wrt=("B", "W"), sparse=("A",)).program)
+    assert any(c.split is not None for c in choices)
+
+
+# ---------------------------------------------------------------------------
+# adjoint shapes
+# ---------------------------------------------------------------------------
+def test_root_function_of_a_kept_temporary_is_differentiated_through_it(rng):
+    text = "H[i,h] = sigmoid(A[i,j] * W[j,h]); Z[i,c] = H[i,h] * V[h,c]"
+    adj = adjoint(text, wrt=("W", "V"), sparse=("A",))
+    assert adj.kept == ("H",)
+    assert "sigmoid" not in adj.text and "H[i, h] * (1.0 - H[i, h])" in adj.text
+    relu = adjoint("H[i,h] = relu(A[i,j] * W[j,h]); Z[i,c] = H[i,h] * V[h,c]", wrt=("W",), sparse=("A",))
+    assert "where(H[i, h]" in relu.text and "relu" not in relu.text
+    ops = {"A": _csr(rng, 6, 5), "W": rng.standard_normal((5, 4)), "V": rng.standard_normal((4, 3))}
+    for policy in ("auto", "keep", "recompute"):
+        check_gradients(text, ops, rng, wrt=("W", "V"), temporaries=policy)
+
+
+def test_tie_count_of_a_pattern_max_runs_on_the_pattern(rng):
+    adj = adjoint("m[i] = max(j in A[i,j], S[i,j])", wrt=("S",), sparse=("A",))
+    counts = [s for s in adj.text.splitlines() if "where(" in s and "= sum(" in s]
+    assert counts and all("A[i, j" in s.split("where(")[0] for s in counts), adj.text
+
+
+@pytest.mark.parametrize("text", ["m[i] = max(j in A[i,j], S[i,j])", "m[i] = min(j in A[i,j], S[i,j])",
+                                  "m[i] = max(j, A[i,j] * S[i,j])", "m[i] = min(j, A[i,j] * S[i,j])"])
+def test_pattern_extrema_gradients_with_off_pattern_ties(text, rng):
+    # row 0: one stored entry (its bound c equals it: the shifted max is 0 and ties
+    # with every unstored position); row 1: all stored entries equal; row 2: empty;
+    # row 3: mixed signs with a stored 0 value in S
+    A = sp.csr_array(np.array([[0.0, 2.0, 0.0, 0.0], [1.0, 1.0, 0.0, 1.0],
+                               [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 3.0, 1.0]]))
+    S = np.array([[5.0, -1.5, 2.0, 1.0], [0.5, 0.5, 9.0, 0.5], [1.0, 2.0, 3.0, 4.0], [-2.0, 7.0, 0.0, 3.0]])
+    check_gradients(text, {"A": A, "S": S}, rng, wrt=("S",))
+    check_gradients(text, {"A": A, "S": -S}, rng, wrt=("S",))
+
+
+def test_hoisted_statements_are_shared_across_index_names():
+    from spfuse.examples import attention
+    adj = adjoint(attention.PROGRAM, wrt=("Wq", "Wk", "Wv"), sparse=("A",))
+    bodies = [s.split("=", 1)[1].strip() for s in adj.text.splitlines()]
+    assert sum(b.startswith("min(") for b in bodies) <= 2, adj.text
+    # grad_S lives on A's pattern (S is a sum of products with A): grad_K reads A, not Aᵀ,
+    # so grad_S and A are co-iterated in one storage order
+    grad_k = next(s for s in adj.text.splitlines() if s.startswith("grad_K["))
+    assert "A_T" not in grad_k
+    assert adj.program == parse_program(adj.text)
+
+
+def test_a_shared_sparse_prefix_is_computed_once(rng):
+    text = "A[i,j] = B[i,j] * (C[i,k] * D[k,j])"
+    lines = adjoint(text, wrt=("C", "D"), sparse=("B",)).text.splitlines()
+    assert lines == ["grad_A_p[i, j] = grad_A[i, j] * B[i, j]",
+                     "grad_C[i, k] = sum(j, grad_A_p[i, j] * D[k, j])",
+                     "grad_D[k, j] = sum(i, grad_A_p[i, j] * C[i, k])"]
+    # dense B: no pattern to compute the prefix on, it stays inline
+    assert "grad_A_p" not in adjoint(text, wrt=("C", "D")).text
+    B = _csr(rng, 6, 5)
+    check_gradients(text, {"B": B, "C": rng.standard_normal((6, 3)), "D": rng.standard_normal((3, 5))}, rng)
+    from spfuse.examples import autoencoder
+    X = autoencoder.ratings(12, 9, 3)
+    P = X.copy()
+    P.data[:] = 1.0
+    ops = {"X": X, "We": rng.standard_normal((9, 4)), "b": rng.standard_normal(4), "P": P,
+           "Wd": rng.standard_normal((4, 9)), "s": 0.5}
+    assert "grad_D_p[i, j] = grad_D[i, j] * P[i, j]" in adjoint(
+        autoencoder.PROGRAM, wrt=("We", "b", "Wd"), sparse=("X", "P")).text
+    check_gradients(autoencoder.PROGRAM, ops, rng, wrt=("We", "b", "Wd"))
+
+
+def test_explain_vjp_shows_the_measured_execution(rng):
+    k = spfuse.compile("U[i,k] = M[i,j] * B[j,k]; Z[i,h] = tanh(U[i,k]) * W[k,h]", M="csr")
+    assert "execution:" not in k.explain_vjp(("B", "W"))  # nothing measured for this program yet
+    k.vjp(rng.standard_normal((5, 2)), wrt=("B", "W"), M=_csr(rng, 5, 4), B=rng.standard_normal((4, 3)),
+          W=rng.standard_normal((3, 2)))
+    shown = k.explain_vjp(("B", "W"))
+    assert "execution: " in shown and "ms fused" in shown
