@@ -183,3 +183,22 @@ def test_auto_fusion_permuted_reads_of_one_sparse_tensor():
     want = dense_reference(P, ops)
     np.testing.assert_allclose(spfuse.evaluate(P, fusion="none", **ops).todense(), want, atol=1e-12)
     np.testing.assert_allclose(spfuse.evaluate(P, fusion="auto", **ops).todense(), want, atol=1e-12)
+
+
+def test_mask_of_a_consumer_index_the_producer_lacks_is_not_propagated():
+    """R = P ∘ (x ∘ sel + (Σ_n1 Y ∘ sel) ⊗ o): the inner sum T4[j] is read as
+    T4[j]*o[n] under P[n,j]'s pattern; P's row-n pattern must not restrict
+    T4's j loop (fused into the loop over n it saw only n1 = n: 3, not 23).
+    Found by the autodiff property test (seed 888)."""
+    P = sp.csr_array(np.array([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    Y = np.array([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]])
+    o = np.ones(2)
+    x = np.arange(8.0).reshape(2, 4)
+    w = (Y > 1.5).astype(float)
+    text = ("R[n, j] = P[n, j] * (x[n, j] * where(w[n, j], 1.0, 0.0)"
+            " + sum(n_1, Y[n_1, j] * where(w[n_1, j], 1.0, 0.0)) * o[n])")
+    sel = np.where(w != 0, 1.0, 0.0)
+    want = P.toarray() * (x * sel + (Y * sel).sum(axis=0)[None, :] * o[:, None])
+    for fusion in ("none", "auto"):
+        got = spfuse.evaluate(text, P=P, Y=Y, o=o, x=x, w=w, fusion=fusion)
+        np.testing.assert_allclose(got.toarray(), want, rtol=1e-14)

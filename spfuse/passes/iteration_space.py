@@ -207,8 +207,15 @@ def propagate_iteration_spaces(ops: tuple[UnitOp, ...], inputs: Mapping[str, Ten
             if ref.name in inputs:
                 continue
             cur = demand.setdefault(ref.name, [FALSE] * len(ref.indices))
+            carried = set(ref.indices)
             for d, ix in enumerate(ref.indices):
-                cur[d] = cur[d] | masks[ix]
+                m = masks[ix]
+                if any(not set(labels.refs[a][2]) <= carried for a in m.atoms):
+                    # the mask depends on an index the producer does not have
+                    # (T4[j] read as T4[j]*P[n,j]): within the producer it
+                    # means "for some n", which no atom of its own expresses
+                    m = TRUE
+                cur[d] = cur[d] | m
     values = {op.out: tuple(_projected(op, ix, final[op.id][ix], inputs, labels) for ix in op.out_indices)
               for op in ops}
     return IterationSpaces(forward, final, values, dict(labels.refs))
