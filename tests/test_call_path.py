@@ -247,3 +247,22 @@ def test_shape_whose_size_overflows_int64_is_refused_by_name(program, fmt, shape
     A._shape = shape  # as the fuzz does: scipy's constructor would refuse it
     with pytest.raises(ValueError, match="'A'.*too large|too large.*'A'|operand 'A'"):
         spfuse.evaluate(program, A=A, W=dense)
+
+
+def test_zero_d_operand_is_rebound_not_relowered(monkeypatch):
+    """A 0-d operand lives in a 0-d buffer set per call: later calls with
+    other values reuse the cached lowering and see their own value."""
+    import scipy.sparse as sp
+
+    from spfuse.lowering import looptree as LL
+    A = sp.random_array((300, 200), density=0.05, format="csr", random_state=0)
+    x = np.random.default_rng(0).random(200)
+    b = np.random.default_rng(1).random(300)
+    k = spfuse.compile("y[i] = sum(j, A[i,j]*x[j]) * s + b[i]")
+    k(A=A, x=x, b=b, s=np.float64(1.0))
+    calls = []
+    original = LL.lower_to_looptree
+    monkeypatch.setattr(LL, "lower_to_looptree", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    for s in (2.0, -3.5, 0.0):
+        np.testing.assert_allclose(k(A=A, x=x, b=b, s=np.float64(s)), (A @ x) * s + b, rtol=1e-13)
+    assert calls == []

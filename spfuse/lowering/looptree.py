@@ -62,6 +62,7 @@ class Binding:
     value_slots: tuple
     patterns: tuple
     pattern_specs: tuple
+    scalars: tuple = ()   # (buffer, operand name): 0-d operands, read from their buffers' initial values
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,10 @@ class LoweredProgram:
         for buf, src in b.patterns:
             sizes[buf] = len(levels[src].values)
             shapes[buf] = (sizes[buf],)
-        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, tuple(shapes))
+        inits = list(self.plan.buf_inits)
+        for buf, name in b.scalars:
+            inits[buf] = float(np.asarray(operands[name].todense()))
+        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, tuple(shapes), tuple(inits))
         outputs = list(self.outputs)
         for k, src in b.pattern_specs:
             outputs[k] = replace(outputs[k], pattern_of=tensors[src])
@@ -143,7 +147,7 @@ class _Lowerer:
         self.converted: dict[tuple, Any] = {}
         self.transposed: list[str] = []
         self.sources: dict[int, tuple] = {}   # id(tensor accessed) -> (operand, conversion)
-        self.baked = False                    # a 0-d operand's value is a constant of the plan
+        self.scalars: dict[str, Any] = {}     # 0-d operand -> the 0-d buffer holding its value
         self.buffers: dict[str, Any] = {}
         self.targets: dict[str, Any] = {}
         self.outputs: list[OutputSpec] = []
@@ -306,9 +310,12 @@ class _Lowerer:
             return lt.const(leaf.value)
         if leaf.name in self.buffers and leaf.name not in self.operands:
             return self.buffer_ref(op_id, leaf.name, leaf.indices)
-        if not leaf.indices:  # a 0-d operand is a constant of this call
-            self.baked = True
-            return lt.const(float(np.asarray(self.operands[leaf.name].todense())))
+        if not leaf.indices:  # a 0-d operand: a read-only 0-d buffer, set per call (see rebind)
+            buf = self.scalars.get(leaf.name)
+            if buf is None:
+                value = float(np.asarray(self.operands[leaf.name].todense()))
+                buf = self.scalars[leaf.name] = self.b.buffer((), name=f"{leaf.name}.scalar", init=value)
+            return lt.BufferRef(buf, ())
         return self.access(op_id, leaf)
 
     def buffer_ref(self, op_id: int, name: str, indices):
@@ -472,8 +479,6 @@ def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
 
 def _binding(lo: _Lowerer, built) -> Binding | None:
     """How ``built``'s arrays come from the operands, or None when some do not."""
-    if lo.baked:
-        return None
     index_slot = {id(a): k for k, a in enumerate(built.index_arrays)}
     value_slot = {id(a): k for k, a in enumerate(built.value_arrays)}
     source_of: dict = {}
@@ -500,7 +505,8 @@ def _binding(lo: _Lowerer, built) -> Binding | None:
             if src is None or src not in source_of:
                 return None
             specs.append((n, source_of[src]))
-    return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs))
+    scalars = tuple((buf.id, name) for name, buf in lo.scalars.items())
+    return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs), scalars)
 
 
 def lower_cached(plan, operands: Mapping[str, Any]) -> LoweredProgram:

@@ -1416,13 +1416,15 @@ def _canonical_coo(crd: np.ndarray, val: np.ndarray, op: str, shape: tuple,
 
 
 def rebound(plan: LoopTreePlan, index_arrays: tuple, value_arrays: tuple, buf_size: np.ndarray,
-            buf_shapes: tuple) -> LoopTreePlan:
+            buf_shapes: tuple, buf_inits: tuple | None = None) -> LoopTreePlan:
     """``plan`` over other operand arrays of the same formats and shapes
-    (pattern buffers resized): its executable structure is reused by
-    :func:`run`, which then only re-points the arrays."""
+    (pattern buffers resized; buffers' initial values replaced when
+    ``buf_inits`` is given -- a 0-d operand lives in one): its executable
+    structure is reused by :func:`run`, which then only re-points the arrays."""
     new = copy.copy(plan)
     for name, value in (("index_arrays", index_arrays), ("value_arrays", value_arrays),
-                        ("buf_size", buf_size), ("buf_shapes", buf_shapes)):
+                        ("buf_size", buf_size), ("buf_shapes", buf_shapes),
+                        ("buf_inits", plan.buf_inits if buf_inits is None else buf_inits)):
         object.__setattr__(new, name, value)
     new.__dict__.pop("_program", None)
     object.__setattr__(new, "_structure", plan.__dict__.get("_structure", plan))
