@@ -37,7 +37,7 @@ from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.tiling import choose_tiles
 
-__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program"]
+__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program", "bind_aliases"]
 
 FUSION_STRATEGIES = ("auto", "max", "none")
 
