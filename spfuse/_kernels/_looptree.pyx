@@ -49,7 +49,7 @@ from spfuse._kernels._openmp_helpers cimport omp_get_thread_num, omp_get_num_thr
 
 cnp.import_array()
 
-# -- constants shared with spfuse/runtime/looptree.py (keep in sync) --------
+# -- the plan encoding (spfuse/runtime/looptree.py reads it from PLAN_CODES) --
 cdef enum:
     N_LOOP = 0
     N_STMT = 1
@@ -109,6 +109,23 @@ cdef enum:
     LT_GROWTH = 8
 
 STACK_LIMIT = STACK_SIZE
+
+#: The plan encoding's codes, by name: the one source the plan builder
+#: (:mod:`spfuse.runtime.looptree`) takes them from.
+PLAN_CODES = {
+    "N_LOOP": N_LOOP, "N_STMT": N_STMT, "N_RESET": N_RESET, "N_FLUSH": N_FLUSH,
+    "M_DENSE": M_DENSE, "M_INTERSECT": M_INTERSECT, "M_UNION": M_UNION,
+    "L_DENSE": L_DENSE, "L_COMPRESSED": L_COMPRESSED,
+    "T_BUF": T_BUF, "T_PATTERN": T_PATTERN, "T_COO": T_COO, "T_WS": T_WS,
+    "A_ASSIGN": A_ASSIGN, "A_SUM": A_SUM, "A_MAX": A_MAX, "A_MIN": A_MIN,
+    "OP_LOAD_ACC": OP_LOAD_ACC, "OP_LOAD_BUF": OP_LOAD_BUF, "OP_CONST": OP_CONST,
+    "OP_ADD": OP_ADD, "OP_SUB": OP_SUB, "OP_MUL": OP_MUL, "OP_DIV": OP_DIV,
+    "OP_MAX": OP_MAX, "OP_MIN": OP_MIN, "OP_LT": OP_LT, "OP_LE": OP_LE, "OP_GT": OP_GT,
+    "OP_GE": OP_GE, "OP_EQ": OP_EQ, "OP_NE": OP_NE, "OP_WHERE": OP_WHERE,
+    "OP_NEG": OP_NEG, "OP_ABS": OP_ABS, "OP_SQRT": OP_SQRT, "OP_EXP": OP_EXP, "OP_LOG": OP_LOG,
+    "OP_TANH": OP_TANH, "OP_SIGMOID": OP_SIGMOID, "OP_RELU": OP_RELU,
+    "STACK_SIZE": STACK_SIZE,
+}
 
 
 ctypedef struct Plan:

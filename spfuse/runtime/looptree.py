@@ -95,6 +95,7 @@ from typing import Any
 
 import numpy as np
 
+from spfuse._kernels import _looptree
 from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError
 
 __all__ = [
@@ -103,22 +104,24 @@ __all__ = [
     "access_from_arrays", "const", "where", "unary", "maximum", "minimum", "run",
 ]
 
-# -- constants shared with _looptree.pyx ------------------------------------
-N_LOOP, N_STMT, N_RESET, N_FLUSH = 0, 1, 2, 3
-M_DENSE, M_INTERSECT, M_UNION = 0, 1, 2
-L_DENSE, L_COMPRESSED = 0, 1
-T_BUF, T_PATTERN, T_COO, T_WS = 0, 1, 2, 3
-# a row workspace holds this many elements at most (per thread: 17 bytes each)
-WORKSPACE_MAX = 1 << 24
-ASSIGN_OPS = {"assign": 0, "sum": 1, "max": 2, "min": 3}
+# -- the plan encoding: codes defined once, by the executor ----------------
+_CODE = _looptree.PLAN_CODES
+N_LOOP, N_STMT, N_RESET, N_FLUSH = (_CODE[k] for k in ("N_LOOP", "N_STMT", "N_RESET", "N_FLUSH"))
+M_DENSE, M_INTERSECT, M_UNION = (_CODE[k] for k in ("M_DENSE", "M_INTERSECT", "M_UNION"))
+L_DENSE, L_COMPRESSED = _CODE["L_DENSE"], _CODE["L_COMPRESSED"]
+T_BUF, T_PATTERN, T_COO, T_WS = (_CODE[k] for k in ("T_BUF", "T_PATTERN", "T_COO", "T_WS"))
+ASSIGN_OPS = {name: _CODE[f"A_{name.upper()}"] for name in ("assign", "sum", "max", "min")}
 _ASSIGN_SYM = {"assign": "=", "sum": "+=", "max": "max=", "min": "min="}
-OP_LOAD_ACC, OP_LOAD_BUF, OP_CONST = 0, 1, 2
-BINARY_OPS = {"+": 10, "-": 11, "*": 12, "/": 13, "max": 14, "min": 15,
-              "<": 16, "<=": 17, ">": 18, ">=": 19, "==": 20, "!=": 21}
-OP_WHERE = 30
-UNARY_OPS = {"neg": 40, "abs": 41, "sqrt": 42, "exp": 43, "log": 44,
-             "tanh": 45, "sigmoid": 46, "relu": 47}
-STACK_LIMIT = 64
+OP_LOAD_ACC, OP_LOAD_BUF, OP_CONST = _CODE["OP_LOAD_ACC"], _CODE["OP_LOAD_BUF"], _CODE["OP_CONST"]
+BINARY_OPS = {sym: _CODE[f"OP_{name}"] for sym, name in (
+    ("+", "ADD"), ("-", "SUB"), ("*", "MUL"), ("/", "DIV"), ("max", "MAX"), ("min", "MIN"),
+    ("<", "LT"), ("<=", "LE"), (">", "GT"), (">=", "GE"), ("==", "EQ"), ("!=", "NE"))}
+OP_WHERE = _CODE["OP_WHERE"]
+UNARY_OPS = {name: _CODE[f"OP_{name.upper()}"]
+             for name in ("neg", "abs", "sqrt", "exp", "log", "tanh", "sigmoid", "relu")}
+STACK_LIMIT = _CODE["STACK_SIZE"]
+# a row workspace holds this many elements at most (per thread: a double and a bit each)
+WORKSPACE_MAX = 1 << 24
 _MODE_NAMES = {M_DENSE: "dense", M_INTERSECT: "intersect", M_UNION: "union"}
 
 
@@ -1443,7 +1446,6 @@ def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
 
 def _program(plan: LoopTreePlan, blocks: bool):
     """The executor's program for ``plan``: built once per structure."""
-    from spfuse._kernels import _looptree
     if not blocks:
         return _looptree._Program(plan, False)
     structure = plan.__dict__.get("_structure", plan)
