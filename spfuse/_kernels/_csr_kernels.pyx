@@ -55,7 +55,7 @@ from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
-from spfuse._kernels._bitmap cimport SPFUSE_CTZ64, _bitmap_readback, out_index_t
+from spfuse._kernels._bitmap cimport _bitmap_readback, out_index_t
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
