@@ -202,3 +202,17 @@ def test_mask_of_a_consumer_index_the_producer_lacks_is_not_propagated():
     for fusion in ("none", "auto"):
         got = spfuse.evaluate(text, P=P, Y=Y, o=o, x=x, w=w, fusion=fusion)
         np.testing.assert_allclose(got.toarray(), want, rtol=1e-14)
+
+
+def test_tiny_reduction_of_a_function_of_a_product_is_not_a_template_spmv():
+    """sum(k, tanh(A[i,k]*B[k])) with k of extent 1 is fused whole (tiny
+    reduction); the fused statement's leaves A, B are not an SpMV's factors:
+    the template used to drop the tanh (found by test_random_programs_match_numpy)."""
+    A = sp.csr_array(np.array([[0.0], [-0.58185598], [0.36417188], [0.104343]]))
+    B = np.array([-0.32633475])
+    got = spfuse.evaluate("R0[i] = sum(k, tanh(A[i, k] * B[k]))", A=A, B=B)
+    np.testing.assert_allclose(got, np.tanh(A.toarray() * B).sum(axis=1), rtol=1e-14)
+    # a plain product under the same tiny reduction still runs on the template
+    k = spfuse.compile("y[i] = sum(k, A[i, k] * B[k])")
+    assert "template kernel 'spmv'" in k.explain(A=A, B=B)
+    np.testing.assert_allclose(k(A=A, B=B), A.toarray() @ B, rtol=1e-14)

@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Root
+from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
 
 __all__ = ["Group", "split_groups", "lower_groups"]
@@ -62,6 +64,9 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str):
     def inline(op: UnitOp, taken: set) -> bool:
         if op.operator not in ("*", None) or op.reduction not in ("sum", None):
             return False
+        expr = getattr(op, "expr", None)   # a whole fused statement (max_fusion.StatementOp)
+        if expr is not None and not all(isinstance(f, Access) for f in _product_factors(expr)):
+            return False  # its args are leaves of an expression, not factors: tanh(A*B) is no SpMV
         if op.operator is None and op.reduction is None:
             return False
         for ix in op.reduced:
