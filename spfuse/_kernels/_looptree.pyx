@@ -216,7 +216,7 @@ ctypedef struct Ctx:
     int64_t* blk_i     # block mode: coordinates of up to BLK iterations
     int64_t* blk_pos   # block mode: positions, one row of BLK per loop level
     double* vst        # block mode: vector stack, one row of BLK per slot
-    int64_t* sw_rowid  # sweeps: batch row of each position of a chunk (SW)
+    int64_t* sw_rowid  # sweeps: a chunk's row segments (SW + 1 starts, SW rows), positions, coordinates
     double* sw_q       # sweeps: vector stack over positions, one row of SW per slot
     double* sw_r       # sweeps: vector stack over rows
     double* sw_t       # sweeps: per-row values of the row temporaries, SW per slot
@@ -1142,7 +1142,8 @@ cdef void _fiber_block(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) 
 # as a *sweep*: rows are taken in batches (up to SW rows, up to SW positions
 # of the first fiber), and every child is evaluated once per batch over
 # vectors -- over the batch's rows, or over all the positions of its fiber
-# loop across the batch's rows (``rowid`` says which row each position is in).
+# loop across the batch's rows (cut into *row segments*: positions
+# ``seg[s]:seg[s+1]`` of the chunk belong to batch row ``segrow[s]``).
 # Row temporaries become vectors over the batch.  Interpretation is paid per
 # batch instead of per row, which is what rows of ~10 entries need.
 #
@@ -1165,7 +1166,9 @@ ctypedef struct Sweep:
     int64_t q0          # first driver position of the chunk
     const int64_t* crd  # driver coordinates from q0
     const int64_t* posv # driver positions when the fiber is not contiguous (NULL: q0, q0+1, ...)
-    const int64_t* rowid
+    const int64_t* seg  # the chunk's row segments: starts (nseg + 1 entries, the last = n) ...
+    const int64_t* segrow  # ... and batch rows (empty rows have no segment)
+    int64_t nseg
 
 
 cdef inline int64_t _sw_terms(Plan* P, Ctx* C, int64_t r, int64_t vo, int64_t vf,
@@ -1193,14 +1196,23 @@ cdef inline VDesc _sw_scalar(double* sc, double x) noexcept nogil:
     return d
 
 
+cdef inline void _sw_spread(Sweep* W, const double* v, int64_t stride, double* row) noexcept nogil:
+    """``row[e] = v[stride * (batch row of position e)]`` over the chunk."""
+    cdef int64_t g, e
+    cdef double x
+    for g in range(W.nseg):
+        x = v[stride * W.segrow[g]]
+        for e in range(W.seg[g], W.seg[g + 1]):
+            row[e] = x
+
+
 cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r, int64_t n,
                     double* row, double* sc) noexcept nogil:
     """One operand over the chunk's positions (``fiber``) or the batch's rows."""
     cdef VDesc d
-    cdef int64_t L, k, par, b, e, so, sf, base, rs
+    cdef int64_t L, k, par, b, e, so, sf, base, rs, g, sz
     cdef const double* vals
     cdef const double* t
-    cdef const int64_t* rid = W.rowid
     cdef const int64_t* crd = W.crd
     d.inc = 1
     d.p = row
@@ -1215,8 +1227,7 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
             if not fiber:
                 d.p = t
                 return d
-            for e in range(n):
-                row[e] = t[rid[e]]
+            _sw_spread(W, t, 1, row)
             return d
         base = _sw_terms(P, C, r, W.vo, W.vf, &so, &sf)
         vals = C.buf[P.bref_buf[r]] + base
@@ -1229,9 +1240,13 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
             else:
                 for e in range(n):
                     row[e] = vals[so * (W.r0 + e)]
+        elif sf == 0:
+            _sw_spread(W, vals + so * W.r0, so, row)
         else:
-            for e in range(n):
-                row[e] = vals[so * (W.r0 + rid[e]) + sf * crd[e]]
+            for g in range(W.nseg):
+                t = vals + so * (W.r0 + W.segrow[g])
+                for e in range(W.seg[g], W.seg[g + 1]):
+                    row[e] = t[sf * crd[e]]
         return d
     L = P.acc_last[r]
     vals = P.acc_vals[r]
@@ -1253,8 +1268,11 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
             if b < 0:
                 return _sw_scalar(sc, 0.0)
             b += W.r0
-            for e in range(n):
-                row[e] = vals[(b + rid[e]) * P.lev_size[L] + crd[e]]
+            sz = P.lev_size[L]
+            for g in range(W.nseg):
+                t = vals + (b + W.segrow[g]) * sz
+                for e in range(W.seg[g], W.seg[g + 1]):
+                    row[e] = t[crd[e]]
         else:
             b = C.curpos[par]
             if b < 0:
@@ -1269,9 +1287,7 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
         if not fiber:
             d.p = vals + b + W.r0
             return d
-        vals = vals + b + W.r0
-        for e in range(n):
-            row[e] = vals[rid[e]]
+        _sw_spread(W, vals + b + W.r0, 1, row)
         return d
     b = C.curpos[L]                              # bound outside the sweep
     return _sw_scalar(sc, vals[b] if b >= 0 else 0.0)
@@ -1300,37 +1316,38 @@ cdef VDesc _sw_eval(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n,
     return st[0]
 
 
-cdef inline void _sw_segmented(double* dst0, int64_t stride, const int64_t* rid, int64_t aop,
-                               VDesc v, int64_t n) noexcept nogil:
-    """Reduce runs of equal ``rid`` into ``dst0[stride * rid]``, in order
+cdef inline void _sw_segmented(double* dst0, int64_t stride, Sweep* W, int64_t aop,
+                               VDesc v) noexcept nogil:
+    """Reduce each row segment into ``dst0[stride * row]``, in order
     (exactly ``apply_op`` element by element)."""
-    cdef int64_t e = 0, r
+    cdef int64_t g, e, e1
     cdef double x, u
     cdef double* dst
-    while e < n:
-        r = rid[e]
-        dst = dst0 + stride * r
+    cdef const double* p = v.p
+    cdef int64_t inc = v.inc
+    for g in range(W.nseg):
+        dst = dst0 + stride * W.segrow[g]
         x = dst[0]
+        e1 = W.seg[g + 1]
         if aop == A_SUM:
-            while e < n and rid[e] == r:
-                x += v.p[e * v.inc]
-                e += 1
+            if inc == 1:
+                for e in range(W.seg[g], e1):
+                    x += p[e]
+            else:
+                for e in range(W.seg[g], e1):
+                    x += p[0]
         elif aop == A_ASSIGN:
-            while e < n and rid[e] == r:
-                x = v.p[e * v.inc]
-                e += 1
+            x = p[(e1 - 1) * inc]
         elif aop == A_MAX:
-            while e < n and rid[e] == r:
-                u = v.p[e * v.inc]
+            for e in range(W.seg[g], e1):
+                u = p[e * inc]
                 if u > x or u != u:
                     x = u
-                e += 1
         else:
-            while e < n and rid[e] == r:
-                u = v.p[e * v.inc]
+            for e in range(W.seg[g], e1):
+                u = p[e * inc]
                 if u < x or u != u:
                     x = u
-                e += 1
         dst[0] = x
 
 
@@ -1370,8 +1387,7 @@ cdef bint _sw_gather_dot(Plan* P, Ctx* C, Sweep* W, int64_t s, int64_t n, double
     cdef const double* b
     cdef const int64_t* ia
     cdef const int64_t* ib
-    cdef const int64_t* rid = W.rowid
-    cdef int64_t e = 0, r
+    cdef int64_t g, e, e1
     cdef double x
     cdef double* dst
     if (P.stmt_clen[s] != 5 or P.code[pc + 4] != OP_MUL or not _sw_lazy(P, C, W, pc, &a, &ia)
@@ -1381,18 +1397,16 @@ cdef bint _sw_gather_dot(Plan* P, Ctx* C, Sweep* W, int64_t s, int64_t n, double
         a, b, ia, ib = b, a, ib, ia
     if ia != NULL:
         return False
-    while e < n:
-        r = rid[e]
-        dst = dst0 + stride * r
+    for g in range(W.nseg):
+        dst = dst0 + stride * W.segrow[g]
         x = dst[0]
+        e1 = W.seg[g + 1]
         if ib != NULL:
-            while e < n and rid[e] == r:
+            for e in range(W.seg[g], e1):
                 x += a[e] * b[ib[e]]
-                e += 1
         else:
-            while e < n and rid[e] == r:
+            for e in range(W.seg[g], e1):
                 x += a[e] * b[e]
-                e += 1
         dst[0] = x
     return True
 
@@ -1402,8 +1416,9 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
     cdef VDesc v
     cdef int64_t aop = P.stmt_op[s]
     cdef int64_t r = P.stmt_target[s]
-    cdef int64_t rs, base, so, sf, e
+    cdef int64_t rs, base, so, sf, e, g
     cdef double* buf
+    cdef double* dst
     if fiber and aop == A_SUM and P.stmt_tkind[s] == T_BUF:
         rs = P.buf_rslot[P.bref_buf[r]]
         if rs >= 0:
@@ -1436,10 +1451,12 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
         for e in range(n):
             apply_op(buf + so * e, aop, v.p[e * v.inc])
     elif sf == 0:
-        _sw_segmented(buf, so, W.rowid, aop, v, n)
+        _sw_segmented(buf, so, W, aop, v)
     else:
-        for e in range(n):
-            apply_op(buf + so * W.rowid[e] + sf * W.crd[e], aop, v.p[e * v.inc])
+        for g in range(W.nseg):
+            dst = buf + so * W.segrow[g]
+            for e in range(W.seg[g], W.seg[g + 1]):
+                apply_op(dst + sf * W.crd[e], aop, v.p[e * v.inc])
 
 
 cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
@@ -1458,16 +1475,18 @@ cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
     is one fiber fixed outside the sweep, visited once per row (the
     positions of the (row, position) pairs are listed)."""
     cdef int64_t lid = P.node_arg[node]
-    cdef int64_t Ld, par, pb, qa, qb, q, e, f0, L, t, total, n, r = 0
+    cdef int64_t Ld, par, pb, qa, qb, q, e, f0, L, t, total, n, ns, rr, a, r = 0
     cdef int64_t* pos
     cdef const int64_t* crd
-    cdef int64_t* rid = C.sw_rowid
-    cdef int64_t* posv = C.sw_rowid + SW
-    cdef int64_t* crdv = C.sw_rowid + 2 * SW
+    cdef int64_t* seg = C.sw_rowid
+    cdef int64_t* segrow = C.sw_rowid + SW + 1
+    cdef int64_t* posv = C.sw_rowid + 2 * SW + 1
+    cdef int64_t* crdv = C.sw_rowid + 3 * SW + 1
     W.vf = P.loop_var[lid]
     W.nl_f = P.loop_nlev[lid]
     W.levs_f = P.loop_levs + P.loop_lev_start[lid]
-    W.rowid = rid
+    W.seg = seg
+    W.segrow = segrow
     W.posv = NULL
     Ld = W.levs_f[0]
     par = P.lev_parent[Ld]
@@ -1483,16 +1502,19 @@ cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
             qb = pos[pb + W.nr]
             if qb - qa > SW:
                 qb = qa + SW
-            q = qa
-            while q < qb:                  # rows' runs of positions (empty rows skipped)
-                while pos[pb + r + 1] <= q:
-                    r += 1
-                e = pos[pb + r + 1]
-                if e > qb:
-                    e = qb
-                while q < e:
-                    rid[q - qa] = r
-                    q += 1
+            while pos[pb + r + 1] <= qa:   # rows done (or empty) before the chunk
+                r += 1
+            ns = 0
+            rr = r
+            while rr < W.nr and pos[pb + rr] < qb:   # rows' runs of positions (empty rows skipped)
+                a = pos[pb + rr] if pos[pb + rr] > qa else qa
+                if pos[pb + rr + 1] > a:
+                    seg[ns] = a - qa
+                    segrow[ns] = rr
+                    ns += 1
+                rr += 1
+            seg[ns] = qb - qa
+            W.nseg = ns
             W.q0 = qa
             W.crd = crd + qa
             _sw_fiber_statements(P, C, W, node, qb - qa)
@@ -1508,14 +1530,20 @@ cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
     q = 0
     while t < total:
         n = total - t if total - t < SW else SW
+        ns = 0
         for e in range(n):
-            rid[e] = r
+            if e == 0 or q == 0:
+                seg[ns] = e
+                segrow[ns] = r
+                ns += 1
             posv[e] = f0 + q
             crdv[e] = crd[f0 + q]
             q += 1
             if q == L:
                 q = 0
                 r += 1
+        seg[ns] = n
+        W.nseg = ns
         W.q0 = f0
         W.crd = crdv
         W.posv = posv
@@ -1528,7 +1556,7 @@ cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept
     """Rows ``[lo, hi)`` of a sweep loop, in batches."""
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t end = P.node_end[node]
-    cdef int64_t k, c, r1, a, b, mid, Ld = -1, pb = -1, rs, e
+    cdef int64_t k, c, r1, a, b, Ld = -1, pb = -1, rs, e
     cdef int64_t* pos = NULL
     cdef double* t
     cdef double val
@@ -1554,15 +1582,14 @@ cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept
     W.r0 = lo
     while W.r0 < hi:
         r1 = hi if hi - W.r0 <= SW else W.r0 + SW
-        if pos != NULL and pb >= 0 and pos[pb + r1] - pos[pb + W.r0] > SW:
-            a = W.r0 + 1               # largest r1 whose positions fit (at least one row)
-            b = r1
-            while b - a > 1:
-                mid = (a + b) >> 1
-                if pos[pb + mid] - pos[pb + W.r0] <= SW:
-                    a = mid
-                else:
-                    b = mid
+        if pos != NULL and pb >= 0:
+            # the largest r1 whose positions fit (at least one row): a forward
+            # scan, as the batch's rows are read next anyway (probing pos
+            # SW rows ahead, or bisecting it, missed the cache every batch)
+            a = W.r0 + 1
+            b = pos[pb + W.r0] + SW
+            while a < r1 and pos[pb + a + 1] <= b:
+                a += 1
             r1 = a
         W.nr = r1 - W.r0
         C.ival[W.vo] = W.r0
@@ -2273,7 +2300,7 @@ cdef class _Program:
                     if C.blk_i == NULL or C.vst == NULL:
                         raise MemoryError()
                 if self.any_sweep:
-                    C.sw_rowid = <int64_t*>malloc(3 * SW * sizeof(int64_t))
+                    C.sw_rowid = <int64_t*>malloc((4 * SW + 1) * sizeof(int64_t))
                     C.sw_q = <double*>malloc(2 * SW * self.max_stack * sizeof(double))
                     C.sw_r = C.sw_q + SW * self.max_stack if C.sw_q != NULL else NULL
                     C.sw_t = <double*>malloc(SW * (self.n_rslots + 1) * sizeof(double))
