@@ -3,7 +3,8 @@
 A block loop that is a dense range, or has one compressed driver and locates
 only dense levels, is evaluated a fiber at a time (``flush_fiber``): operands
 are used in place, scalars are broadcast, and ``x += a*b`` runs fused.  Its
-results must be bitwise those of per-element interpretation and of 2 threads.
+results must be bitwise those of 2 threads, and those of per-element
+interpretation to rounding (dot leaves add in 8 chains).
 
 A result scattered into with no output loop above its sparse level (``Aᵀx``,
 a CSC SpMV, column sums, ``AᵀX``) is stored dense by the formats pass, and
@@ -324,6 +325,77 @@ def test_sweep_over_a_fixed_fiber(m, n, K, density, seed):
     rows = np.repeat(np.arange(m), np.diff(B.indptr))
     ref = B.data * np.exp(np.einsum("pk,kp->p", C[rows], D[:, B.indices]))
     np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+def _sweeps(plan):
+    from spfuse._kernels import _looptree as X
+    keep = {f: X._i64(getattr(plan, f)) for f in X._INT_FIELDS}
+    keep["loop_fiber"] = X._fiber_loops(keep)
+    sweep, slot, postemp, _ = X._sweep_loops(keep, [bool(x) for x in plan.buf_private])
+    return int(sweep.sum()), int(postemp.sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 40), n=st.integers(1, 200), K=st.integers(0, 70),
+       density=st.sampled_from([0.0, 0.02, 0.2, 1.0]), seed=st.integers(0, 2**31 - 1),
+       outer=st.booleans())
+def test_sweep_with_a_dot_per_position(m, n, K, density, seed, outer):
+    """for i: for j ∈ B_i: T = 0; for k: T += C[i,k]*Dt[j,k]; out = B*exp(T)
+    (SDDMM in i, j, k order): a sweep over the rows whose fiber positions
+    each take one dense dot into a position temporary.  With ``outer`` the
+    tree sits under a loop over h and reads E[h,i,k] (a factor row located
+    through a level bound outside the sweep); values against numpy."""
+    rng = np.random.default_rng(seed)
+    B = rand_csr(m, n, density, rng)
+    H = 2 if outer else 1
+    E, Dt = rng.standard_normal((H, m, K)), rng.standard_normal((n, K))
+    b = LoopTreeBuilder()
+    h, i, j, k = b.var("h", H), b.var("i", m), b.var("j", n), b.var("k", K)
+    bb, ee, dd = b.access(B, (i, j)), b.access(E, (h, i, k)), b.access(Dt, (j, k))
+    T = b.buffer((), "T", private=True)
+    pat = b.pattern_output(bb, name="pat")   # summed over h
+    with b.loop(h):
+        with b.loop(i):
+            with b.loop(j, intersect=[bb]):
+                b.reset(T, 0.0)
+                with b.loop(k):
+                    b.statement(T[()], "sum", ee * dd)
+                b.statement(pat, "sum", bb * unary("exp", T[()]))
+    plan = b.build()
+    assert _sweeps(plan) == (1, 1)
+    got = both_threads(plan)["pat"]
+    rows = np.repeat(np.arange(m), np.diff(B.indptr))
+    ref = sum(B.data * np.exp(np.einsum("pk,pk->p", E[g][rows], Dt[B.indices])) for g in range(H))
+    np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+def test_a_position_temporary_read_after_its_fiber_loop_is_no_sweep():
+    """T is reset per position but read once more after the fiber loop (its
+    last position's value): not a position temporary, so no sweep -- and
+    the answer is the element walk's."""
+    rng = np.random.default_rng(1)
+    B = rand_csr(6, 9, 0.4, rng)
+    C, Dt = rng.standard_normal((6, 5)), rng.standard_normal((9, 5))
+    b = LoopTreeBuilder()
+    i, j, k = b.var("i", 6), b.var("j", 9), b.var("k", 5)
+    bb, cc, dd = b.access(B, (i, j)), b.access(C, (i, k)), b.access(Dt, (j, k))
+    T = b.buffer((), "T", private=True)
+    y = b.buffer((6,), "y")
+    with b.loop(i):
+        b.reset(T, 0.0)
+        with b.loop(j, intersect=[bb]):
+            b.reset(T, 0.0)
+            with b.loop(k):
+                b.statement(T[()], "sum", cc * dd)
+        b.statement(y[i], "assign", T[()])
+    plan = b.build()
+    assert _sweeps(plan) == (0, 0)
+    got = both_threads(plan)["y"]
+    ref = np.zeros(6)
+    for r in range(6):
+        js = B.indices[B.indptr[r]:B.indptr[r + 1]]
+        ref[r] = C[r] @ Dt[js[-1]] if len(js) else 0.0
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
 
 
 def test_sddmm_like_programs_through_fixed_fiber_sweeps():

@@ -56,6 +56,7 @@ from libc.string cimport memcpy, memmove, memset
 import numpy as np
 
 from spfuse._kernels._bitmap cimport _bitmap_readback, out_index_t
+from spfuse._kernels._leaves cimport _dot
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
@@ -184,32 +185,6 @@ cdef inline double _gather_dot(const index_t* ind, const floating* val, const fl
             break
         s0 += <double>val[p] * <double>x[c]
     return s0
-
-
-cdef inline double _dot(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
-    """Dot of two contiguous vectors in double with 8 independent chains.
-
-    The summation order is fixed by ``n`` only (deterministic), it is not the
-    sequential order (8 chains give the adds room to pipeline without
-    -ffast-math).
-    """
-    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
-    cdef double s4 = 0.0, s5 = 0.0, s6 = 0.0, s7 = 0.0
-    cdef Py_ssize_t k = 0
-    while k + 8 <= n:
-        s0 += <double>a[k] * <double>b[k]
-        s1 += <double>a[k + 1] * <double>b[k + 1]
-        s2 += <double>a[k + 2] * <double>b[k + 2]
-        s3 += <double>a[k + 3] * <double>b[k + 3]
-        s4 += <double>a[k + 4] * <double>b[k + 4]
-        s5 += <double>a[k + 5] * <double>b[k + 5]
-        s6 += <double>a[k + 6] * <double>b[k + 6]
-        s7 += <double>a[k + 7] * <double>b[k + 7]
-        k += 8
-    while k < n:
-        s0 += <double>a[k] * <double>b[k]
-        k += 1
-    return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
 
 
 cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:

@@ -42,6 +42,7 @@ from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCap
 import numpy as np
 
 from spfuse._kernels._bitmap cimport _bitmap_readback
+from spfuse._kernels._leaves cimport _dot, _prefetch_row
 from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
@@ -100,6 +101,7 @@ cdef enum:
 
     STACK_SIZE = 64
     BLK = 256
+    PREFETCH_AHEAD = 4
     SW = 512
 
     # template-kernel work units (_interrupt.pxd) per interpreter unit (a
@@ -142,6 +144,7 @@ ctypedef struct Plan:
     int64_t* loop_fiber
     int64_t* loop_sweep
     int64_t* buf_rslot
+    int64_t* buf_postemp
     int64_t* var_extent
     int64_t* lev_kind
     int64_t* lev_size
@@ -1224,7 +1227,7 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
         rs = P.buf_rslot[P.bref_buf[r]]
         if rs >= 0:
             t = C.sw_t + rs * SW
-            if not fiber:
+            if not fiber or P.buf_postemp[P.bref_buf[r]]:
                 d.p = t
                 return d
             _sw_spread(W, t, 1, row)
@@ -1422,7 +1425,7 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
     if fiber and aop == A_SUM and P.stmt_tkind[s] == T_BUF:
         rs = P.buf_rslot[P.bref_buf[r]]
         if rs >= 0:
-            if _sw_gather_dot(P, C, W, s, n, C.sw_t + rs * SW, 1):
+            if not P.buf_postemp[P.bref_buf[r]] and _sw_gather_dot(P, C, W, s, n, C.sw_t + rs * SW, 1):
                 return
         else:
             base = _sw_terms(P, C, r, W.vo, W.vf, &so, &sf)
@@ -1440,6 +1443,11 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
                 apply_op(buf + W.posv[e], aop, v.p[e * v.inc])
         return
     rs = P.buf_rslot[P.bref_buf[r]]
+    if rs >= 0 and P.buf_postemp[P.bref_buf[r]]:    # a value per position
+        buf = C.sw_t + rs * SW
+        for e in range(n):
+            apply_op(buf + e, aop, v.p[e * v.inc])
+        return
     if rs >= 0:
         buf = C.sw_t + rs * SW
         so = 1
@@ -1459,11 +1467,108 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
                 apply_op(dst + sf * W.crd[e], aop, v.p[e * v.inc])
 
 
+cdef int64_t _sw_level_pos(Plan* P, Ctx* C, Sweep* W, int64_t L, int64_t n, int64_t* out) noexcept nogil:
+    """Positions of level ``L`` over the chunk, for a level bound by the
+    sweep (its row loop or fiber loop) or outside it: -1 when absent
+    throughout, 0 when one position (``out[0]``) serves every element, 1
+    when ``out[e]`` is element e's (-1 where absent)."""
+    cdef int64_t k, b, g, e, par, sz
+    k = find_level(W.levs_f, W.nl_f, L)
+    if k == 0:                              # the fiber's driver
+        for e in range(n):
+            out[e] = W.q0 + e if W.posv == NULL else W.posv[e]
+        return 1
+    if k > 0:                               # a dense level located by the fiber loop
+        par = P.lev_parent[L]
+        sz = P.lev_size[L]
+        if par < 0:
+            for e in range(n):
+                out[e] = W.crd[e]
+            return 1
+        if find_level(W.levs_o, W.nl_o, par) >= 0:
+            b = C.base[par]
+            if b < 0:
+                return -1
+            b += W.r0
+            for g in range(W.nseg):
+                for e in range(W.seg[g], W.seg[g + 1]):
+                    out[e] = (b + W.segrow[g]) * sz + W.crd[e]
+            return 1
+        b = C.curpos[par]
+        if b < 0:
+            return -1
+        for e in range(n):
+            out[e] = b * sz + W.crd[e]
+        return 1
+    if find_level(W.levs_o, W.nl_o, L) >= 0:    # one position per row
+        b = C.base[L]
+        if b < 0:
+            return -1
+        b += W.r0
+        for g in range(W.nseg):
+            for e in range(W.seg[g], W.seg[g + 1]):
+                out[e] = b + W.segrow[g]
+        return 1
+    out[0] = C.curpos[L]                    # bound outside the sweep
+    return -1 if out[0] < 0 else 0
+
+
+cdef void _sw_dot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """A dense dot leaf (:func:`_dot_leaf`) at every position of the chunk:
+    ``t[e] += sum_k a(e)[k] * b(e)[k]``, each factor's row found from its
+    level above the loop's.  The dot adds in 8 chains (:func:`_dot`): the
+    same for any thread count, not bitwise the sequential element walk."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t s = P.node_arg[node + 1]
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t K = P.var_extent[P.loop_var[lid]]
+    cdef double* t = C.sw_t + P.buf_rslot[P.bref_buf[P.stmt_target[s]]] * SW
+    cdef int64_t* pa = C.sw_rowid + 4 * SW + 1
+    cdef int64_t* pb = pa + SW
+    cdef int64_t ra = P.code[pc + 1], rb = P.code[pc + 3]
+    cdef const double* va = P.acc_vals[ra]
+    cdef const double* vb = P.acc_vals[rb]
+    cdef int64_t ma = _sw_level_pos(P, C, W, P.lev_parent[P.acc_last[ra]], n, pa)
+    cdef int64_t mb = _sw_level_pos(P, C, W, P.lev_parent[P.acc_last[rb]], n, pb)
+    cdef int64_t sa = P.lev_size[P.acc_last[ra]], sb = P.lev_size[P.acc_last[rb]]
+    cdef int64_t e, k, qa, qb
+    cdef double acc
+    C.work += n * K
+    for e in range(n):
+        if e + PREFETCH_AHEAD < n:      # the rows of a later position: gathers miss the cache
+            if ma == 1 and pa[e + PREFETCH_AHEAD] >= 0:
+                _prefetch_row(va + pa[e + PREFETCH_AHEAD] * sa, K)
+            if mb == 1 and pb[e + PREFETCH_AHEAD] >= 0:
+                _prefetch_row(vb + pb[e + PREFETCH_AHEAD] * sb, K)
+        qa = pa[e * ma] if ma >= 0 else -1
+        qb = pb[e * mb] if mb >= 0 else -1
+        if qa >= 0 and qb >= 0:
+            t[e] += _dot(va + qa * sa, vb + qb * sb, K)
+        else:                               # an absent factor reads 0 (0 * inf is nan, as elementwise)
+            acc = t[e]
+            for k in range(K):
+                acc += (0.0 if qa < 0 else va[qa * sa + k]) * (0.0 if qb < 0 else vb[qb * sb + k])
+            t[e] = acc
+
+
 cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """The fiber loop's children over the chunk's ``n`` positions."""
     cdef int64_t c = node + 1
+    cdef int64_t k, e
+    cdef double* t
+    cdef double val
     C.work += n
     while c < P.node_end[node]:
-        _sw_statement(P, C, W, True, P.node_arg[c], n)
+        k = P.node_kind[c]
+        if k == N_STMT:
+            _sw_statement(P, C, W, True, P.node_arg[c], n)
+        elif k == N_RESET:                  # a position temporary
+            t = C.sw_t + P.buf_rslot[P.reset_buf[P.node_arg[c]]] * SW
+            val = P.reset_value[P.node_arg[c]]
+            for e in range(n):
+                t[e] = val
+        else:
+            _sw_dot(P, C, W, c, n)
         c = P.node_end[c]
 
 
@@ -1941,13 +2046,43 @@ def _stmt_buffer_reads(keep, s):
     return out
 
 
+def _dot_leaf(keep, node):
+    """The statement of loop ``node`` when it is a dense dot leaf -- a DENSE
+    loop over dense levels whose only child is ``T += a * b`` into a 0-d
+    buffer, ``a`` and ``b`` reading the loop's levels as their last levels --
+    else -1.  Sweeps run it as one dot per fiber position."""
+    lid = keep["node_arg"][node]
+    if keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_DENSE:
+        return -1
+    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
+        return -1
+    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
+    if any(keep["lev_kind"][L] != L_DENSE for L in mine):
+        return -1
+    s = keep["node_arg"][node + 1]
+    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
+    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
+        return -1
+    t = keep["stmt_target"][s]
+    if keep["buf_size"][keep["bref_buf"][t]] != 1:
+        return -1
+    for r in (code[1], code[3]):
+        L = keep["acc_last"][r]
+        if L not in mine or keep["lev_parent"][L] < 0:
+            return -1
+    return int(s)
+
+
 def _sweep_loops(keep, private):
     """Per loop, 1 when it runs as a sweep (see ``_sweep``); per buffer, its
-    row-temporary slot in sweeps (-1: none).  Returns ``(loop_sweep,
-    buf_rslot, n_slots)``."""
+    slot in sweeps (-1: none) and whether that slot holds a value per fiber
+    position (a position temporary) rather than per row.  Returns
+    ``(loop_sweep, buf_rslot, buf_postemp, n_slots)``."""
     nloops, nbuf = len(keep["loop_var"]), len(keep["buf_size"])
     sweep = np.zeros(nloops, dtype=np.int64)
     rslot = np.full(nbuf, -1, dtype=np.int64)
+    postemp = np.zeros(nbuf, dtype=np.int64)
     kind, parent = keep["lev_kind"], keep["lev_parent"]
     node_kind, node_arg, node_end = keep["node_kind"], keep["node_arg"], keep["node_end"]
     levs, start, nlev = keep["loop_levs"], keep["loop_lev_start"], keep["loop_nlev"]
@@ -2004,16 +2139,26 @@ def _sweep_loops(keep, private):
             else:
                 fl = node_arg[c]
                 mine_f = [int(L) for L in levs[start[fl]:start[fl] + nlev[fl]]]
-                # the driver's parent: located by this loop (a row's fiber) or
-                # bound outside it (one fiber, visited once per row)
-                ok = (bool(keep["loop_fiber"][fl]) and keep["loop_mode"][fl] == M_INTERSECT
-                      and kind[mine_f[0]] == L_COMPRESSED)
+                # one compressed driver whose parent is located by this loop (a
+                # row's fiber) or bound outside it (one fiber, visited once per
+                # row), every other level it locates dense
+                ok = (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 1
+                      and kind[mine_f[0]] == L_COMPRESSED and all(kind[L] == L_DENSE for L in mine_f[1:]))
                 cc = c + 1
                 while ok and cc < node_end[c]:
-                    s = node_arg[cc]
-                    tk = keep["stmt_tkind"][s]
-                    ok = tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine_f[0])
-                    order.append(("fiber", cc, s, loop_var[fl]))
+                    if node_kind[cc] == N_RESET:       # a position temporary's
+                        order.append(("preset", cc, node_arg[cc], loop_var[fl]))
+                    elif node_kind[cc] == N_LOOP:      # a dense dot per position
+                        s = _dot_leaf(keep, cc)
+                        ok = s >= 0
+                        order.append(("fiber", cc + 1, s, loop_var[fl]))
+                    elif node_kind[cc] == N_STMT:
+                        s = node_arg[cc]
+                        tk = keep["stmt_tkind"][s]
+                        ok = tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine_f[0])
+                        order.append(("fiber", cc, s, loop_var[fl]))
+                    else:
+                        ok = False
                     cc = node_end[cc]
                 fibers += 1
             c = node_end[c]
@@ -2023,10 +2168,10 @@ def _sweep_loops(keep, private):
         refs: dict = {}   # buffer -> list of (role, terms, fiber var)
         first_ref: dict = {}
         for role, n, x, vf in order:
-            if role == "reset":
+            if role in ("reset", "preset"):
                 b = int(keep["reset_buf"][x])
-                first_ref.setdefault(b, "reset")
-                refs.setdefault(b, []).append(("reset", (), vf))
+                first_ref.setdefault(b, role)
+                refs.setdefault(b, []).append((role, (), vf))
                 continue
             for r in _stmt_buffer_reads(keep, x):
                 b = int(keep["bref_buf"][r])
@@ -2041,14 +2186,23 @@ def _sweep_loops(keep, private):
                 b = int(keep["pat_buf"][t])
                 first_ref.setdefault(b, "write")
                 refs.setdefault(b, []).append(("write", ("pattern",), vf))
-        temps = []
+        temps, ptemps = [], []
         for b, rl in refs.items():
             writes = [t for role, t, _ in rl if role == "write"]
-            if any(role == "reset" for role, _, _ in rl):
+            resets = {role for role, _, _ in rl} & {"reset", "preset"}
+            if resets:
+                # a row temporary (reset per row) or a position temporary
+                # (reset per fiber position, used inside that fiber loop only)
+                role = resets.pop()
                 inside = {n for _, n, _, _ in order}
-                ok = (first_ref[b] == "reset" and all(t == () for role, t, _ in rl)
+                if role == "preset":   # only inside the fiber loop that resets it
+                    at = next(n for r_, n, x, _ in order if r_ == "preset" and keep["reset_buf"][x] == b)
+                    fl = max(c for c in range(o + 1, at) if node_kind[c] == N_LOOP and node_end[c] > at)
+                    inside = {n for n in inside if fl < n < node_end[fl]}
+                ok = (not resets and first_ref[b] == role and all(t == () for _, t, _ in rl)
+                      and bool(private[b]) and keep["buf_size"][b] == 1
                       and set(everywhere.get(b, ())) <= inside)
-                temps.append(b)
+                (temps if role == "reset" else ptemps).append(b)
             elif not writes:
                 continue
             elif len(writes) == 1 and all(role == "write" for role, _, _ in rl):
@@ -2061,12 +2215,13 @@ def _sweep_loops(keep, private):
                 break
         if not ok:
             continue
-        for b in temps:
+        for b in temps + ptemps:
             if rslot[b] < 0:
                 rslot[b] = nslots
                 nslots += 1
+            postemp[b] = b in ptemps
         sweep[lid] = 1
-    return sweep, rslot, nslots
+    return sweep, rslot, postemp, nslots
 
 
 _INT_FIELDS = (
@@ -2104,7 +2259,7 @@ cdef class _Program:
         if not blocks:
             keep["loop_block"] = np.zeros_like(keep["loop_block"])
         keep["loop_fiber"] = _fiber_loops(keep)
-        keep["loop_sweep"], keep["buf_rslot"], self.n_rslots = _sweep_loops(
+        keep["loop_sweep"], keep["buf_rslot"], keep["buf_postemp"], self.n_rslots = _sweep_loops(
             keep, [bool(x) for x in plan.buf_private])
         self.any_sweep = bool(keep["loop_sweep"].any())
         self.max_stack = max(1, int(plan.max_stack))
@@ -2132,6 +2287,7 @@ cdef class _Program:
         P.loop_fiber = _ip(keep["loop_fiber"])
         P.loop_sweep = _ip(keep["loop_sweep"])
         P.buf_rslot = _ip(keep["buf_rslot"])
+        P.buf_postemp = _ip(keep["buf_postemp"])
         self.any_block = bool(keep["loop_block"].any())
         P.var_extent = _ip(keep["var_extent"])
         P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])
@@ -2300,7 +2456,7 @@ cdef class _Program:
                     if C.blk_i == NULL or C.vst == NULL:
                         raise MemoryError()
                 if self.any_sweep:
-                    C.sw_rowid = <int64_t*>malloc((4 * SW + 1) * sizeof(int64_t))
+                    C.sw_rowid = <int64_t*>malloc((6 * SW + 1) * sizeof(int64_t))
                     C.sw_q = <double*>malloc(2 * SW * self.max_stack * sizeof(double))
                     C.sw_r = C.sw_q + SW * self.max_stack if C.sw_q != NULL else NULL
                     C.sw_t = <double*>malloc(SW * (self.n_rslots + 1) * sizeof(double))
