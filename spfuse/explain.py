@@ -61,7 +61,7 @@ def _order_lines(p) -> list[str]:
             why = "" if c.runner_up_admissible else " (outside the mode-order graph)"
             lines.append(f"      runner-up {', '.join(r.order)}{why}: {r.text()}"
                          + (_transposed_text(r.transposed) if r.transposed else ""))
-        lines.extend(f"      mode-order cycle: {note}" for note in c.cycle)
+        lines.extend(f"      storage order: {note}" for note in c.cycle)
     return lines
 
 

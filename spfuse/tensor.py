@@ -701,7 +701,9 @@ class Tensor:
         if fmt == self._format:
             return self
         if fmt.is_dense:
-            arr = self.todense()
+            # a dense tensor is viewed in logical order, not copied first:
+            # one transposed copy is the whole conversion
+            arr = self._dense_view() if self._format.is_dense else self.todense()
             st = arr if fmt.is_identity_order else arr.transpose(fmt.mode_order)
             vals = np.ascontiguousarray(st).reshape(-1)
             return Tensor._trusted(self._shape, fmt, tuple(DenseLevel(s) for s in fmt.storage_shape(self._shape)),
@@ -802,6 +804,11 @@ class Tensor:
                        else lev for lev in self._levels)
         return Tensor._trusted(self._shape, self._format, levels, self._values.copy(), self.origin)
 
+    def _dense_view(self) -> np.ndarray:
+        """A dense tensor's values as a (read-only) view in logical mode order."""
+        st = self._values.reshape(self._format.storage_shape(self._shape))
+        return st if self._format.is_identity_order else st.transpose(self._format.inverse_order)
+
     def todense(self) -> np.ndarray:
         """A new C-ordered numpy array with the tensor's values (fill 0).
 
@@ -809,10 +816,7 @@ class Tensor:
         array([1., 0., 3., 0.])
         """
         if self._format.is_dense:
-            st = self._values.reshape(self._format.storage_shape(self._shape))
-            if not self._format.is_identity_order:
-                st = st.transpose(self._format.inverse_order)
-            return st.copy(order="C")
+            return self._dense_view().copy(order="C")
         out = np.zeros(self._shape, dtype=self.dtype)
         if self.nnz:
             out[tuple(self.coords)] = self._values

@@ -252,7 +252,7 @@ def test_explain_shows_cost_breakdown_and_runner_up():
     text = k.explain(A=sp.random_array((30, 30), density=0.3, format="csr", rng=rng),
                      B=sp.random_array((30, 30), density=0.05, format="csr", rng=rng))
     assert "computation" in text and "workspace" in text and "transposition" in text
-    assert "runner-up" in text and "transposes B" in text and "mode-order cycle" in text
+    assert "runner-up" in text and "transposes B" in text and "storage order: " in text
 
 
 def test_dense_cycle_transposes_one_operand_and_matches_numpy():
@@ -288,3 +288,30 @@ def test_forced_orders_agree_with_the_full_search(monkeypatch):
     quick = orders()
     monkeypatch.setattr(loop_order, "_forced_order", lambda *a: None)
     assert orders() == quick
+
+
+def test_a_large_dense_operand_is_copied_when_its_storage_order_forces_gathers():
+    """exp-SDDMM over D[k,j] (C-ordered): the storage orders force i, k, j,
+    which gathers one element of D per stored entry and k.  With D larger
+    than the cache the planner copies D transposed and runs i, j, k (a dot
+    of two rows per stored entry), and says so; a small D stays as stored."""
+    import scipy.sparse as sp
+
+    import spfuse
+    from spfuse.passes.cost_model import CACHE_BYTES
+
+    prog = "A[i,j] = where(B[i,j], exp(B[i,j] * (C[i,k] * D[k,j])), 0)"
+    for n, copied in ((12_000, True), (500, False)):
+        K = 48
+        assert (8 * n * K > CACHE_BYTES) == copied
+        rng = np.random.default_rng(n)
+        B = sp.random_array((n, n), density=4 / n, format="csr", rng=rng)
+        C, D = rng.standard_normal((n, K)) / 8, rng.standard_normal((K, n)) / 8
+        k = spfuse.compile(prog)
+        text = k.explain(B=B, C=C, D=D)
+        assert ("dense operand copied" in text and "transposes D" in text) == copied
+        got = k(B=B, C=C, D=D)
+        rows = np.repeat(np.arange(n), np.diff(B.indptr))
+        want = np.exp(B.data * np.einsum("pk,kp->p", C[rows], D[:, B.indices]))
+        np.testing.assert_allclose(got.data, want, rtol=1e-12)
+        np.testing.assert_array_equal(got.indices, B.indices)

@@ -269,19 +269,27 @@ def test_mode_order_cycle_is_broken_by_the_cheaper_transposition():
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_orders_hold_at_large_sizes(name):
     # the decisions pinned above on small infos must not flip when the
-    # extents grow (no dense operand is transposed to trade I·J for I·K)
+    # extents grow -- except that a dense operand too large for the cache
+    # may be copied in the other mode order, when the explain says why
     small = plan(name)
     big = {}
     for n, i in infos(name).items():  # sparse modes ×200, dense feature modes ×4, 10× the nnz per row
         shape = tuple(s * 200 if s >= 100 else s * 4 for s in i.shape)
         big[n] = TensorInfo(n, i.ndim, i.levels, i.mode_order, shape, nnz=i.nnz * 2000 if i.is_sparse else None)
     large = plan_program(parse_program(KERNELS[name]), big)
-    assert large.orders == small.orders
+    copies = False
+    for op, order in large.orders.items():
+        copied = any("dense operand copied" in note for note in large.order_choices[op].cycle)
+        assert order == small.orders[op] or copied
+        assert not copied or large.order_choices[op].best.transposed
+        copies |= copied
 
     def kept(p):
         return {t: v.kept for t, v in p.temporaries.items()}
 
-    if (large.separated, large.associations) == (small.separated, small.associations):
+    if copies:  # other orders keep other temporaries
+        pass
+    elif (large.separated, large.associations) == (small.separated, small.associations):
         assert kept(large) == kept(small)
     else:  # a size-dependent cost decision (separate kernels, association) explains the change
         assert large.decisions or small.decisions

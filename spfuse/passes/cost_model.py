@@ -29,6 +29,12 @@ nanoseconds with constants measured on this machine
   converted first (the lowering makes a concordant copy): ``nnz ×`` the
   per-entry cost of a sparse mode permutation, or ``size ×`` the per-element
   cost of a dense transposed copy.
+* **gathers** -- a dense matrix (or higher) larger than :data:`CACHE_BYTES`
+  read at a coordinate a sparse loop drives, one element per coordinate
+  (the gathered index is its last one visited: ``D[k,j]`` under ``i, k, j``),
+  misses the cache at every step: it pays ``strided`` per step, on top of
+  the computation.  Gathering whole rows (``Dt[j,k]`` under ``i, j, k``) pays
+  one miss per row, which streaming the row hides.
 
 A mask naming a tensor the op does not read (SDDMM's ``C·D`` restricted to
 ``B`` by propagation, or an operand's producer pattern) filters like an own
@@ -58,7 +64,7 @@ from dataclasses import dataclass, fields
 from spfuse.ir.masks import Mask
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
 
-__all__ = ["CostConstants", "DEFAULTS", "ENV_VAR", "DEFAULT_EXTENT", "DEFAULT_DENSITY",
+__all__ = ["CostConstants", "DEFAULTS", "ENV_VAR", "DEFAULT_EXTENT", "DEFAULT_DENSITY", "CACHE_BYTES",
            "load_constants", "active_constants", "OrderCost", "OpModel"]
 
 #: Extent assumed for an index whose extent is unknown (``compile()`` without shapes).
@@ -68,6 +74,11 @@ DEFAULT_DENSITY = 0.01
 #: Environment variable naming a JSON file of constants that overrides :data:`DEFAULTS`.
 ENV_VAR = "SPFUSE_COST_MODEL"
 
+
+#: Bytes a dense operand may take before an element gathered from it at a
+#: sparse coordinate is taken to miss the cache (about this machine's L2 + a
+#: share of L3: a vector of 100k float64 still hits).
+CACHE_BYTES = 4 << 20
 
 #: Comparison steps of sorting a coordinate stream that cost one workspace
 #: insertion (``scatter``): a stream of n products costs about
@@ -521,6 +532,11 @@ class OpModel:
         total = n * steps
         comp, trans = total * unit, 0.0
         nb = bound | self.bit[ix]
+        if unit >= self.c.sparse_step:      # a sparse-driven (or located) loop: gathers
+            for o in self.dense:
+                if (o.bits & self.bit[ix] and not o.bits & ~nb and len(o.indices) >= 2
+                        and o.size * 8 > CACHE_BYTES):
+                    comp += total * self.c.strided
         for k, o, below, tc in self.by_ix[ix]:
             if below & bound and not (flags >> k) & 1:
                 if (forbid >> k) & 1:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from spfuse.ir.masks import Mask
 from spfuse.ir.ops import TensorInfo, UnitOp
-from spfuse.passes.cost_model import CostConstants, OpModel, OrderCost, fmt_ns
+from spfuse.passes.cost_model import CACHE_BYTES, CostConstants, OpModel, OrderCost, fmt_ns
 
 __all__ = ["OrderChoice", "choose_order", "order_loops", "appearance_order", "break_cycles"]
 
@@ -58,7 +58,7 @@ class OrderChoice:
     def __init__(self, best: OrderCost | None, cycle: tuple[str, ...] = (), model: OpModel | None = None,
                  keep: tuple = (), order: tuple | None = None, make=None):
         self._best, self._order = best, order if best is None else best.order
-        self.cycle = cycle  # how mode-order cycles were broken, one line each
+        self.cycle = cycle  # why operands are copied in another order (cycles broken), one line each
         self._model, self._keep, self._runner, self._make = model, keep, None, make
 
     @property
@@ -301,7 +301,7 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
         return OpModel(op, infos, masks, atoms, shapes, constants, forward)
 
     forced = _forced_order(op, infos, masks, atoms)
-    if forced is not None:
+    if forced is not None and not _large_dense(op, infos):
         return OrderChoice(None, order=forced, make=make)
     model = make()
     transpose, notes = break_cycles(model)
@@ -309,7 +309,36 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
     found = _search(model, keep, hard=True, top=1)
     if not found:  # propagated masks admit no order: relax (the lowering re-plans)
         found = _search(model, keep, hard=False, top=1)
+    elif _large_dense(op, infos) and any(o.label in keep for o in model.dense):
+        # A dense operand copied in the other mode order, when the order it
+        # permits is much cheaper than every order its storage admits (SDDMM
+        # over D[k,j]: i, j, k over a copy Dᵀ streams rows instead of
+        # gathering one element of a 51 MB array per stored entry).
+        loose = tuple(lab for lab in keep if lab not in {o.label for o in model.dense})
+        alt = _search(model, loose, hard=True, top=1)
+        if alt and alt[0][0] * DENSE_COPY_MARGIN < found[0][0]:
+            chosen = model.cost(alt[0][1])
+            copies = ", ".join(f"{name}{list(frm)}→{list(to)}" for name, frm, to in chosen.transposed)
+            notes = notes + (f"dense operand copied in another mode order ({copies}): {fmt_ns(alt[0][0])} "
+                             f"against {fmt_ns(found[0][0])} for {', '.join(found[0][1])} in storage order",)
+            return OrderChoice(chosen, notes, model, loose)
     return OrderChoice(model.cost(found[0][1]), notes, model, keep)
+
+
+#: A dense operand is copied in another mode order only when that wins by this factor.
+DENSE_COPY_MARGIN = 1.5
+
+
+def _large_dense(op: UnitOp, infos: Mapping[str, TensorInfo]) -> bool:
+    """Whether ``op`` reads a dense matrix (or higher) too large for the cache,
+    whose storage order may then be worth a copy (the forced order is costed)."""
+    for r in op.refs:
+        info = infos.get(r.name)
+        if (info is not None and not info.is_sparse and info.ndim >= 2 and info.ndim == len(r.indices)
+                and info.shape is not None and all(s is not None for s in info.shape)
+                and 8 * math.prod(info.shape) > CACHE_BYTES):
+            return True
+    return False
 
 
 def order_loops(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str, Mask],
