@@ -331,7 +331,7 @@ def _sweeps(plan):
     from spfuse._kernels import _looptree as X
     keep = {f: X._i64(getattr(plan, f)) for f in X._INT_FIELDS}
     keep["loop_fiber"] = X._fiber_loops(keep)
-    sweep, slot, postemp, _ = X._sweep_loops(keep, [bool(x) for x in plan.buf_private])
+    sweep, _, slot, postemp, _ = X._sweep_loops(keep, [bool(x) for x in plan.buf_private])
     return int(sweep.sum()), int(postemp.sum())
 
 
@@ -367,6 +367,49 @@ def test_sweep_with_a_dot_per_position(m, n, K, density, seed, outer):
     rows = np.repeat(np.arange(m), np.diff(B.indptr))
     ref = sum(B.data * np.exp(np.einsum("pk,pk->p", E[g][rows], Dt[B.indices])) for g in range(H))
     np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 40), n=st.integers(1, 120), K=st.integers(0, 20), J=st.integers(0, 20),
+       density=st.sampled_from([0.0, 0.05, 0.3, 1.0]), seed=st.integers(0, 2**31 - 1))
+def test_sweep_with_dot_and_axpy_per_position(m, n, K, J, density, seed):
+    """GNN-2 with a separate Yt (for i: for h ∈ A_i: T1 = 0; for k: T1 +=
+    X[i,k]*Y[h,k]; T0 = A*T1; for j: Z[i,j] += T0*Yt[h,j]) and the transposed
+    SpMM (for i: for j ∈ A_i: for k: C[j,k] += A[i,j]*X[i,k], a scatter by
+    the fiber's coordinate): sweeps with a dot and an axpy per position,
+    the assigned T0 a position temporary.  Values against numpy."""
+    rng = np.random.default_rng(seed)
+    A = rand_csr(m, n, density, rng)
+    X, Y, Yt = rng.standard_normal((m, K)), rng.standard_normal((n, K)), rng.standard_normal((n, J))
+    b = LoopTreeBuilder()
+    i, h, k, j = b.var("i", m), b.var("h", n), b.var("k", K), b.var("j", J)
+    aa, xx, yy, tt = b.access(A, (i, h)), b.access(X, (i, k)), b.access(Y, (h, k)), b.access(Yt, (h, j))
+    T1, T0 = b.buffer((), "T1", private=True), b.buffer((), "T0", private=True)
+    Z = b.buffer((m, J), "Z")
+    with b.loop(i):
+        with b.loop(h, intersect=[aa]):
+            b.reset(T1, 0.0)
+            with b.loop(k):
+                b.statement(T1[()], "sum", xx * yy)
+            b.statement(T0[()], "assign", aa * T1[()])
+            with b.loop(j):
+                b.statement(Z[i, j], "sum", T0[()] * tt)
+    plan = b.build()
+    assert _sweeps(plan) == (1, 2)
+    Ad = A.toarray()
+    np.testing.assert_allclose(both_threads(plan)["Z"], (Ad * (X @ Y.T)) @ Yt, rtol=1e-10, atol=1e-10)
+
+    b = LoopTreeBuilder()
+    i, jj, k = b.var("i", m), b.var("j", n), b.var("k", K)
+    aa, xx = b.access(A, (i, jj)), b.access(X, (i, k))
+    Cb = b.buffer((n, K), "C")
+    with b.loop(i):
+        with b.loop(jj, intersect=[aa]):
+            with b.loop(k):
+                b.statement(Cb[jj, k], "sum", aa * xx)
+    plan = b.build()
+    assert _sweeps(plan) == (1, 0)
+    np.testing.assert_allclose(both_threads(plan)["C"], Ad.T @ X, rtol=1e-10, atol=1e-10)
 
 
 def test_a_position_temporary_read_after_its_fiber_loop_is_no_sweep():

@@ -102,6 +102,10 @@ cdef enum:
     STACK_SIZE = 64
     BLK = 256
     PREFETCH_AHEAD = 4
+
+    # dense leaves of a sweep's fiber loop (loop_leaf)
+    LEAF_DOT = 1
+    LEAF_AXPY = 2
     SW = 512
 
     # template-kernel work units (_interrupt.pxd) per interpreter unit (a
@@ -145,6 +149,7 @@ ctypedef struct Plan:
     int64_t* loop_sweep
     int64_t* buf_rslot
     int64_t* buf_postemp
+    int64_t* loop_leaf
     int64_t* var_extent
     int64_t* lev_kind
     int64_t* lev_size
@@ -1174,21 +1179,32 @@ ctypedef struct Sweep:
     int64_t nseg
 
 
-cdef inline int64_t _sw_terms(Plan* P, Ctx* C, int64_t r, int64_t vo, int64_t vf,
-                              int64_t* so, int64_t* sf) noexcept nogil:
+cdef inline int64_t _sw_terms3(Plan* P, Ctx* C, int64_t r, int64_t vo, int64_t vf, int64_t vk,
+                               int64_t* so, int64_t* sf, int64_t* sk) noexcept nogil:
     """Offset of buffer reference ``r`` from the variables other than the
-    row and fiber variables; their strides go to ``so`` and ``sf``."""
+    row, fiber and leaf variables; their strides go to ``so``, ``sf``, ``sk``."""
     cdef int64_t k, base = 0
     so[0] = 0
     sf[0] = 0
+    sk[0] = 0
     for k in range(P.bref_tstart[r], P.bref_tstart[r] + P.bref_nterm[r]):
         if P.term_var[k] == vo:
             so[0] += P.term_stride[k]
         elif P.term_var[k] == vf:
             sf[0] += P.term_stride[k]
+        elif P.term_var[k] == vk:
+            sk[0] += P.term_stride[k]
         else:
             base += P.term_stride[k] * C.ival[P.term_var[k]]
     return base
+
+
+cdef inline int64_t _sw_terms(Plan* P, Ctx* C, int64_t r, int64_t vo, int64_t vf,
+                              int64_t* so, int64_t* sf) noexcept nogil:
+    """Offset of buffer reference ``r`` from the variables other than the
+    row and fiber variables; their strides go to ``so`` and ``sf``."""
+    cdef int64_t sk
+    return _sw_terms3(P, C, r, vo, vf, -2, so, sf, &sk)
 
 
 cdef inline VDesc _sw_scalar(double* sc, double x) noexcept nogil:
@@ -1551,6 +1567,58 @@ cdef void _sw_dot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept n
             t[e] = acc
 
 
+cdef void _sw_axpy(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """A dense axpy leaf (:func:`_axpy_leaf`) at every position of the chunk,
+    in position order: ``T[..., k] += x(e) * b(e)[k]`` (the element walk's
+    updates, in its order: bitwise the same)."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t s = P.node_arg[node + 1]
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t v = P.loop_var[lid]
+    cdef int64_t K = P.var_extent[v]
+    cdef int64_t* pb = C.sw_rowid + 4 * SW + 1
+    cdef int64_t nl = P.loop_nlev[lid]
+    cdef int64_t* levs = P.loop_levs + P.loop_lev_start[lid]
+    cdef int64_t xs, rb, mb, sb, base, so, sf, sk, g, e, k, qb
+    cdef double sc
+    cdef double x
+    cdef VDesc xv
+    cdef const double* vb
+    cdef const double* src
+    cdef double* dst
+    cdef double* rowdst
+    # which factor is the row (reads the loop's level) and which the scalar
+    if P.code[pc] == OP_LOAD_ACC and find_level(levs, nl, P.acc_last[P.code[pc + 1]]) >= 0:
+        rb, xs = P.code[pc + 1], pc + 2
+    else:
+        rb, xs = P.code[pc + 3], pc
+    xv = _sw_load(P, C, W, True, P.code[xs], P.code[xs + 1], n, C.sw_q, &sc)
+    vb = P.acc_vals[rb]
+    sb = P.lev_size[P.acc_last[rb]]
+    mb = _sw_level_pos(P, C, W, P.lev_parent[P.acc_last[rb]], n, pb)
+    base = _sw_terms3(P, C, P.stmt_target[s], W.vo, W.vf, v, &so, &sf, &sk)
+    rowdst = C.buf[P.bref_buf[P.stmt_target[s]]] + base + so * W.r0
+    C.work += n * K
+    for g in range(W.nseg):
+        for e in range(W.seg[g], W.seg[g + 1]):
+            if e + PREFETCH_AHEAD < n and mb == 1 and pb[e + PREFETCH_AHEAD] >= 0:
+                _prefetch_row(vb + pb[e + PREFETCH_AHEAD] * sb, K)
+            dst = rowdst + so * W.segrow[g] + sf * W.crd[e]
+            x = xv.p[e * xv.inc]
+            qb = pb[e * mb] if mb >= 0 else -1
+            if qb < 0:                      # an absent row reads 0 (x * 0 may be nan, as elementwise)
+                for k in range(K):
+                    dst[k * sk] += x * 0.0
+            elif sk == 1:
+                src = vb + qb * sb
+                for k in range(K):
+                    dst[k] += x * src[k]
+            else:
+                src = vb + qb * sb
+                for k in range(K):
+                    dst[k * sk] += x * src[k]
+
+
 cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
     """The fiber loop's children over the chunk's ``n`` positions."""
     cdef int64_t c = node + 1
@@ -1567,8 +1635,10 @@ cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, i
             val = P.reset_value[P.node_arg[c]]
             for e in range(n):
                 t[e] = val
-        else:
+        elif P.loop_leaf[P.node_arg[c]] == LEAF_DOT:
             _sw_dot(P, C, W, c, n)
+        else:
+            _sw_axpy(P, C, W, c, n)
         c = P.node_end[c]
 
 
@@ -2074,13 +2144,57 @@ def _dot_leaf(keep, node):
     return int(s)
 
 
+def _axpy_leaf(keep, node):
+    """The statement of loop ``node`` when it is a dense axpy leaf -- a DENSE
+    loop over dense levels whose only child is ``T[..., k] += x * b[..., k]``
+    with ``b`` reading the loop's level as its last level and ``x`` (a
+    buffer, an access or a constant) not depending on the loop -- else -1.
+    Sweeps run it as one row update per fiber position (SpMM's leaf)."""
+    lid = keep["node_arg"][node]
+    if keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_DENSE:
+        return -1
+    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
+        return -1
+    v = keep["loop_var"][lid]
+    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
+    if any(keep["lev_kind"][L] != L_DENSE for L in mine):
+        return -1
+    s = keep["node_arg"][node + 1]
+    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
+    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
+            or code[0] > OP_CONST or code[2] > OP_CONST or code[4] != OP_MUL):
+        return -1
+
+    def uses_v(op, r):
+        if op == OP_LOAD_ACC:
+            return keep["acc_last"][r] in mine
+        if op == OP_LOAD_BUF:
+            t0 = keep["bref_tstart"][r]
+            return v in keep["term_var"][t0:t0 + keep["bref_nterm"][r]]
+        return False
+
+    rows = [uses_v(code[0], code[1]), uses_v(code[2], code[3])]
+    if sorted(rows) != [False, True]:
+        return -1
+    op, r = (code[0], code[1]) if rows[0] else (code[2], code[3])
+    if op != OP_LOAD_ACC or keep["lev_parent"][keep["acc_last"][r]] < 0:
+        return -1
+    t = keep["stmt_target"][s]
+    t0 = keep["bref_tstart"][t]
+    if v not in keep["term_var"][t0:t0 + keep["bref_nterm"][t]]:
+        return -1
+    return int(s)
+
+
 def _sweep_loops(keep, private):
     """Per loop, 1 when it runs as a sweep (see ``_sweep``); per buffer, its
     slot in sweeps (-1: none) and whether that slot holds a value per fiber
-    position (a position temporary) rather than per row.  Returns
-    ``(loop_sweep, buf_rslot, buf_postemp, n_slots)``."""
+    position (a position temporary) rather than per row; per dense loop
+    under a fiber loop, its leaf.  Returns ``(loop_sweep, loop_leaf,
+    buf_rslot, buf_postemp, n_slots)``."""
     nloops, nbuf = len(keep["loop_var"]), len(keep["buf_size"])
     sweep = np.zeros(nloops, dtype=np.int64)
+    leaf = np.zeros(nloops, dtype=np.int64)   # per loop under a sweep: LEAF_DOT or LEAF_AXPY
     rslot = np.full(nbuf, -1, dtype=np.int64)
     postemp = np.zeros(nbuf, dtype=np.int64)
     kind, parent = keep["lev_kind"], keep["lev_parent"]
@@ -2148,8 +2262,12 @@ def _sweep_loops(keep, private):
                 while ok and cc < node_end[c]:
                     if node_kind[cc] == N_RESET:       # a position temporary's
                         order.append(("preset", cc, node_arg[cc], loop_var[fl]))
-                    elif node_kind[cc] == N_LOOP:      # a dense dot per position
+                    elif node_kind[cc] == N_LOOP:      # a dense dot or axpy per position
                         s = _dot_leaf(keep, cc)
+                        leaf[node_arg[cc]] = LEAF_DOT
+                        if s < 0:
+                            s = _axpy_leaf(keep, cc)
+                            leaf[node_arg[cc]] = LEAF_AXPY
                         ok = s >= 0
                         order.append(("fiber", cc + 1, s, loop_var[fl]))
                     elif node_kind[cc] == N_STMT:
@@ -2167,10 +2285,12 @@ def _sweep_loops(keep, private):
         # buffers: row temporaries, or references that keep rows apart
         refs: dict = {}   # buffer -> list of (role, terms, fiber var)
         first_ref: dict = {}
+        first_at: dict = {}  # buffer -> the node that first sets it
         for role, n, x, vf in order:
             if role in ("reset", "preset"):
                 b = int(keep["reset_buf"][x])
                 first_ref.setdefault(b, role)
+                first_at.setdefault(b, n)
                 refs.setdefault(b, []).append((role, (), vf))
                 continue
             for r in _stmt_buffer_reads(keep, x):
@@ -2180,6 +2300,14 @@ def _sweep_loops(keep, private):
             t = keep["stmt_target"][x]
             if keep["stmt_tkind"][x] == T_BUF:
                 b = int(keep["bref_buf"][t])
+                if (role == "fiber" and b not in first_ref and keep["stmt_op"][x] == A_ASSIGN
+                        and keep["bref_nterm"][t] == 0):
+                    # a 0-d value assigned at each fiber position before any
+                    # read: a position temporary, like a reset one
+                    first_ref[b] = "preset"
+                    first_at[b] = n
+                    refs.setdefault(b, []).append(("preset", (), vf))
+                    continue
                 first_ref.setdefault(b, "write")
                 refs.setdefault(b, []).append(("write", terms(t), vf))
             else:
@@ -2195,9 +2323,10 @@ def _sweep_loops(keep, private):
                 # (reset per fiber position, used inside that fiber loop only)
                 role = resets.pop()
                 inside = {n for _, n, _, _ in order}
-                if role == "preset":   # only inside the fiber loop that resets it
-                    at = next(n for r_, n, x, _ in order if r_ == "preset" and keep["reset_buf"][x] == b)
-                    fl = max(c for c in range(o + 1, at) if node_kind[c] == N_LOOP and node_end[c] > at)
+                if role == "preset":   # only inside the fiber loop that sets it
+                    at = first_at[b]
+                    fl = max((c for c in range(o + 1, at) if node_kind[c] == N_LOOP and node_end[c] > at),
+                             default=o)
                     inside = {n for n in inside if fl < n < node_end[fl]}
                 ok = (not resets and first_ref[b] == role and all(t == () for _, t, _ in rl)
                       and bool(private[b]) and keep["buf_size"][b] == 1
@@ -2221,7 +2350,7 @@ def _sweep_loops(keep, private):
                 nslots += 1
             postemp[b] = b in ptemps
         sweep[lid] = 1
-    return sweep, rslot, postemp, nslots
+    return sweep, leaf, rslot, postemp, nslots
 
 
 _INT_FIELDS = (
@@ -2259,7 +2388,7 @@ cdef class _Program:
         if not blocks:
             keep["loop_block"] = np.zeros_like(keep["loop_block"])
         keep["loop_fiber"] = _fiber_loops(keep)
-        keep["loop_sweep"], keep["buf_rslot"], keep["buf_postemp"], self.n_rslots = _sweep_loops(
+        keep["loop_sweep"], keep["loop_leaf"], keep["buf_rslot"], keep["buf_postemp"], self.n_rslots = _sweep_loops(
             keep, [bool(x) for x in plan.buf_private])
         self.any_sweep = bool(keep["loop_sweep"].any())
         self.max_stack = max(1, int(plan.max_stack))
@@ -2288,6 +2417,7 @@ cdef class _Program:
         P.loop_sweep = _ip(keep["loop_sweep"])
         P.buf_rslot = _ip(keep["buf_rslot"])
         P.buf_postemp = _ip(keep["buf_postemp"])
+        P.loop_leaf = _ip(keep["loop_leaf"])
         self.any_block = bool(keep["loop_block"].any())
         P.var_extent = _ip(keep["var_extent"])
         P.lev_kind = _ip(keep["lev_kind"]); P.lev_size = _ip(keep["lev_size"])
