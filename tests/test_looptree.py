@@ -540,3 +540,46 @@ def test_hypothesis_random_elementwise_product(prog):
                 b.statement(out[v["i"], v["j"]], "sum", expr)
     res = both_threads(b.build())["out"]
     np.testing.assert_allclose(res, ref, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(0, 50), n=st.integers(1, 80), density=st.sampled_from([0.0, 0.05, 0.4]),
+       seed=st.integers(0, 2**31 - 1), widths=st.sampled_from([(32, 32), (64, 64), (32, 64)]))
+def test_int32_and_int64_index_arrays_give_the_same_answer(m, n, density, seed, widths):
+    """int32 index arrays (scipy's default) run on the int32 executor as they
+    are; int64 ones, or a mix, on the int64 executor: the same results
+    bitwise.  Programs: Aᵀx + B·x (scatter and gather leaves of a sweep) and
+    an element-wise product kept on A's pattern."""
+    from spfuse._kernels import _looptree, _looptree32
+    from spfuse.runtime.looptree import _executor
+
+    rng = np.random.default_rng(seed)
+    A, B = rand_csr(m, n, density, rng), rand_csr(m, n, density, rng)
+    x, z = rng.standard_normal(m), rng.standard_normal(n)
+
+    def arrays(M, w):
+        t = np.int32 if w == 32 else np.int64
+        return [("dense", M.shape[0]), ("compressed", M.shape[1], M.indptr.astype(t), M.indices.astype(t))], M.data
+
+    results = []
+    for wa, wb in (widths, (64, 64)):
+        b = LoopTreeBuilder()
+        i, j = b.var("i", m), b.var("j", n)
+        a = b.access(access_from_arrays(*arrays(A, wa)), (i, j))
+        bb = b.access(access_from_arrays(*arrays(B, wb)), (i, j))
+        xx, zz = b.access(x, (i,)), b.access(z, (j,))
+        y, w = b.buffer((n,), "y"), b.buffer((m,), "w")
+        out = b.pattern_output(a, name="out")
+        with b.loop(i):
+            with b.loop(j, intersect=[a]):
+                b.statement(y[j], "sum", a * xx)
+                b.statement(out, "assign", a * zz)
+            with b.loop(j, intersect=[bb]):
+                b.statement(w[i], "sum", bb * zz)
+        plan = b.build()
+        assert _executor(plan) is (_looptree32 if (wa, wb) == (32, 32) else _looptree)
+        results.append(both_threads(plan))
+    for k in ("y", "w", "out"):
+        np.testing.assert_array_equal(results[0][k], results[1][k])
+    np.testing.assert_allclose(results[0]["y"], A.toarray().T @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(results[0]["w"], B.toarray() @ z, rtol=1e-12, atol=1e-12)

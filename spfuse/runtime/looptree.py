@@ -95,7 +95,7 @@ from typing import Any
 
 import numpy as np
 
-from spfuse._kernels import _looptree
+from spfuse._kernels import _looptree, _looptree32
 from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError
 
 __all__ = [
@@ -132,7 +132,7 @@ class LevelTensor:
     """A tensor in TACO level format with arrays normalised for the runtime.
 
     ``levels[l]`` is ``("dense", size)`` or ``("compressed", size, pos, crd)``
-    (int64, contiguous); ``values`` float64 contiguous; ``mode_order[l]`` is
+    (int32 or int64, contiguous); ``values`` float64 contiguous; ``mode_order[l]`` is
     the tensor mode stored at level ``l``.
     """
     levels: tuple
@@ -152,10 +152,12 @@ class LevelTensor:
 
 
 def _as_index(a: Any, what: str) -> np.ndarray:
+    """An index array as int32 (kept: scipy's default, which the int32
+    executor reads as is) or int64, contiguous."""
     arr = np.asarray(a)
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise OperandTypeError(f"{what}: expected an integer array, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int32 if arr.dtype == np.int32 else np.int64)
 
 
 def access_from_arrays(levels_spec: Sequence[Sequence[Any]], values: Any,
@@ -1444,15 +1446,28 @@ def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
     return bare
 
 
+def _executor(plan: LoopTreePlan):
+    """The executor module for ``plan``'s index arrays: the int32 one when
+    every array is int32 (no widening copy), else the int64 one (which
+    widens the int32 arrays)."""
+    arrays = plan.index_arrays
+    if arrays and all(a.dtype == np.int32 for a in arrays):
+        return _looptree32
+    return _looptree
+
+
 def _program(plan: LoopTreePlan, blocks: bool):
-    """The executor's program for ``plan``: built once per structure."""
+    """The executor's program for ``plan``: built once per structure and
+    index type."""
+    ex = _executor(plan)
     if not blocks:
-        return _looptree._Program(plan, False)
+        return ex._Program(plan, False)
     structure = plan.__dict__.get("_structure", plan)
-    base = structure.__dict__.get("_program")
+    key = f"_program_{ex.INDEX_DTYPE.name}"
+    base = structure.__dict__.get(key)
     if base is None:
-        base = _looptree._Program(structure, True)
-        object.__setattr__(structure, "_program", base)
+        base = ex._Program(structure, True)
+        object.__setattr__(structure, key, base)
     if structure is plan:
         return base
     return base.with_arrays(plan.index_arrays, plan.value_arrays, plan.buf_size)
