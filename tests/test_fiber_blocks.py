@@ -327,12 +327,22 @@ def test_sweep_over_a_fixed_fiber(m, n, K, density, seed):
     np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
 
 
-def _sweeps(plan):
+def _sweep_kinds(plan):
     from spfuse._kernels import _looptree as X
     keep = {f: X._i64(getattr(plan, f)) for f in X._INT_FIELDS}
     keep["loop_fiber"] = X._fiber_loops(keep)
-    sweep, _, slot, postemp, _ = X._sweep_loops(keep, [bool(x) for x in plan.buf_private])
-    return int(sweep.sum()), int(postemp.sum())
+    return X._sweep_loops(keep, [bool(x) for x in plan.buf_private])
+
+
+def _sweeps(plan):
+    """(row sweeps, position temporaries) of ``plan``."""
+    sweep, _, _, postemp, _ = _sweep_kinds(plan)
+    return int((sweep == 1).sum()), int(postemp.sum())
+
+
+def _fiber_sweeps(plan):
+    """Fiber loops swept on their own (not under a row sweep)."""
+    return int((_sweep_kinds(plan)[0] == 2).sum())
 
 
 @settings(max_examples=40, deadline=None)
@@ -412,6 +422,37 @@ def test_sweep_with_dot_and_axpy_per_position(m, n, K, J, density, seed):
     np.testing.assert_allclose(both_threads(plan)["C"], Ad.T @ X, rtol=1e-10, atol=1e-10)
 
 
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 40), n=st.integers(1, 120), K=st.integers(0, 20),
+       density=st.sampled_from([0.0, 0.05, 0.3, 1.0]), seed=st.integers(0, 2**31 - 1),
+       act=st.sampled_from(["relu", "tanh"]))
+def test_fiber_sweep_under_a_row_loop_with_a_row_vector(m, n, K, density, seed, act):
+    """relu(A·B) (for i: T = 0; for j ∈ A_i: for k: T[k] += A[i,j]*B[j,k];
+    for k: C[i,k] = relu(T[k])): the row temporary T is a vector, so rows
+    are not batched; the fiber loop over j is swept on its own, an axpy per
+    position.  Values against numpy; 1 and 2 threads bitwise."""
+    rng = np.random.default_rng(seed)
+    A = rand_csr(m, n, density, rng)
+    B = rng.standard_normal((n, K))
+    b = LoopTreeBuilder()
+    i, j, k, k2 = b.var("i", m), b.var("j", n), b.var("k", K), b.var("k2", K)
+    aa, bb = b.access(A, (i, j)), b.access(B, (j, k))
+    T = b.buffer((K,), "T", private=True)
+    C = b.buffer((m, K), "C")
+    with b.loop(i):
+        b.reset(T, 0.0)
+        with b.loop(j, intersect=[aa]):
+            with b.loop(k):
+                b.statement(T[k], "sum", aa * bb)
+        with b.loop(k2):
+            b.statement(C[i, k2], "assign", unary(act, T[k2]))
+    plan = b.build()
+    assert _sweeps(plan) == (0, 0) and _fiber_sweeps(plan) == 1
+    got = both_threads(plan)["C"]
+    ref = getattr(np, act)(A.toarray() @ B) if act == "tanh" else np.maximum(A.toarray() @ B, 0)
+    np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
 def test_a_position_temporary_read_after_its_fiber_loop_is_no_sweep():
     """T is reset per position but read once more after the fiber loop (its
     last position's value): not a position temporary, so no sweep -- and
@@ -432,7 +473,7 @@ def test_a_position_temporary_read_after_its_fiber_loop_is_no_sweep():
                 b.statement(T[()], "sum", cc * dd)
         b.statement(y[i], "assign", T[()])
     plan = b.build()
-    assert _sweeps(plan) == (0, 0)
+    assert _sweeps(plan) == (0, 0) and _fiber_sweeps(plan) == 0
     got = both_threads(plan)["y"]
     ref = np.zeros(6)
     for r in range(6):

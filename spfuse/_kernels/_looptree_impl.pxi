@@ -73,6 +73,10 @@ cdef enum:
     # dense leaves of a sweep's fiber loop (loop_leaf)
     LEAF_DOT = 1
     LEAF_AXPY = 2
+
+    # how a loop runs as a sweep (loop_sweep)
+    SWEEP_ROWS = 1
+    SWEEP_FIBER = 2
     SW = 512
 
     # template-kernel work units (_interrupt.pxd) per interpreter unit (a
@@ -1804,6 +1808,37 @@ cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept
         W.r0 = r1
 
 
+cdef void _fiber_sweep(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
+    """Positions ``[qlo, qhi)`` of a fiber loop swept on its own
+    (``SWEEP_FIBER``): its children run over chunks of SW positions as one
+    row's fiber (every level outside the loop is bound, as in the walk)."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t q = qlo, n
+    cdef const idx_t* crd = P.lev_crd[P.loop_levs[P.loop_lev_start[lid]]]
+    cdef Sweep W
+    W.vo = -1
+    W.levs_o = NULL
+    W.nl_o = 0
+    W.r0 = 0
+    W.nr = 1
+    W.vf = P.loop_var[lid]
+    W.nl_f = P.loop_nlev[lid]
+    W.levs_f = P.loop_levs + P.loop_lev_start[lid]
+    W.posv = NULL
+    W.seg = C.sw_rowid
+    W.segrow = C.sw_rowid + SW + 1
+    W.nseg = 1
+    C.sw_rowid[0] = 0
+    C.sw_rowid[SW + 1] = 0
+    while q < qhi:
+        n = qhi - q if qhi - q < SW else SW
+        C.sw_rowid[1] = n
+        W.q0 = q
+        W.crd = crd + q
+        _sw_fiber_statements(P, C, &W, node, n)
+        q += n
+
+
 cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) noexcept nogil:
     cdef int64_t lid = P.node_arg[node]
     cdef int64_t v = P.loop_var[lid]
@@ -1817,8 +1852,11 @@ cdef void exec_loop_range(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qh
     if P.loop_fiber[lid]:
         _fiber_block(P, C, node, qlo, qhi)
         return
-    if P.loop_sweep[lid]:
+    if P.loop_sweep[lid] == SWEEP_ROWS:
         _sweep(P, C, node, qlo, qhi)
+        return
+    if P.loop_sweep[lid] == SWEEP_FIBER:
+        _fiber_sweep(P, C, node, qlo, qhi)
         return
     if P.loop_mode[lid] == M_DENSE:
         for k in range(nl):
@@ -2214,27 +2252,140 @@ def _axpy_leaf(keep, node):
     return int(s)
 
 
-def _sweep_loops(keep, private):
-    """Per loop, 1 when it runs as a sweep (see ``_sweep``); per buffer, its
-    slot in sweeps (-1: none) and whether that slot holds a value per fiber
-    position (a position temporary) rather than per row; per dense loop
-    under a fiber loop, its leaf.  Returns ``(loop_sweep, loop_leaf,
-    buf_rslot, buf_postemp, n_slots)``."""
-    nloops, nbuf = len(keep["loop_var"]), len(keep["buf_size"])
-    sweep = np.zeros(nloops, dtype=np.int64)
-    leaf = np.zeros(nloops, dtype=np.int64)   # per loop under a sweep: LEAF_DOT or LEAF_AXPY
-    rslot = np.full(nbuf, -1, dtype=np.int64)
-    postemp = np.zeros(nbuf, dtype=np.int64)
-    kind, parent = keep["lev_kind"], keep["lev_parent"]
-    node_kind, node_arg, node_end = keep["node_kind"], keep["node_arg"], keep["node_end"]
-    levs, start, nlev = keep["loop_levs"], keep["loop_lev_start"], keep["loop_nlev"]
-    loop_var = keep["loop_var"]
+def _fiber_children(keep, c, leaf):
+    """The children of fiber loop ``c`` as sweep entries ``(role, node,
+    statement or reset, fiber var)``, or None when the loop cannot be swept:
+    one compressed driver with every other level it locates dense, and only
+    statements, position-temporary resets and dense dot/axpy leaves below it
+    (their kinds go to ``leaf``)."""
+    kind, node_kind, node_arg, node_end = keep["lev_kind"], keep["node_kind"], keep["node_arg"], keep["node_end"]
+    fl = node_arg[c]
+    st = keep["loop_lev_start"][fl]
+    mine = [int(L) for L in keep["loop_levs"][st:st + keep["loop_nlev"][fl]]]
+    if not (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 1
+            and kind[mine[0]] == L_COMPRESSED and all(kind[L] == L_DENSE for L in mine[1:])):
+        return None
+    vf = keep["loop_var"][fl]
+    out = []
+    cc = c + 1
+    while cc < node_end[c]:
+        if node_kind[cc] == N_RESET:       # a position temporary's
+            out.append(("preset", cc, node_arg[cc], vf))
+        elif node_kind[cc] == N_LOOP:      # a dense dot or axpy per position
+            s = _dot_leaf(keep, cc)
+            leaf[node_arg[cc]] = LEAF_DOT
+            if s < 0:
+                s = _axpy_leaf(keep, cc)
+                leaf[node_arg[cc]] = LEAF_AXPY
+            if s < 0:
+                return None
+            out.append(("fiber", cc + 1, s, vf))
+        elif node_kind[cc] == N_STMT:
+            s = node_arg[cc]
+            tk = keep["stmt_tkind"][s]
+            if not (tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine[0])):
+                return None
+            out.append(("fiber", cc, s, vf))
+        else:
+            return None
+        cc = node_end[cc]
+    return out
+
+
+def _sweep_buffers(keep, private, order, o, vo, everywhere):
+    """Whether the buffers referenced by sweep entries ``order`` (a sweep
+    rooted at loop node ``o`` over rows of variable ``vo``, -1 for a sweep
+    of one fiber loop's positions) keep the row-by-row walk's results: every
+    buffer is a row temporary (0-d, reset per row), a position temporary
+    (0-d, reset or assigned per position and used in that fiber loop only),
+    written by one statement and never read here (updated in position
+    order), or referenced by terms that all agree and move with the row.
+    Returns ``(ok, row temporaries, position temporaries)``."""
+    node_kind, node_end = keep["node_kind"], keep["node_end"]
 
     def terms(r):
         t0 = keep["bref_tstart"][r]
         return tuple(sorted((int(v), int(st)) for v, st in
                             zip(keep["term_var"][t0:t0 + keep["bref_nterm"][r]],
                                 keep["term_stride"][t0:t0 + keep["bref_nterm"][r]])))
+
+    refs: dict = {}   # buffer -> list of (role, terms, fiber var)
+    first_ref: dict = {}
+    first_at: dict = {}  # buffer -> the node that first sets it
+    for role, n, x, vf in order:
+        if role in ("reset", "preset"):
+            b = int(keep["reset_buf"][x])
+            first_ref.setdefault(b, role)
+            first_at.setdefault(b, n)
+            refs.setdefault(b, []).append((role, (), vf))
+            continue
+        for r in _stmt_buffer_reads(keep, x):
+            b = int(keep["bref_buf"][r])
+            first_ref.setdefault(b, "read")
+            refs.setdefault(b, []).append(("read", terms(r), vf))
+        t = keep["stmt_target"][x]
+        if keep["stmt_tkind"][x] == T_BUF:
+            b = int(keep["bref_buf"][t])
+            if (role == "fiber" and b not in first_ref and keep["stmt_op"][x] == A_ASSIGN
+                    and keep["bref_nterm"][t] == 0):
+                # a 0-d value assigned at each fiber position before any
+                # read: a position temporary, like a reset one
+                first_ref[b] = "preset"
+                first_at[b] = n
+                refs.setdefault(b, []).append(("preset", (), vf))
+                continue
+            first_ref.setdefault(b, "write")
+            refs.setdefault(b, []).append(("write", terms(t), vf))
+        else:
+            b = int(keep["pat_buf"][t])
+            first_ref.setdefault(b, "write")
+            refs.setdefault(b, []).append(("write", ("pattern",), vf))
+    temps, ptemps = [], []
+    for b, rl in refs.items():
+        writes = [t for role, t, _ in rl if role == "write"]
+        resets = {role for role, _, _ in rl} & {"reset", "preset"}
+        if resets:
+            role = resets.pop()
+            inside = {n for _, n, _, _ in order}
+            if role == "preset":   # only inside the fiber loop that sets it
+                at = first_at[b]
+                fl = max((c for c in range(o + 1, at) if node_kind[c] == N_LOOP and node_end[c] > at),
+                         default=o)
+                inside = {n for n in inside if fl < n < node_end[fl]}
+            ok = (not resets and first_ref[b] == role and all(t == () for _, t, _ in rl)
+                  and bool(private[b]) and keep["buf_size"][b] == 1
+                  and set(everywhere.get(b, ())) <= inside)
+            (temps if role == "reset" else ptemps).append(b)
+        elif not writes:
+            continue
+        elif len(writes) == 1 and all(role == "write" for role, _, _ in rl):
+            continue  # one writer, never read here: updated in position order
+        else:
+            sig = {t for _, t, _ in rl}
+            ok = (len(sig) == 1 and all(vf < 0 or all(v != vf for v, _ in t) for _, t, vf in rl)
+                  and any(v == vo and st != 0 for v, st in next(iter(sig))))
+        if not ok:
+            return False, [], []
+    return True, temps, ptemps
+
+
+def _sweep_loops(keep, private):
+    """Per loop, how it runs as a sweep (see ``_sweep``): 0 not, SWEEP_ROWS
+    (rows in batches, with fiber loops below), SWEEP_FIBER (one fiber loop
+    over its positions in chunks, for loops not under a row sweep whose body
+    has a dense leaf); per buffer, its slot in sweeps (-1: none) and whether
+    that slot holds a value per fiber position (a position temporary) rather
+    than per row; per dense loop under a fiber loop, its leaf.  Returns
+    ``(loop_sweep, loop_leaf, buf_rslot, buf_postemp, n_slots)``."""
+    nloops, nbuf = len(keep["loop_var"]), len(keep["buf_size"])
+    sweep = np.zeros(nloops, dtype=np.int64)
+    leaf = np.zeros(nloops, dtype=np.int64)   # per loop under a sweep: LEAF_DOT or LEAF_AXPY
+    rslot = np.full(nbuf, -1, dtype=np.int64)
+    postemp = np.zeros(nbuf, dtype=np.int64)
+    kind = keep["lev_kind"]
+    node_kind, node_arg, node_end = keep["node_kind"], keep["node_arg"], keep["node_end"]
+    levs, start, nlev = keep["loop_levs"], keep["loop_lev_start"], keep["loop_nlev"]
+    loop_var = keep["loop_var"]
 
     # every reference of every buffer in the plan: (node of its statement/reset, kind, ref)
     everywhere: dict = {}
@@ -2252,15 +2403,25 @@ def _sweep_loops(keep, private):
             everywhere.setdefault(int(keep["reset_buf"][node_arg[node]]), []).append(node)
 
     nslots = 0
+
+    def take(lid, how, temps, ptemps):
+        nonlocal nslots
+        for b in temps + ptemps:
+            if rslot[b] < 0:
+                rslot[b] = nslots
+                nslots += 1
+            postemp[b] = b in ptemps
+        sweep[lid] = how
+
+    swept_until = -1   # nodes below a row sweep are not swept again
     for o in range(len(node_kind)):
-        if node_kind[o] != N_LOOP:
+        if node_kind[o] != N_LOOP or o < swept_until:
             continue
         lid = node_arg[o]
         if keep["loop_mode"][lid] != M_DENSE or keep["loop_block"][lid] or keep["loop_fiber"][lid]:
             continue
         vo = loop_var[lid]
-        mine_o = set(int(L) for L in levs[start[lid]:start[lid] + nlev[lid]])
-        if any(kind[L] != L_DENSE for L in mine_o):
+        if any(kind[L] != L_DENSE for L in levs[start[lid]:start[lid] + nlev[lid]]):
             continue
         ok, fibers = True, 0
         order = []        # (kind, node, statement or reset, fiber var or -1)
@@ -2279,105 +2440,32 @@ def _sweep_loops(keep, private):
             elif k != N_LOOP:
                 ok = False
             else:
-                fl = node_arg[c]
-                mine_f = [int(L) for L in levs[start[fl]:start[fl] + nlev[fl]]]
-                # one compressed driver whose parent is located by this loop (a
-                # row's fiber) or bound outside it (one fiber, visited once per
-                # row), every other level it locates dense
-                ok = (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 1
-                      and kind[mine_f[0]] == L_COMPRESSED and all(kind[L] == L_DENSE for L in mine_f[1:]))
-                cc = c + 1
-                while ok and cc < node_end[c]:
-                    if node_kind[cc] == N_RESET:       # a position temporary's
-                        order.append(("preset", cc, node_arg[cc], loop_var[fl]))
-                    elif node_kind[cc] == N_LOOP:      # a dense dot or axpy per position
-                        s = _dot_leaf(keep, cc)
-                        leaf[node_arg[cc]] = LEAF_DOT
-                        if s < 0:
-                            s = _axpy_leaf(keep, cc)
-                            leaf[node_arg[cc]] = LEAF_AXPY
-                        ok = s >= 0
-                        order.append(("fiber", cc + 1, s, loop_var[fl]))
-                    elif node_kind[cc] == N_STMT:
-                        s = node_arg[cc]
-                        tk = keep["stmt_tkind"][s]
-                        ok = tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine_f[0])
-                        order.append(("fiber", cc, s, loop_var[fl]))
-                    else:
-                        ok = False
-                    cc = node_end[cc]
+                entries = _fiber_children(keep, c, leaf)
+                ok = entries is not None
+                order.extend(entries or ())
                 fibers += 1
             c = node_end[c]
         if not ok or (fibers == 0 and not any(k == "reset" for k, *_ in order)):
             continue
-        # buffers: row temporaries, or references that keep rows apart
-        refs: dict = {}   # buffer -> list of (role, terms, fiber var)
-        first_ref: dict = {}
-        first_at: dict = {}  # buffer -> the node that first sets it
-        for role, n, x, vf in order:
-            if role in ("reset", "preset"):
-                b = int(keep["reset_buf"][x])
-                first_ref.setdefault(b, role)
-                first_at.setdefault(b, n)
-                refs.setdefault(b, []).append((role, (), vf))
-                continue
-            for r in _stmt_buffer_reads(keep, x):
-                b = int(keep["bref_buf"][r])
-                first_ref.setdefault(b, "read")
-                refs.setdefault(b, []).append(("read", terms(r), vf))
-            t = keep["stmt_target"][x]
-            if keep["stmt_tkind"][x] == T_BUF:
-                b = int(keep["bref_buf"][t])
-                if (role == "fiber" and b not in first_ref and keep["stmt_op"][x] == A_ASSIGN
-                        and keep["bref_nterm"][t] == 0):
-                    # a 0-d value assigned at each fiber position before any
-                    # read: a position temporary, like a reset one
-                    first_ref[b] = "preset"
-                    first_at[b] = n
-                    refs.setdefault(b, []).append(("preset", (), vf))
-                    continue
-                first_ref.setdefault(b, "write")
-                refs.setdefault(b, []).append(("write", terms(t), vf))
-            else:
-                b = int(keep["pat_buf"][t])
-                first_ref.setdefault(b, "write")
-                refs.setdefault(b, []).append(("write", ("pattern",), vf))
-        temps, ptemps = [], []
-        for b, rl in refs.items():
-            writes = [t for role, t, _ in rl if role == "write"]
-            resets = {role for role, _, _ in rl} & {"reset", "preset"}
-            if resets:
-                # a row temporary (reset per row) or a position temporary
-                # (reset per fiber position, used inside that fiber loop only)
-                role = resets.pop()
-                inside = {n for _, n, _, _ in order}
-                if role == "preset":   # only inside the fiber loop that sets it
-                    at = first_at[b]
-                    fl = max((c for c in range(o + 1, at) if node_kind[c] == N_LOOP and node_end[c] > at),
-                             default=o)
-                    inside = {n for n in inside if fl < n < node_end[fl]}
-                ok = (not resets and first_ref[b] == role and all(t == () for _, t, _ in rl)
-                      and bool(private[b]) and keep["buf_size"][b] == 1
-                      and set(everywhere.get(b, ())) <= inside)
-                (temps if role == "reset" else ptemps).append(b)
-            elif not writes:
-                continue
-            elif len(writes) == 1 and all(role == "write" for role, _, _ in rl):
-                continue  # one writer, never read here: updated in position order
-            else:
-                sig = {t for _, t, _ in rl}
-                ok = (len(sig) == 1 and all(vf < 0 or all(v != vf for v, _ in t) for _, t, vf in rl)
-                      and any(v == vo and st != 0 for v, st in next(iter(sig))))
-            if not ok:
-                break
-        if not ok:
+        ok, temps, ptemps = _sweep_buffers(keep, private, order, o, vo, everywhere)
+        if ok:
+            take(lid, SWEEP_ROWS, temps, ptemps)
+            swept_until = node_end[o]
+
+    # fiber loops with a dense leaf, not under a row sweep: positions in chunks
+    for c in range(len(node_kind)):
+        if node_kind[c] != N_LOOP or sweep[node_arg[c]] or any(
+                sweep[node_arg[o]] == SWEEP_ROWS and o < c < node_end[o]
+                for o in range(c) if node_kind[o] == N_LOOP):
             continue
-        for b in temps + ptemps:
-            if rslot[b] < 0:
-                rslot[b] = nslots
-                nslots += 1
-            postemp[b] = b in ptemps
-        sweep[lid] = 1
+        if not any(node_kind[cc] == N_LOOP for cc in range(c + 1, node_end[c])):
+            continue
+        entries = _fiber_children(keep, c, leaf)
+        if entries is None:
+            continue
+        ok, temps, ptemps = _sweep_buffers(keep, private, entries, c, -1, everywhere)
+        if ok and not temps:
+            take(node_arg[c], SWEEP_FIBER, temps, ptemps)
     return sweep, leaf, rslot, postemp, nslots
 
 
