@@ -9,6 +9,7 @@ the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -27,6 +28,7 @@ from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
+from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
@@ -256,22 +258,55 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
     return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
 
 
-def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
-    """Run ``plan`` on the generic loop-tree executor."""
+def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, deferred: tuple = ()):
+    """Run ``plan`` on the generic loop-tree executor.
+
+    ``deferred`` names operands whose indices are not scanned yet: they are
+    scanned before anything reads them (:class:`IndexCheckFailed` when one is
+    not valid and canonical), widened to the executor's int64 in the same pass."""
     from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
-    from spfuse.lowering.templates import PARALLEL_MIN_WORK
     from spfuse.runtime import looptree as lt
 
-    work = sum(t.values.size for t in tensors.values()) + sum(
-        int(np.prod([e or 0 for e in plan.shapes[r]])) for r in plan.results)
-    if work < PARALLEL_MIN_WORK:
+    if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
+    prepare = (lambda binding: _scan_deferred(tensors, deferred, binding)) if deferred else None
     try:
-        lowered = lower_cached(plan, tensors)
+        lowered = lower_cached(plan, tensors, prepare)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
     return lowered.results(lt.run(lowered.plan, num_threads=threads))
+
+
+def _result_elements(plan: Plan) -> int:
+    """Elements of the plan's dense results (worked out once per plan)."""
+    n = plan.__dict__.get("_result_elements")
+    if n is None:
+        n = sum(math.prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+        object.__setattr__(plan, "_result_elements", n)
+    return n
+
+
+def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, binding) -> dict:
+    """Scan the deferred operands' indices before anything reads them; raise
+    :class:`IndexCheckFailed` (the caller then takes the validating path)
+    unless every one is valid and canonical.  A level the lowering
+    ``binding`` reads as it is comes back widened to int64 by the same pass
+    (``{level: (pos, crd)}``), so the index array is read once."""
+    direct = set() if binding is None else {id(tensors[n]) for n, want in binding.sources if want is None}
+    widened = {}
+    for name in deferred:
+        t = tensors[name]
+        lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
+        if id(t) in direct:
+            status, pos, crd = V.scan_widened(lv.pos, lv.crd, lv.size)
+            if status == 0:
+                widened[lv] = (pos, crd)
+        else:
+            status = V.scan_status(lv.pos, lv.crd, lv.size)
+        if status != 0:
+            raise IndexCheckFailed(name, -1)
+    return widened
 
 
 def _template(plan: Plan):
@@ -307,18 +342,23 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     if not unscanned:
         return dispatch(tensors, num_threads)
     # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
-    # they read them (saving a pass over the largest array); every other
-    # operand is scanned now.  Anything amiss -- unsorted, duplicated or
-    # out-of-range indices -- sends the call down the validating path, which
-    # canonicalises a copy or words the error.
-    kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
-    if dispatch.conversions:
-        kernel_checks = ()  # a conversion reads every index before any kernel does
-    for name in unscanned:
-        if name not in kernel_checks and not _scan_ok(tensors[name]):
-            return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+    # they read them (saving a pass over the largest array); the generic
+    # executor scans them as it widens them to int64 (one pass for both);
+    # every other operand is scanned now.  Anything amiss -- unsorted,
+    # duplicated or out-of-range indices -- sends the call down the
+    # validating path, which canonicalises a copy or words the error.
+    deferred: tuple = ()
+    if dispatch.template is None and not dispatch.conversions:
+        deferred = tuple(unscanned)
+    else:
+        kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
+        if dispatch.conversions:
+            kernel_checks = ()  # a conversion reads every index before any kernel does
+        for name in unscanned:
+            if name not in kernel_checks and not _scan_ok(tensors[name]):
+                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
     try:
-        return dispatch(tensors, num_threads)
+        return dispatch(tensors, num_threads, deferred)
     except IndexCheckFailed:
         return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
 
@@ -354,6 +394,10 @@ class _Dispatch:
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
         self.all_sparse = _same_sparse_world(tensors)
+        # work besides the operands' values: every result and temporary as
+        # if dense (an upper bound), for the one-thread decision of __call__
+        self.fixed_work = sum(math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items()
+                              if name not in plan.inputs)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -362,17 +406,20 @@ class _Dispatch:
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
-    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None):
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = ()):
+        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`)."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
-        threads = threads_for_call(num_threads)
+        # every kernel runs less work than this on one thread anyway
+        threads = threads_for_call(num_threads, worthwhile=sum(t._values.size for t in tensors.values())
+                                   + self.fixed_work >= PARALLEL_MIN_WORK)
         plan = self.plan
         tensors = bind_aliases(plan, tensors)
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw = self.template.run(tensors, threads) if self.template is not None else \
-            _execute_generic(plan, tensors, threads)
+            _execute_generic(plan, tensors, threads, deferred)
         results = {}
         for name in plan.results:
             value = raw[name]

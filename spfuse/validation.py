@@ -41,7 +41,7 @@ import numpy as np
 from spfuse.errors import InvalidOperandError, OperandTypeError
 
 __all__ = [
-    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES", "scan_status", "pos_monotone",
+    "INT32_MAX", "INT64_MAX", "VALUE_DTYPES", "INDEX_DTYPES", "scan_status", "scan_widened", "pos_monotone",
     "operand_label", "invalid", "wrong_type",
     "check_shape", "value_dtype", "as_values", "check_index_array",
     "index_dtype_for", "check_compressed", "check_coords",
@@ -302,8 +302,9 @@ def check_compressed(pos: np.ndarray, crd: np.ndarray, size: int, parent_positio
 try:
     from spfuse._kernels._validate import pos_drops as _pos_drops
     from spfuse._kernels._validate import scan_compressed as _scan_compressed
+    from spfuse._kernels._validate import scan_widen as _scan_widen
 except ImportError:  # a source checkout without built kernels: the numpy checks run instead
-    _scan_compressed = _pos_drops = None
+    _scan_compressed = _pos_drops = _scan_widen = None
 
 
 def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
@@ -319,6 +320,23 @@ def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
     if _scan_compressed is None:
         return -1
     return _scan_compressed(pos, crd, size)[0]
+
+
+def scan_widened(pos: np.ndarray, crd: np.ndarray, size: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """:func:`scan_status` plus ``pos`` and ``crd`` as int64 arrays, which is
+    what the generic executor reads: an int32 level is widened in the same
+    pass that scans it (reading the index arrays once), an int64 level is
+    returned as it is.  The arrays are meaningful only with status 0.
+
+    >>> status, pos64, crd64 = scan_widened(np.array([0, 2, 3], np.int32), np.array([0, 4, 1], np.int32), 5)
+    >>> status, crd64.dtype, crd64.tolist()
+    (0, dtype('int64'), [0, 4, 1])
+    >>> scan_widened(np.array([0, 2], np.int32), np.array([4, 0], np.int32), 5)[0]   # unsorted
+    1
+    """
+    if _scan_widen is not None and pos.dtype == np.int32:
+        return _scan_widen(pos, crd, size)
+    return scan_status(pos, crd, size), pos, crd
 
 
 def pos_monotone(pos: np.ndarray) -> bool:

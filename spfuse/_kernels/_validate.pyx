@@ -5,6 +5,7 @@ in one sequential pass, whether a level is valid and canonical; only when it
 is not does the slower numpy path run to word the error message.
 """
 cimport cython
+import numpy as np
 
 ctypedef fused index_t:
     int
@@ -57,6 +58,28 @@ cdef extern from *:
     typedef unsigned long long spfuse_ull;
     SPFUSE_SCAN_LOOP(int, unsigned int)
     SPFUSE_SCAN_LOOP(spfuse_ll, spfuse_ull)
+    /* The int32 passes above, each also writing the int64 copy of what it
+       reads: the executor's copy costs no second pass over the array. */
+    SPFUSE_CLONES static void spfuse_outliers_widen_int(
+            const int *a, Py_ssize_t n, int size, long long *w, Py_ssize_t *out, Py_ssize_t *desc) {
+        int o = (unsigned int)a[0] >= (unsigned int)size, d = 0;
+        w[0] = a[0];
+        for (Py_ssize_t p = 1; p < n; p++) {
+            w[p] = a[p];
+            o += (unsigned int)a[p] >= (unsigned int)size;
+            d += a[p] <= a[p - 1];
+        }
+        *out = (Py_ssize_t)o; *desc = (Py_ssize_t)d;
+    }
+    SPFUSE_CLONES static Py_ssize_t spfuse_drops_widen_int(const int *pos, Py_ssize_t n, long long *w) {
+        Py_ssize_t d = 0;
+        w[0] = pos[0];
+        for (Py_ssize_t s = 0; s < n; s++) {
+            w[s + 1] = pos[s + 1];
+            d += pos[s + 1] < pos[s];
+        }
+        return d;
+    }
     """
     void spfuse_outliers_int(const int *a, Py_ssize_t n, int size, Py_ssize_t *out,
                              Py_ssize_t *desc) nogil
@@ -67,6 +90,9 @@ cdef extern from *:
     Py_ssize_t spfuse_starts_int(const int *pos, Py_ssize_t n, const int *crd, int last) nogil
     Py_ssize_t spfuse_starts_spfuse_ll(const long long *pos, Py_ssize_t n, const long long *crd,
                                        long long last) nogil
+    void spfuse_outliers_widen_int(const int *a, Py_ssize_t n, int size, long long *w, Py_ssize_t *out,
+                                   Py_ssize_t *desc) nogil
+    Py_ssize_t spfuse_drops_widen_int(const int *pos, Py_ssize_t n, long long *w) nogil
 
 
 @cython.boundscheck(False)
@@ -149,3 +175,37 @@ def pos_drops(const index_t[::1] pos):
         else:
             drops = spfuse_drops_spfuse_ll(&pos[0], n)
     return drops
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def scan_widen(const int[::1] pos, const int[::1] crd, long long size):
+    """:func:`scan_compressed` of an int32 level that also returns its int64
+    copy, written in the same pass: ``(status, pos64, crd64)``.
+
+    The generic executor reads int64 index arrays; widening them after the
+    scan would read both arrays a second time.  ``pos64``/``crd64`` are
+    meaningful only when ``status`` is 0 (when it is not, the caller
+    takes the validating path and drops them).  Precondition (checked by
+    the caller): ``pos[0] == 0`` and ``pos[-1] == len(crd)``.
+    """
+    cdef Py_ssize_t n = pos.shape[0] - 1
+    cdef Py_ssize_t ncrd = crd.shape[0]
+    cdef Py_ssize_t drops = 0, allowed = 0, outliers = 0, descents = 0
+    if n < 0 or pos[n] != ncrd:
+        return 2, None, None
+    pos64 = np.empty(n + 1, dtype=np.int64)
+    crd64 = np.empty(ncrd, dtype=np.int64)
+    cdef long long[::1] wp = pos64
+    cdef long long[::1] wc = crd64
+    with nogil:
+        drops = spfuse_drops_widen_int(&pos[0], n, &wp[0])
+        if drops == 0 and ncrd > 0:
+            spfuse_outliers_widen_int(&crd[0], ncrd, <int>min(size, 2147483647), &wc[0],
+                                      &outliers, &descents)
+            if ncrd >= 2:  # pos is monotone here: 0 <= pos[s] <= ncrd
+                allowed = spfuse_starts_int(&pos[0], n, &crd[0], <int>ncrd)
+    if drops == 0 and outliers == 0 and descents == allowed:
+        return 0, pos64, crd64
+    # not canonical or invalid: the sequential scan says which
+    return scan_compressed(pos, crd, size)[0], None, None

@@ -24,6 +24,7 @@ from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
+from spfuse.tensor import Tensor
 
 __all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec", "UnrealizableMask"]
 
@@ -72,8 +73,12 @@ class LoweredProgram:
     transposed: tuple[str, ...]  # operands converted to a concordant mode order
     binding: Binding | None = None
 
-    def rebind(self, operands: Mapping[str, Any]) -> LoweredProgram:
-        """This lowering over another call's operands (same signature)."""
+    def rebind(self, operands: Mapping[str, Any], widened: Mapping[Any, tuple] | None = None) -> LoweredProgram:
+        """This lowering over another call's operands (same signature).
+
+        ``widened`` maps a compressed level of an operand to its ``(pos, crd)``
+        already as int64 (:func:`spfuse.validation.scan_widened` writes them
+        while it scans the level), so they are not converted a second time."""
         b = self.binding
         tensors = []
         for name, want in b.sources:
@@ -81,25 +86,48 @@ class LoweredProgram:
             if want is not None:
                 t = t.asformat(Format(tuple(t.format.levels), want))
             tensors.append(t)
-        levels = [lt.as_level_tensor(t, check=False) for t in tensors]
+        # spfuse Tensors (every operand of a call) are read directly; anything
+        # else goes through the runtime's general normalisation
+        levels = [None if isinstance(t, Tensor) else lt.as_level_tensor(t, check=False) for t in tensors]
         index = list(self.plan.index_arrays)
         values = list(self.plan.value_arrays)
         for slot, src, lev, k in b.index_slots:
-            index[slot] = levels[src].levels[lev][k]
+            lt_src = levels[src]
+            if lt_src is not None:
+                index[slot] = lt_src.levels[lev][k]
+                continue
+            level = tensors[src].levels[lev]
+            pair = widened.get(level) if widened else None
+            if pair is not None:
+                index[slot] = pair[k - 2]
+            else:
+                index[slot] = np.ascontiguousarray(level.pos if k == 2 else level.crd, dtype=np.int64)
         for slot, src in b.value_slots:
-            values[slot] = levels[src].values
-        sizes, shapes = self.plan.buf_size.copy(), list(self.plan.buf_shapes)
-        for buf, src in b.patterns:
-            sizes[buf] = len(levels[src].values)
-            shapes[buf] = (sizes[buf],)
-        inits = list(self.plan.buf_inits)
-        for buf, name in b.scalars:
-            inits[buf] = float(np.asarray(operands[name].todense()))
-        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, tuple(shapes), tuple(inits))
-        outputs = list(self.outputs)
-        for k, src in b.pattern_specs:
-            outputs[k] = replace(outputs[k], pattern_of=tensors[src])
-        return LoweredProgram(plan, tuple(outputs), self.transposed, b)
+            lt_src = levels[src]
+            values[slot] = lt_src.values if lt_src is not None else \
+                np.ascontiguousarray(tensors[src].values, dtype=np.float64)
+        sizes, shapes = self.plan.buf_size, self.plan.buf_shapes
+        if b.patterns:
+            sizes, shapes = sizes.copy(), list(shapes)
+            for buf, src in b.patterns:
+                src_values = tensors[src].values if levels[src] is None else levels[src].values
+                sizes[buf] = len(src_values)
+                shapes[buf] = (int(sizes[buf]),)
+            shapes = tuple(shapes)
+        inits = None
+        if b.scalars:
+            inits = list(self.plan.buf_inits)
+            for buf, name in b.scalars:
+                inits[buf] = float(np.asarray(operands[name].todense()))
+            inits = tuple(inits)
+        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, shapes, inits)
+        outputs = self.outputs
+        if b.pattern_specs:
+            outputs = list(outputs)
+            for k, src in b.pattern_specs:
+                outputs[k] = replace(outputs[k], pattern_of=tensors[src])
+            outputs = tuple(outputs)
+        return LoweredProgram(plan, outputs, self.transposed, b)
 
     def results(self, raw: Mapping[str, Any]) -> dict:
         """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
@@ -509,9 +537,13 @@ def _binding(lo: _Lowerer, built) -> Binding | None:
     return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs), scalars)
 
 
-def lower_cached(plan, operands: Mapping[str, Any]) -> LoweredProgram:
+def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None) -> LoweredProgram:
     """:func:`lower_to_looptree`, done once per plan and operand signature
-    (formats, shapes, dtypes) and rebound to each call's arrays after that."""
+    (formats, shapes, dtypes) and rebound to each call's arrays after that.
+
+    ``prepare(binding)``, when given, runs before any operand array is read,
+    with the cached :class:`Binding` (None when there is none yet); it
+    returns the ``widened`` map :meth:`LoweredProgram.rebind` takes (or None)."""
     cache = plan.__dict__.get("_lowered")
     if cache is None:
         cache = {}
@@ -519,7 +551,9 @@ def lower_cached(plan, operands: Mapping[str, Any]) -> LoweredProgram:
     key = tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
     hit = cache.get(key)
     if hit is not None:
-        return hit.rebind(operands)
+        return hit.rebind(operands, prepare(hit.binding) if prepare is not None else None)
+    if prepare is not None:
+        prepare(None)
     lowered = lower_to_looptree(plan, operands)
     if lowered.binding is not None and len(cache) < 16:
         bare = [replace(o, pattern_of=None) for o in lowered.outputs]
