@@ -27,7 +27,9 @@ from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
+from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.threads import threads_for_call
 
@@ -264,9 +266,6 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
     ``deferred`` names operands whose indices are not scanned yet: they are
     scanned before anything reads them (:class:`IndexCheckFailed` when one is
     not valid and canonical), widened to the executor's int64 in the same pass."""
-    from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
-    from spfuse.runtime import looptree as lt
-
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
     prepare = (lambda binding: _scan_deferred(tensors, deferred, binding)) if deferred else None

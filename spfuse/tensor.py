@@ -58,18 +58,36 @@ ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 FormatLike = str | Format
 
 
+try:
+    from spfuse._kernels._validate import readonly_flat as _readonly_flat
+except ImportError:  # a source checkout without built kernels
+    _readonly_flat = None
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
+    if _readonly_flat is not None and a.ndim == 1 and a.flags.c_contiguous:
+        return _readonly_flat(a)
     view = a.view()
     view.flags.writeable = False
     return view
 
 
 _INT32 = np.dtype(np.int32)
+_FLOAT64, _FLOAT32 = np.dtype(np.float64), np.dtype(np.float32)
 
 
 @functools.lru_cache(maxsize=1024)
-def _dense_levels(shape: tuple) -> tuple:
-    return tuple(DenseLevel(s) for s in shape)
+def _dense_level(size: int) -> DenseLevel:
+    return DenseLevel(size)  # (immutable: one per size, not one per call)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_parts(shape: tuple) -> tuple | None:
+    """The format and levels of a dense operand of this shape, or None when
+    its extents or size need int64 (the general path then decides)."""
+    if max((math.prod(shape), *shape)) > V.INT32_MAX:
+        return None
+    return Format.dense(len(shape)), tuple(DenseLevel(s) for s in shape)
 
 
 @dataclass(frozen=True)
@@ -352,17 +370,18 @@ class Tensor:
     def _fast_dense(cls, arr: np.ndarray) -> Tensor | None:
         """The common dense operand (C-contiguous native float32/float64 ndarray)
         wrapped in a few microseconds, or None: the general path decides."""
-        shape = arr.shape
-        if (arr.dtype not in V.VALUE_DTYPES or not arr.flags.c_contiguous
-                or max((arr.size, *shape)) > V.INT32_MAX):
+        dt = arr.dtype
+        if not (dt is _FLOAT64 or dt is _FLOAT32 or dt in V.VALUE_DTYPES) or not arr.flags.c_contiguous:
             return None
-        values = arr.reshape(-1)  # a new view of the caller's buffer, made read-only
-        values.flags.writeable = False
+        shape = arr.shape
+        parts = _dense_parts(shape)
+        if parts is None:
+            return None
         obj = cls.__new__(cls)
         obj._shape = shape
-        obj._format = Format.dense(len(shape))
-        obj._levels = _dense_levels(shape)
-        obj._values = values
+        obj._format, obj._levels = parts
+        # a new read-only view of the caller's buffer
+        obj._values = _readonly_flat(arr) if _readonly_flat is not None else _readonly(arr.reshape(-1))
         obj._index_dtype = _INT32
         obj._coords = None
         obj.origin = "numpy"
@@ -389,8 +408,10 @@ class Tensor:
         if not (len(shape) == 2 and type(shape[0]) is int and type(shape[1]) is int
                 and shape[0] >= 0 and shape[1] >= 0 and shape[0] * shape[1] <= V.INT64_MAX):
             return None  # a hand-edited or huge shape: check_shape words the error
-        fmt = Format.csr() if m.format == "csr" else Format.csc()
-        nouter, ninner = (shape[0], shape[1]) if m.format == "csr" else (shape[1], shape[0])
+        if m.format == "csr":
+            fmt, nouter, ninner = Format.csr(), shape[0], shape[1]
+        else:
+            fmt, nouter, ninner = Format.csc(), shape[1], shape[0]
         nnz = len(indices)
         if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
             return None
@@ -402,7 +423,7 @@ class Tensor:
         obj = cls.__new__(cls)
         obj._shape = shape
         obj._format = fmt
-        obj._levels = (DenseLevel(nouter), CompressedLevel._wrap(ninner, _readonly(indptr), _readonly(indices)))
+        obj._levels = (_dense_level(nouter), CompressedLevel._wrap(ninner, _readonly(indptr), _readonly(indices)))
         obj._values = _readonly(data)
         obj._index_dtype = idx
         obj._coords = None

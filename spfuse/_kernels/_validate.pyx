@@ -5,7 +5,10 @@ in one sequential pass, whether a level is valid and canonical; only when it
 is not does the slower numpy path run to word the error message.
 """
 cimport cython
+cimport numpy as cnp
 import numpy as np
+
+cnp.import_array()
 
 ctypedef fused index_t:
     int
@@ -158,54 +161,86 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
     return status, where
 
 
-def pos_drops(const index_t[::1] pos):
-    """Number of places where ``pos`` decreases (0: non-decreasing).
+cdef inline bint _flat(cnp.ndarray a, int typenum):
+    """``a`` is a 1-D C-contiguous native array of ``typenum``."""
+    return (cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_TYPE(a) == typenum
+            and cnp.PyArray_ISNOTSWAPPED(a) and cnp.PyArray_IS_C_CONTIGUOUS(a))
+
+
+def pos_drops(cnp.ndarray pos):
+    """Number of places where ``pos`` (1-D contiguous int32 or int64)
+    decreases (0: non-decreasing).
 
     The check a compressed level needs before any kernel may index with it,
     when its coordinates are checked by the kernel itself (SpMV, SpMM): one
     vectorised pass over ``len(pos)`` entries instead of ``len(crd)``.
+    (Typed by hand, not with a fused memoryview: it runs on every call,
+    where a fused signature's dispatch costs more than the pass.)
     """
-    cdef Py_ssize_t n = pos.shape[0] - 1
+    cdef Py_ssize_t n = cnp.PyArray_DIM(pos, 0) - 1 if cnp.PyArray_NDIM(pos) == 1 else 0
     cdef Py_ssize_t drops = 0
-    if n <= 0:
-        return 0
-    with nogil:
-        if index_t is int:
-            drops = spfuse_drops_int(&pos[0], n)
-        else:
-            drops = spfuse_drops_spfuse_ll(&pos[0], n)
+    if _flat(pos, cnp.NPY_INT32):
+        if n > 0:
+            with nogil:
+                drops = spfuse_drops_int(<const int*>cnp.PyArray_DATA(pos), n)
+    elif _flat(pos, cnp.NPY_INT64):
+        if n > 0:
+            with nogil:
+                drops = spfuse_drops_spfuse_ll(<const long long*>cnp.PyArray_DATA(pos), n)
+    else:
+        raise ValueError("pos_drops needs a 1-D contiguous int32 or int64 array")
     return drops
 
 
-@cython.boundscheck(False)
-@cython.wraparound(False)
-def scan_widen(const int[::1] pos, const int[::1] crd, long long size):
+def scan_widen(cnp.ndarray pos, cnp.ndarray crd, long long size):
     """:func:`scan_compressed` of an int32 level that also returns its int64
     copy, written in the same pass: ``(status, pos64, crd64)``.
 
     The generic executor reads int64 index arrays; widening them after the
     scan would read both arrays a second time.  ``pos64``/``crd64`` are
     meaningful only when ``status`` is 0 (when it is not, the caller
-    takes the validating path and drops them).  Precondition (checked by
-    the caller): ``pos[0] == 0`` and ``pos[-1] == len(crd)``.
+    takes the validating path and drops them).  ``pos`` and ``crd`` must be
+    1-D contiguous int32 arrays (ValueError otherwise) with ``pos[0] == 0``
+    (checked by the caller); ``pos[-1] != len(crd)`` is status 2.
+    Typed by hand (no memoryviews): it runs on every call.
     """
-    cdef Py_ssize_t n = pos.shape[0] - 1
-    cdef Py_ssize_t ncrd = crd.shape[0]
+    if not (_flat(pos, cnp.NPY_INT32) and _flat(crd, cnp.NPY_INT32)):
+        raise ValueError("scan_widen needs 1-D contiguous int32 arrays")
+    cdef cnp.npy_intp npos = cnp.PyArray_DIM(pos, 0)
+    cdef cnp.npy_intp ncrd = cnp.PyArray_DIM(crd, 0)
+    cdef Py_ssize_t n = npos - 1
+    cdef const int* p = <const int*>cnp.PyArray_DATA(pos)
+    cdef const int* c = <const int*>cnp.PyArray_DATA(crd)
     cdef Py_ssize_t drops = 0, allowed = 0, outliers = 0, descents = 0
-    if n < 0 or pos[n] != ncrd:
+    if n < 0 or p[n] != ncrd:
         return 2, None, None
-    pos64 = np.empty(n + 1, dtype=np.int64)
-    crd64 = np.empty(ncrd, dtype=np.int64)
-    cdef long long[::1] wp = pos64
-    cdef long long[::1] wc = crd64
+    cdef cnp.ndarray pos64 = cnp.PyArray_EMPTY(1, &npos, cnp.NPY_INT64, 0)
+    cdef cnp.ndarray crd64 = cnp.PyArray_EMPTY(1, &ncrd, cnp.NPY_INT64, 0)
+    cdef long long* wp = <long long*>cnp.PyArray_DATA(pos64)
+    cdef long long* wc = <long long*>cnp.PyArray_DATA(crd64)
     with nogil:
-        drops = spfuse_drops_widen_int(&pos[0], n, &wp[0])
+        drops = spfuse_drops_widen_int(p, n, wp)
         if drops == 0 and ncrd > 0:
-            spfuse_outliers_widen_int(&crd[0], ncrd, <int>min(size, 2147483647), &wc[0],
-                                      &outliers, &descents)
+            spfuse_outliers_widen_int(c, ncrd, <int>min(size, 2147483647), wc, &outliers, &descents)
             if ncrd >= 2:  # pos is monotone here: 0 <= pos[s] <= ncrd
-                allowed = spfuse_starts_int(&pos[0], n, &crd[0], <int>ncrd)
+                allowed = spfuse_starts_int(p, n, c, <int>ncrd)
     if drops == 0 and outliers == 0 and descents == allowed:
         return 0, pos64, crd64
     # not canonical or invalid: the sequential scan says which
     return scan_compressed(pos, crd, size)[0], None, None
+
+
+def readonly_flat(cnp.ndarray a):
+    """A read-only 1-D view of the C-contiguous array ``a``: what a Tensor
+    keeps of a caller's array (it never writes into it).  ``a.reshape(-1)``
+    plus ``flags.writeable = False`` does the same for a microsecond more,
+    paid for every operand of every call."""
+    cdef cnp.ndarray v
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise ValueError("readonly_flat needs a C-contiguous array")
+    if cnp.PyArray_NDIM(a) == 1:
+        v = a.view()
+    else:
+        v = cnp.PyArray_Ravel(a, cnp.NPY_CORDER)  # a view: a is contiguous
+    cnp.PyArray_CLEARFLAGS(v, cnp.NPY_ARRAY_WRITEABLE)
+    return v

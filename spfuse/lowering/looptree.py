@@ -131,7 +131,6 @@ class LoweredProgram:
 
     def results(self, raw: Mapping[str, Any]) -> dict:
         """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
-        from spfuse.tensor import Tensor
         out = {}
         for spec in self.outputs:
             v = raw[spec.name]
