@@ -29,7 +29,7 @@ from spfuse.ir.ops import TensorInfo
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
-from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.threads import threads_for_call
 
@@ -260,17 +260,19 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
     return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
 
 
-def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, deferred: tuple = ()):
+def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, deferred: tuple = (),
+                     key: tuple | None = None):
     """Run ``plan`` on the generic loop-tree executor.
 
     ``deferred`` names operands whose indices are not scanned yet: they are
     scanned before anything reads them (:class:`IndexCheckFailed` when one is
-    not valid and canonical), widened to the executor's int64 in the same pass."""
+    not valid and canonical), widened to the executor's int64 in the same pass.
+    ``key``: the tensors' lowering signature when the caller knows it."""
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
     prepare = (lambda binding: _scan_deferred(tensors, deferred, binding)) if deferred else None
     try:
-        lowered = lower_cached(plan, tensors, prepare)
+        lowered = lower_cached(plan, tensors, prepare, key)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
@@ -292,12 +294,12 @@ def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, binding) -> d
     unless every one is valid and canonical.  A level the lowering
     ``binding`` reads as it is comes back widened to int64 by the same pass
     (``{level: (pos, crd)}``), so the index array is read once."""
-    direct = set() if binding is None else {id(tensors[n]) for n, want in binding.sources if want is None}
+    direct = () if binding is None else binding.read_as_stored
     widened = {}
     for name in deferred:
         t = tensors[name]
         lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
-        if id(t) in direct:
+        if any(tensors[n] is t for n in direct):  # (an alias names the same tensor)
             status, pos, crd = V.scan_widened(lv.pos, lv.crd, lv.size)
             if status == 0:
                 widened[lv] = (pos, crd)
@@ -321,7 +323,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    if any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex) for o in operands.values()):
+    if _any_complex(operands.values()):
         from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
         return run_complex(program, operands, out_format, fusion, num_threads, _run)
     tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
@@ -362,6 +364,17 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
         return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
 
 
+def _any_complex(values) -> bool:
+    """Whether any operand holds complex numbers (they run as real and imaginary parts)."""
+    for o in values:
+        if type(o) is np.ndarray:
+            if o.dtype.kind == "c":
+                return True
+        elif getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex):
+            return True
+    return False
+
+
 def _scan_ok(t: Tensor) -> bool:
     """Whether a deferred tensor's compressed level is valid and canonical."""
     lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
@@ -393,6 +406,11 @@ class _Dispatch:
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
         self.all_sparse = _same_sparse_world(tensors)
+        # the signature the generic executor's lowering is cached under (the
+        # tensors a call hands it are these, bound and converted alike)
+        bound = bind_aliases(plan, tensors)
+        self.lowering_key = lowering_key({n: _Signature(self.conversions.get(n, t._format), t._shape, t._values)
+                                          for n, t in bound.items()})
         # work besides the operands' values: every result and temporary as
         # if dense (an upper bound), for the one-thread decision of __call__
         self.fixed_work = sum(math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items()
@@ -418,7 +436,7 @@ class _Dispatch:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw = self.template.run(tensors, threads) if self.template is not None else \
-            _execute_generic(plan, tensors, threads, deferred)
+            _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
         results = {}
         for name in plan.results:
             value = raw[name]
@@ -428,6 +446,16 @@ class _Dispatch:
                 value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
             results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
+
+
+class _Signature:
+    """What :func:`~spfuse.lowering.looptree.lowering_key` reads of a tensor,
+    for a tensor not made yet (an operand converted per call)."""
+
+    __slots__ = ("_format", "_shape", "_values")
+
+    def __init__(self, format: Format, shape: tuple, values: np.ndarray):
+        self._format, self._shape, self._values = format, shape, values
 
 
 def _owned(result, tensors: Mapping[str, Tensor]):
@@ -600,8 +628,7 @@ class Kernel:
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         if self._examples:
             operands = {**self._examples, **operands}
-        if not self._formats or any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex)
-                                    for o in operands.values()):  # nothing to convert (complex: see complex_values)
+        if not self._formats or _any_complex(operands.values()):  # nothing to convert (complex: see complex_values)
             return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
         tensors, made = self._tensors(operands)
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)

@@ -59,9 +59,27 @@ FormatLike = str | Format
 
 
 try:
+    from spfuse._kernels._validate import compressed_ready as _compressed_ready
     from spfuse._kernels._validate import readonly_flat as _readonly_flat
 except ImportError:  # a source checkout without built kernels
-    _readonly_flat = None
+    _readonly_flat = _compressed_ready = None
+
+
+def _compressed_ready_py(indptr, indices, data, nouter: int, ninner: int, scan: bool) -> bool:
+    """What ``_validate.compressed_ready`` decides, in numpy (kernels not built)."""
+    if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
+        return False
+    idx = indptr.dtype
+    if (idx != indices.dtype or idx not in V.INDEX_DTYPES or data.dtype not in V.VALUE_DTYPES
+            or indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1
+            or not (indptr.flags.c_contiguous and indices.flags.c_contiguous and data.flags.c_contiguous)):
+        return False
+    nnz = len(indices)
+    if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
+        return False
+    if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
+        return False
+    return V.scan_status(indptr, indices, ninner) == 0 if scan else V.pos_monotone(indptr)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -396,14 +414,6 @@ class Tensor:
         ``scan=False`` checks ``indptr`` only and leaves ``indices`` unread:
         for the call path alone, which hands such a tensor only to a kernel
         that checks the indices as it reads them (or scans it first)."""
-        indptr, indices, data = m.indptr, m.indices, m.data
-        if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
-            return None
-        idx = indptr.dtype
-        if (idx != indices.dtype or idx not in V.INDEX_DTYPES or data.dtype not in V.VALUE_DTYPES
-                or indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1
-                or not (indptr.flags.c_contiguous and indices.flags.c_contiguous and data.flags.c_contiguous)):
-            return None
         shape = m.shape
         if not (len(shape) == 2 and type(shape[0]) is int and type(shape[1]) is int
                 and shape[0] >= 0 and shape[1] >= 0 and shape[0] * shape[1] <= V.INT64_MAX):
@@ -412,20 +422,19 @@ class Tensor:
             fmt, nouter, ninner = Format.csr(), shape[0], shape[1]
         else:
             fmt, nouter, ninner = Format.csc(), shape[1], shape[0]
-        nnz = len(indices)
-        if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
-            return None
-        if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
-            return None  # needs int64 indices: the general path widens them
-        valid = V.scan_status(indptr, indices, ninner) == 0 if scan else V.pos_monotone(indptr)
-        if not valid:
+        indptr, indices, data = m.indptr, m.indices, m.data
+        if _compressed_ready is not None:
+            if not _compressed_ready(indptr, indices, data, nouter, ninner, scan):
+                return None
+        elif not _compressed_ready_py(indptr, indices, data, nouter, ninner, scan):
             return None
         obj = cls.__new__(cls)
         obj._shape = shape
         obj._format = fmt
-        obj._levels = (_dense_level(nouter), CompressedLevel._wrap(ninner, _readonly(indptr), _readonly(indices)))
-        obj._values = _readonly(data)
-        obj._index_dtype = idx
+        ro = _readonly_flat or _readonly  # (the arrays are 1-D and contiguous here)
+        obj._levels = (_dense_level(nouter), CompressedLevel._wrap(ninner, ro(indptr), ro(indices)))
+        obj._values = ro(data)
+        obj._index_dtype = indptr.dtype
         obj._coords = None
         obj.origin = origin
         return obj

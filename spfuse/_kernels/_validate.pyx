@@ -244,3 +244,43 @@ def readonly_flat(cnp.ndarray a):
         v = cnp.PyArray_Ravel(a, cnp.NPY_CORDER)  # a view: a is contiguous
     cnp.PyArray_CLEARFLAGS(v, cnp.NPY_ARRAY_WRITEABLE)
     return v
+
+
+def compressed_ready(object indptr, object indices, object data, Py_ssize_t nouter, Py_ssize_t ninner,
+                     bint scan):
+    """Whether scipy CSR/CSC arrays can be wrapped as they are, zero-copy:
+    three exact ndarrays, 1-D, C-contiguous, native byte order; ``indptr``
+    and ``indices`` both int32 or both int64 (int32 only when ``nouter``,
+    ``ninner`` and nnz fit it); ``data`` float32 or float64; ``indptr`` of
+    ``nouter + 1`` entries from 0 to ``len(indices) == len(data)``, never
+    decreasing; with ``scan`` also every index in ``[0, ninner)`` and
+    strictly increasing within its segment (:func:`scan_compressed` status 0).
+
+    False means "take the general path" (which words any error), never
+    "invalid".  One call instead of a dozen attribute checks in Python: it
+    runs for every sparse operand of every call.
+    """
+    cdef cnp.ndarray p, c, d
+    cdef int itype, vtype
+    cdef Py_ssize_t nnz
+    if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
+        return False
+    p, c, d = indptr, indices, data
+    itype = cnp.PyArray_TYPE(p)
+    vtype = cnp.PyArray_TYPE(d)
+    if not ((itype == cnp.NPY_INT32 or itype == cnp.NPY_INT64) and _flat(p, itype) and _flat(c, itype)
+            and (vtype == cnp.NPY_FLOAT64 or vtype == cnp.NPY_FLOAT32) and _flat(d, vtype)):
+        return False
+    nnz = cnp.PyArray_DIM(c, 0)
+    if cnp.PyArray_DIM(p, 0) != nouter + 1 or cnp.PyArray_DIM(d, 0) != nnz or nouter < 0 or ninner < 0:
+        return False
+    if itype == cnp.NPY_INT32:
+        if nouter > 2147483647 or ninner > 2147483647 or nnz > 2147483647:
+            return False  # needs int64 indices: the general path widens them
+        if (<int*>cnp.PyArray_DATA(p))[0] != 0 or (<int*>cnp.PyArray_DATA(p))[nouter] != nnz:
+            return False
+    elif (<long long*>cnp.PyArray_DATA(p))[0] != 0 or (<long long*>cnp.PyArray_DATA(p))[nouter] != nnz:
+        return False
+    if scan:
+        return scan_compressed(p, c, ninner)[0] == 0
+    return pos_drops(p) == 0

@@ -12,6 +12,7 @@ coordinate lists canonicalised afterwards (SpGEMM, SpAdd).
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,6 +65,12 @@ class Binding:
     patterns: tuple
     pattern_specs: tuple
     scalars: tuple = ()   # (buffer, operand name): 0-d operands, read from their buffers' initial values
+
+    @functools.cached_property
+    def read_as_stored(self) -> tuple[str, ...]:
+        """The sources whose arrays the executor reads as the operand stores
+        them (not converted to another mode order first)."""
+        return tuple(name for name, want in self.sources if want is None)
 
 
 @dataclass(frozen=True)
@@ -536,18 +543,25 @@ def _binding(lo: _Lowerer, built) -> Binding | None:
     return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs), scalars)
 
 
-def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None) -> LoweredProgram:
+def lowering_key(operands: Mapping[str, Any]) -> tuple:
+    """The operand signature a lowering is cached under: names, formats, shapes, dtypes."""
+    return tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
+
+
+def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tuple | None = None) -> LoweredProgram:
     """:func:`lower_to_looptree`, done once per plan and operand signature
     (formats, shapes, dtypes) and rebound to each call's arrays after that.
 
     ``prepare(binding)``, when given, runs before any operand array is read,
     with the cached :class:`Binding` (None when there is none yet); it
-    returns the ``widened`` map :meth:`LoweredProgram.rebind` takes (or None)."""
+    returns the ``widened`` map :meth:`LoweredProgram.rebind` takes (or None).
+    ``key``: the operands' :func:`lowering_key`, when the caller knows it."""
     cache = plan.__dict__.get("_lowered")
     if cache is None:
         cache = {}
         object.__setattr__(plan, "_lowered", cache)
-    key = tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
+    if key is None:
+        key = lowering_key(operands)
     hit = cache.get(key)
     if hit is not None:
         return hit.rebind(operands, prepare(hit.binding) if prepare is not None else None)
