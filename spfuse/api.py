@@ -162,6 +162,9 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
             # check_program names the position of the unknown operand
             break
         obj = operands[name]
+        if type(obj) is np.ndarray and (fast := Tensor._fast_dense(obj)) is not None:
+            tensors[name] = fast  # the common dense operand, without as_tensor's dispatch
+            continue
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
@@ -462,6 +465,8 @@ def _owned(result, tensors: Mapping[str, Tensor]):
     """``result`` with writable arrays of its own: a kernel's fresh output is
     handed over (made writable), an array shared with an operand (SDDMM keeps
     B's pattern) is copied, so changing the result never changes an input."""
+    if isinstance(result, np.ndarray):
+        return result  # (no sparse container to hand over; as before, without the getattr miss)
     attrs = _ARRAY_ATTRS.get(str(getattr(result, "format", "")))
     if attrs is None or not (sp.issparse(result) or is_pydata(result)):
         return result

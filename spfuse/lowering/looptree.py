@@ -30,6 +30,9 @@ from spfuse.tensor import Tensor
 __all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec", "UnrealizableMask"]
 
 
+_INT64, _FLOAT64 = np.dtype(np.int64), np.dtype(np.float64)
+
+
 class UnrealizableMask(Exception):
     """A propagated iteration mask has no concordant access to iterate it.
 
@@ -103,21 +106,26 @@ class LoweredProgram:
             if lt_src is not None:
                 index[slot] = lt_src.levels[lev][k]
                 continue
-            level = tensors[src].levels[lev]
+            level = tensors[src]._levels[lev]
             pair = widened.get(level) if widened else None
             if pair is not None:
                 index[slot] = pair[k - 2]
             else:
-                index[slot] = np.ascontiguousarray(level.pos if k == 2 else level.crd, dtype=np.int64)
+                arr = level.pos if k == 2 else level.crd
+                # (a Tensor's arrays are 1-D and contiguous: only the dtype may differ)
+                index[slot] = arr if arr.dtype == _INT64 else arr.astype(_INT64)
         for slot, src in b.value_slots:
             lt_src = levels[src]
-            values[slot] = lt_src.values if lt_src is not None else \
-                np.ascontiguousarray(tensors[src].values, dtype=np.float64)
+            if lt_src is not None:
+                values[slot] = lt_src.values
+            else:
+                arr = tensors[src]._values
+                values[slot] = arr if arr.dtype == _FLOAT64 else arr.astype(_FLOAT64)
         sizes, shapes = self.plan.buf_size, self.plan.buf_shapes
         if b.patterns:
             sizes, shapes = sizes.copy(), list(shapes)
             for buf, src in b.patterns:
-                src_values = tensors[src].values if levels[src] is None else levels[src].values
+                src_values = tensors[src]._values if levels[src] is None else levels[src].values
                 sizes[buf] = len(src_values)
                 shapes[buf] = (int(sizes[buf]),)
             shapes = tuple(shapes)
