@@ -153,9 +153,7 @@ class CompressedLevel:
     def _wrap(cls, size: int, pos: np.ndarray, crd: np.ndarray) -> CompressedLevel:
         """A level over arrays that are already ndarrays (no coercion): the per-call fast path."""
         obj = cls.__new__(cls)
-        object.__setattr__(obj, "size", size)
-        object.__setattr__(obj, "pos", pos)
-        object.__setattr__(obj, "crd", crd)
+        obj.__dict__.update(size=size, pos=pos, crd=crd)  # (frozen: no __setattr__)
         return obj
 
     def num_positions(self, parent_positions: int) -> int:

@@ -142,7 +142,9 @@ class LoweredProgram:
             for k, src in b.pattern_specs:
                 outputs[k] = replace(outputs[k], pattern_of=tensors[src])
             outputs = tuple(outputs)
-        return LoweredProgram(plan, outputs, self.transposed, b)
+        bound = object.__new__(LoweredProgram)  # (frozen: __init__ would setattr field by field)
+        bound.__dict__.update(plan=plan, outputs=outputs, transposed=self.transposed, binding=b)
+        return bound
 
     def results(self, raw: Mapping[str, Any]) -> dict:
         """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
