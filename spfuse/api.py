@@ -26,11 +26,11 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
+from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
-from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
-from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]

@@ -90,6 +90,8 @@ class LoweredProgram:
         already as int64 (:func:`spfuse.validation.scan_widened` writes them
         while it scans the level), so they are not converted a second time."""
         b = self.binding
+        if b is None:
+            raise ValueError("only a lowering with a Binding (lower_cached's) can be rebound")
         tensors = []
         for name, want in b.sources:
             t = operands[name]
@@ -131,17 +133,17 @@ class LoweredProgram:
             shapes = tuple(shapes)
         inits = None
         if b.scalars:
-            inits = list(self.plan.buf_inits)
+            scalar_inits = list(self.plan.buf_inits)
             for buf, name in b.scalars:
-                inits[buf] = float(np.asarray(operands[name].todense()))
-            inits = tuple(inits)
+                scalar_inits[buf] = float(np.asarray(operands[name].todense()))
+            inits = tuple(scalar_inits)
         plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, shapes, inits)
         outputs = self.outputs
         if b.pattern_specs:
-            outputs = list(outputs)
+            specs = list(outputs)
             for k, src in b.pattern_specs:
-                outputs[k] = replace(outputs[k], pattern_of=tensors[src])
-            outputs = tuple(outputs)
+                specs[k] = replace(specs[k], pattern_of=tensors[src])
+            outputs = tuple(specs)
         bound = object.__new__(LoweredProgram)  # (frozen: __init__ would setattr field by field)
         bound.__dict__.update(plan=plan, outputs=outputs, transposed=self.transposed, binding=b)
         return bound
