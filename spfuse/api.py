@@ -378,6 +378,18 @@ def _any_complex(values) -> bool:
     return False
 
 
+def _in_format(value: Any, fmt: Format) -> bool:
+    """Whether a declared operand is already stored as ``fmt`` (a scipy CSR/CSC
+    matrix or a C-ordered ndarray; or absent, which the call path words)."""
+    if value is None:
+        return True
+    if type(value) is np.ndarray:
+        return fmt.is_dense and fmt.is_identity_order and value.flags.c_contiguous
+    if sp.issparse(value) and value.format in ("csr", "csc"):
+        return fmt == (Format.csr() if value.format == "csr" else Format.csc())
+    return False
+
+
 def _scan_ok(t: Tensor) -> bool:
     """Whether a deferred tensor's compressed level is valid and canonical."""
     lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
@@ -633,7 +645,9 @@ class Kernel:
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         if self._examples:
             operands = {**self._examples, **operands}
-        if not self._formats or _any_complex(operands.values()):  # nothing to convert (complex: see complex_values)
+        if (not self._formats or _any_complex(operands.values())  # (complex: see complex_values)
+                or all(_in_format(operands.get(n), f) for n, f in self._formats.items())):
+            # nothing to convert: validated (and scanned once) like undeclared operands
             return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
         tensors, made = self._tensors(operands)
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)

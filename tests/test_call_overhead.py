@@ -295,3 +295,27 @@ def test_format_hash_is_cached_and_survives_pickling():
     g = pickle.loads(pickle.dumps(f))
     assert g == f and hash(g) == hash(f)
     assert {f: 1}[Format(("dense", "compressed"), (1, 0))] == 1
+
+
+def test_declared_format_already_held_is_not_converted_first(passes):
+    """``compile(..., A="csr")`` called with a CSR matrix takes the same
+    path as an undeclared one: one fused pass over A's indices per call."""
+    A = _csr(seed=10)
+    ops = _operands(SPMV_B, A)
+    k = spfuse.compile(SPMV_B, num_threads=1, A="csr")
+    k(A=A, **ops)
+    passes.update(scan_widen=0, scan=0)
+    np.testing.assert_allclose(k(A=A, **ops), _oracle(SPMV_B, A, ops))
+    assert passes == {"scan_widen": 1, "scan": 0}
+    A.indices[2] = A.shape[1]  # still refused after a cached call
+    with pytest.raises(InvalidOperandError, match="out-of-range"):
+        k(A=A, **ops)
+
+
+@pytest.mark.parametrize("declared", ["csc", "csr", "dense"])
+def test_declared_format_still_converts_what_is_not_in_it(declared):
+    A = _csr(seed=11)
+    ops = _operands(SPMV_B, A)
+    k = spfuse.compile(SPMV_B, num_threads=1, A=declared)
+    for operand in (A, A.tocsc(), A.toarray()):
+        np.testing.assert_allclose(k(A=operand, **ops), _oracle(SPMV_B, A, ops))
