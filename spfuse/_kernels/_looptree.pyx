@@ -1867,6 +1867,17 @@ cdef inline bint _is_flat(object a, int typenum):
             and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
 
 
+cdef tuple _flat_tuple(tuple arrays, int typenum, convert):
+    """``arrays``, each passed through ``convert`` (:func:`_i64` / :func:`_f64`)
+    unless it already is what that returns."""
+    cdef list out = list(arrays)
+    cdef Py_ssize_t k
+    for k in range(len(out)):
+        if not _is_flat(out[k], typenum):
+            out[k] = convert(out[k])
+    return tuple(out)
+
+
 def _i64(a):
     a = np.ascontiguousarray(a, dtype=np.int64)
     if a.ndim != 1:
@@ -2163,7 +2174,6 @@ cdef class _Program:
         dtype are taken without a Python-level conversion."""
         cdef _Program q = _Program.__new__(_Program)
         cdef int64_t k, j
-        cdef Py_ssize_t n
         q.P = self.P
         if buf_size is self.keep["buf_size"]:
             q.keep = self.keep  # nothing of the structure changes: share it
@@ -2176,18 +2186,8 @@ cdef class _Program:
         q.nws = self.nws
         q.max_blk_lev, q.n_rslots = self.max_blk_lev, self.n_rslots
         q.any_block, q.any_sweep = self.any_block, self.any_sweep
-        n = len(index_arrays)
-        fixed = list(index_arrays)
-        for k in range(n):
-            if not _is_flat(fixed[k], cnp.NPY_INT64):
-                fixed[k] = _i64(fixed[k])
-        q.index_arrays = tuple(fixed)
-        n = len(value_arrays)
-        fixed = list(value_arrays)
-        for k in range(n):
-            if not _is_flat(fixed[k], cnp.NPY_FLOAT64):
-                fixed[k] = _f64(fixed[k])
-        q.value_arrays = tuple(fixed)
+        q.index_arrays = _flat_tuple(index_arrays, cnp.NPY_INT64, _i64)
+        q.value_arrays = _flat_tuple(value_arrays, cnp.NPY_FLOAT64, _f64)
         q.P.lev_pos = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
         q.P.lev_crd = <int64_t**>calloc(self.nlev + 1, sizeof(int64_t*))
         q.P.acc_vals = <double**>calloc(self.nacc + 1, sizeof(double*))
