@@ -9,6 +9,7 @@ the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from collections.abc import Mapping
@@ -25,7 +26,10 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
+from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
+from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
 
@@ -158,6 +162,9 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
             # check_program names the position of the unknown operand
             break
         obj = operands[name]
+        if type(obj) is np.ndarray and (fast := Tensor._fast_dense(obj)) is not None:
+            tensors[name] = fast  # the common dense operand, without as_tensor's dispatch
+            continue
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
@@ -256,22 +263,44 @@ def _result_dtype(tensors: Mapping[str, Tensor]):
     return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
 
 
-def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int):
-    """Run ``plan`` on the generic loop-tree executor."""
-    from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree
-    from spfuse.lowering.templates import PARALLEL_MIN_WORK
-    from spfuse.runtime import looptree as lt
+def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, deferred: tuple = (),
+                     key: tuple | None = None):
+    """Run ``plan`` on the generic loop-tree executor.
 
-    work = sum(t.values.size for t in tensors.values()) + sum(
-        int(np.prod([e or 0 for e in plan.shapes[r]])) for r in plan.results)
-    if work < PARALLEL_MIN_WORK:
+    ``deferred`` names operands whose indices are not scanned yet: they are
+    scanned before anything reads them (:class:`IndexCheckFailed` when one is
+    not valid and canonical); the executor then reads them as they are
+    (int32 or int64).
+    ``key``: the tensors' lowering signature when the caller knows it."""
+    if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
+    prepare = (lambda binding: _scan_deferred(tensors, deferred, binding)) if deferred else None
     try:
-        lowered = lower_cached(plan, tensors)
+        lowered = lower_cached(plan, tensors, prepare, key)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
         lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
     return lowered.results(lt.run(lowered.plan, num_threads=threads))
+
+
+def _result_elements(plan: Plan) -> int:
+    """Elements of the plan's dense results (worked out once per plan)."""
+    n = plan.__dict__.get("_result_elements")
+    if n is None:
+        n = sum(math.prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+        object.__setattr__(plan, "_result_elements", n)
+    return n
+
+
+def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, binding) -> None:
+    """Scan the deferred operands' indices before anything reads them; raise
+    :class:`IndexCheckFailed` (the caller then takes the validating path)
+    unless every one is valid and canonical.  The executor reads int32 and
+    int64 indices as they are, so this scan is the one extra pass."""
+    for name in deferred:
+        lv = cast(CompressedLevel, tensors[name].levels[1])  # deferred tensors are csr/csc
+        if V.scan_status(lv.pos, lv.crd, lv.size) != 0:
+            raise IndexCheckFailed(name, -1)
 
 
 def _template(plan: Plan):
@@ -287,7 +316,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    if any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex) for o in operands.values()):
+    if _any_complex(operands.values()):
         from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
         return run_complex(program, operands, out_format, fusion, num_threads, _run)
     tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
@@ -307,20 +336,48 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     if not unscanned:
         return dispatch(tensors, num_threads)
     # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
-    # they read them (saving a pass over the largest array); every other
-    # operand is scanned now.  Anything amiss -- unsorted, duplicated or
-    # out-of-range indices -- sends the call down the validating path, which
-    # canonicalises a copy or words the error.
-    kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
-    if dispatch.conversions:
-        kernel_checks = ()  # a conversion reads every index before any kernel does
-    for name in unscanned:
-        if name not in kernel_checks and not _scan_ok(tensors[name]):
-            return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+    # they read them (saving a pass over the largest array); the generic
+    # executor's are scanned just before it reads them as they are;
+    # every other operand is scanned now.  Anything amiss -- unsorted,
+    # duplicated or out-of-range indices -- sends the call down the
+    # validating path, which canonicalises a copy or words the error.
+    deferred: tuple = ()
+    if dispatch.template is None and not dispatch.conversions:
+        deferred = tuple(unscanned)
+    else:
+        kernel_checks = dispatch.template.checks_indices if dispatch.template is not None else ()
+        if dispatch.conversions:
+            kernel_checks = ()  # a conversion reads every index before any kernel does
+        for name in unscanned:
+            if name not in kernel_checks and not _scan_ok(tensors[name]):
+                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
     try:
-        return dispatch(tensors, num_threads)
+        return dispatch(tensors, num_threads, deferred)
     except IndexCheckFailed:
         return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+
+
+def _any_complex(values) -> bool:
+    """Whether any operand holds complex numbers (they run as real and imaginary parts)."""
+    for o in values:
+        if type(o) is np.ndarray:
+            if o.dtype.kind == "c":
+                return True
+        elif getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex):
+            return True
+    return False
+
+
+def _in_format(value: Any, fmt: Format) -> bool:
+    """Whether a declared operand is already stored as ``fmt`` (a scipy CSR/CSC
+    matrix or a C-ordered ndarray; or absent, which the call path words)."""
+    if value is None:
+        return True
+    if type(value) is np.ndarray:
+        return fmt.is_dense and fmt.is_identity_order and value.flags.c_contiguous
+    if sp.issparse(value) and value.format in ("csr", "csc"):
+        return fmt == (Format.csr() if value.format == "csr" else Format.csc())
+    return False
 
 
 def _scan_ok(t: Tensor) -> bool:
@@ -354,6 +411,15 @@ class _Dispatch:
         self.out_format = out_format
         self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
         self.all_sparse = _same_sparse_world(tensors)
+        # the signature the generic executor's lowering is cached under (the
+        # tensors a call hands it are these, bound and converted alike)
+        bound = bind_aliases(plan, tensors)
+        self.lowering_key = lowering_key({n: _Signature(self.conversions.get(n, t._format), t._shape, t._values)
+                                          for n, t in bound.items()})
+        # work besides the operands' values: every result and temporary as
+        # if dense (an upper bound), for the one-thread decision of __call__
+        self.fixed_work = sum(math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items()
+                              if name not in plan.inputs)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -362,17 +428,20 @@ class _Dispatch:
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
-    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None):
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = ()):
+        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`)."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
-        threads = threads_for_call(num_threads)
+        # every kernel runs less work than this on one thread anyway
+        threads = threads_for_call(num_threads, worthwhile=sum(t._values.size for t in tensors.values())
+                                   + self.fixed_work >= PARALLEL_MIN_WORK)
         plan = self.plan
         tensors = bind_aliases(plan, tensors)
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw = self.template.run(tensors, threads) if self.template is not None else \
-            _execute_generic(plan, tensors, threads)
+            _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
         results = {}
         for name in plan.results:
             value = raw[name]
@@ -384,10 +453,22 @@ class _Dispatch:
         return results[plan.results[0]] if len(results) == 1 else results
 
 
+class _Signature:
+    """What :func:`~spfuse.lowering.looptree.lowering_key` reads of a tensor,
+    for a tensor not made yet (an operand converted per call)."""
+
+    __slots__ = ("_format", "_shape", "_values")
+
+    def __init__(self, format: Format, shape: tuple, values: np.ndarray):
+        self._format, self._shape, self._values = format, shape, values
+
+
 def _owned(result, tensors: Mapping[str, Tensor]):
     """``result`` with writable arrays of its own: a kernel's fresh output is
     handed over (made writable), an array shared with an operand (SDDMM keeps
     B's pattern) is copied, so changing the result never changes an input."""
+    if isinstance(result, np.ndarray):
+        return result  # (no sparse container to hand over; as before, without the getattr miss)
     attrs = _ARRAY_ATTRS.get(str(getattr(result, "format", "")))
     if attrs is None or not (sp.issparse(result) or is_pydata(result)):
         return result
@@ -554,8 +635,9 @@ class Kernel:
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         if self._examples:
             operands = {**self._examples, **operands}
-        if not self._formats or any(getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex)
-                                    for o in operands.values()):  # nothing to convert (complex: see complex_values)
+        if (not self._formats or _any_complex(operands.values())  # (complex: see complex_values)
+                or all(_in_format(operands.get(n), f) for n, f in self._formats.items())):
+            # nothing to convert: validated (and scanned once) like undeclared operands
             return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
         tensors, made = self._tensors(operands)
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)

@@ -89,6 +89,15 @@ class Format:
                 f"0..{len(levels) - 1} (one entry per level)\n  got: {order!r}")
         object.__setattr__(self, "levels", levels)
         object.__setattr__(self, "mode_order", order)
+        # Formats key the per-call caches: hash the fields once, not per lookup
+        object.__setattr__(self, "_hash", hash((levels, order)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
+
+    def __reduce__(self):
+        # rebuilt through __init__: string hashes differ between processes
+        return (type(self), (self.levels, self.mode_order))
 
     # -- named constructors -------------------------------------------------
     @classmethod

@@ -58,18 +58,54 @@ ORIGINS = ("sparray", "spmatrix", "numpy", "pydata.COO", "pydata.GCXS", None)
 FormatLike = str | Format
 
 
+try:
+    from spfuse._kernels._validate import compressed_ready as _compressed_ready
+    from spfuse._kernels._validate import readonly_flat as _readonly_flat
+except ImportError:  # a source checkout without built kernels
+    _readonly_flat = _compressed_ready = None
+
+
+def _compressed_ready_py(indptr, indices, data, nouter: int, ninner: int, scan: bool) -> bool:
+    """What ``_validate.compressed_ready`` decides, in numpy (kernels not built)."""
+    if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
+        return False
+    idx = indptr.dtype
+    if (idx != indices.dtype or idx not in V.INDEX_DTYPES or data.dtype not in V.VALUE_DTYPES
+            or indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1
+            or not (indptr.flags.c_contiguous and indices.flags.c_contiguous and data.flags.c_contiguous)):
+        return False
+    nnz = len(indices)
+    if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
+        return False
+    if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
+        return False
+    return V.scan_status(indptr, indices, ninner) == 0 if scan else V.pos_monotone(indptr)
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
+    if _readonly_flat is not None and a.ndim == 1 and a.flags.c_contiguous:
+        return _readonly_flat(a)
     view = a.view()
     view.flags.writeable = False
     return view
 
 
 _INT32 = np.dtype(np.int32)
+_FLOAT64, _FLOAT32 = np.dtype(np.float64), np.dtype(np.float32)
 
 
 @functools.lru_cache(maxsize=1024)
-def _dense_levels(shape: tuple) -> tuple:
-    return tuple(DenseLevel(s) for s in shape)
+def _dense_level(size: int) -> DenseLevel:
+    return DenseLevel(size)  # (immutable: one per size, not one per call)
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_parts(shape: tuple) -> tuple | None:
+    """The format and levels of a dense operand of this shape, or None when
+    its extents or size need int64 (the general path then decides)."""
+    if max((math.prod(shape), *shape)) > V.INT32_MAX:
+        return None
+    return Format.dense(len(shape)), tuple(DenseLevel(s) for s in shape)
 
 
 @dataclass(frozen=True)
@@ -117,9 +153,7 @@ class CompressedLevel:
     def _wrap(cls, size: int, pos: np.ndarray, crd: np.ndarray) -> CompressedLevel:
         """A level over arrays that are already ndarrays (no coercion): the per-call fast path."""
         obj = cls.__new__(cls)
-        object.__setattr__(obj, "size", size)
-        object.__setattr__(obj, "pos", pos)
-        object.__setattr__(obj, "crd", crd)
+        obj.__dict__.update(size=size, pos=pos, crd=crd)  # (frozen: no __setattr__)
         return obj
 
     def num_positions(self, parent_positions: int) -> int:
@@ -352,17 +386,18 @@ class Tensor:
     def _fast_dense(cls, arr: np.ndarray) -> Tensor | None:
         """The common dense operand (C-contiguous native float32/float64 ndarray)
         wrapped in a few microseconds, or None: the general path decides."""
-        shape = arr.shape
-        if (arr.dtype not in V.VALUE_DTYPES or not arr.flags.c_contiguous
-                or max((arr.size, *shape)) > V.INT32_MAX):
+        dt = arr.dtype
+        if not (dt is _FLOAT64 or dt is _FLOAT32 or dt in V.VALUE_DTYPES) or not arr.flags.c_contiguous:
             return None
-        values = arr.reshape(-1)  # a new view of the caller's buffer, made read-only
-        values.flags.writeable = False
+        shape = arr.shape
+        parts = _dense_parts(shape)
+        if parts is None:
+            return None
         obj = cls.__new__(cls)
         obj._shape = shape
-        obj._format = Format.dense(len(shape))
-        obj._levels = _dense_levels(shape)
-        obj._values = values
+        obj._format, obj._levels = parts
+        # a new read-only view of the caller's buffer
+        obj._values = _readonly_flat(arr) if _readonly_flat is not None else _readonly(arr.reshape(-1))
         obj._index_dtype = _INT32
         obj._coords = None
         obj.origin = "numpy"
@@ -377,34 +412,27 @@ class Tensor:
         ``scan=False`` checks ``indptr`` only and leaves ``indices`` unread:
         for the call path alone, which hands such a tensor only to a kernel
         that checks the indices as it reads them (or scans it first)."""
-        indptr, indices, data = m.indptr, m.indices, m.data
-        if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
-            return None
-        idx = indptr.dtype
-        if (idx != indices.dtype or idx not in V.INDEX_DTYPES or data.dtype not in V.VALUE_DTYPES
-                or indptr.ndim != 1 or indices.ndim != 1 or data.ndim != 1
-                or not (indptr.flags.c_contiguous and indices.flags.c_contiguous and data.flags.c_contiguous)):
-            return None
         shape = m.shape
         if not (len(shape) == 2 and type(shape[0]) is int and type(shape[1]) is int
                 and shape[0] >= 0 and shape[1] >= 0 and shape[0] * shape[1] <= V.INT64_MAX):
             return None  # a hand-edited or huge shape: check_shape words the error
-        fmt = Format.csr() if m.format == "csr" else Format.csc()
-        nouter, ninner = (shape[0], shape[1]) if m.format == "csr" else (shape[1], shape[0])
-        nnz = len(indices)
-        if len(indptr) != nouter + 1 or len(data) != nnz or indptr[0] != 0 or indptr[-1] != nnz:
-            return None
-        if idx == _INT32 and max(nouter, ninner, nnz) > V.INT32_MAX:
-            return None  # needs int64 indices: the general path widens them
-        valid = V.scan_status(indptr, indices, ninner) == 0 if scan else V.pos_monotone(indptr)
-        if not valid:
+        if m.format == "csr":
+            fmt, nouter, ninner = Format.csr(), shape[0], shape[1]
+        else:
+            fmt, nouter, ninner = Format.csc(), shape[1], shape[0]
+        indptr, indices, data = m.indptr, m.indices, m.data
+        if _compressed_ready is not None:
+            if not _compressed_ready(indptr, indices, data, nouter, ninner, scan):
+                return None
+        elif not _compressed_ready_py(indptr, indices, data, nouter, ninner, scan):
             return None
         obj = cls.__new__(cls)
         obj._shape = shape
         obj._format = fmt
-        obj._levels = (DenseLevel(nouter), CompressedLevel._wrap(ninner, _readonly(indptr), _readonly(indices)))
-        obj._values = _readonly(data)
-        obj._index_dtype = idx
+        ro = _readonly_flat or _readonly  # (the arrays are 1-D and contiguous here)
+        obj._levels = (_dense_level(nouter), CompressedLevel._wrap(ninner, ro(indptr), ro(indices)))
+        obj._values = ro(data)
+        obj._index_dtype = indptr.dtype
         obj._coords = None
         obj.origin = origin
         return obj

@@ -138,19 +138,25 @@ def _own_team(n: int) -> list[int]:
     return ids
 
 
-def threads_for_call(num_threads: int | None = None) -> int:
+def threads_for_call(num_threads: int | None = None, worthwhile: bool = True) -> int:
     """The team size one kernel call runs with: :func:`effective_num_threads`,
     less the cores other threads of this process occupy right now (a BLAS
     pool still spinning after ``X @ W``, a busy Python thread).
+
+    A call with too little work to be worth a team (``worthwhile=False``)
+    runs on one thread: ``num_threads`` is still checked, but the machine is
+    not looked at (that reads ``/proc``, microseconds of a tiny call).
 
     >>> import spfuse
     >>> from spfuse.threads import threads_for_call
     >>> 1 <= threads_for_call() <= spfuse.get_num_threads()
     True
-    >>> threads_for_call(1)
-    1
+    >>> threads_for_call(1), threads_for_call(2, worthwhile=False)
+    (1, 1)
     """
     n = effective_num_threads(num_threads)
+    if not worthwhile:
+        return 1
     if n == 1 or os.environ.get("SPFUSE_ADAPTIVE_THREADS", "1") == "0":
         return n
     cores = _cores_available()

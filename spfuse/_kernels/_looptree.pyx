@@ -41,5 +41,7 @@ import numpy as np
 
 ctypedef int64_t idx_t
 INDEX_DTYPE = np.dtype(np.int64)
+cimport numpy as cnp
+cdef int INDEX_TYPENUM = cnp.NPY_INT64
 
 include "_looptree_impl.pxi"

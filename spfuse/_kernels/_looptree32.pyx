@@ -4,5 +4,7 @@ import numpy as np
 
 ctypedef int32_t idx_t
 INDEX_DTYPE = np.dtype(np.int32)
+cimport numpy as cnp
+cdef int INDEX_TYPENUM = cnp.NPY_INT32
 
 include "_looptree_impl.pxi"

@@ -2126,6 +2126,26 @@ def _index(a):
     return np.ascontiguousarray(a, dtype=INDEX_DTYPE)
 
 
+cdef inline bint _is_flat(object a, int typenum):
+    """Whether ``a`` is already a 1-D C-contiguous native array of ``typenum``
+    (what :func:`_index` / :func:`_f64` would return unchanged)."""
+    return (type(a) is np.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1
+            and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a))
+
+
+cdef tuple _flat_tuple(tuple arrays, int typenum, convert):
+    """``arrays``, each passed through ``convert`` (:func:`_index` / :func:`_f64`)
+    unless it already is what that returns."""
+    cdef list out = list(arrays)
+    cdef Py_ssize_t k
+    for k in range(len(out)):
+        if not _is_flat(out[k], typenum):
+            out[k] = convert(out[k])
+    return tuple(out)
+
+
 def _i64(a):
     a = np.ascontiguousarray(a, dtype=np.int64)
     if a.ndim != 1:
@@ -2578,27 +2598,32 @@ cdef class _Program:
     def with_arrays(self, tuple index_arrays, tuple value_arrays, buf_size):
         """This program over other operand arrays (same structure, as
         :meth:`spfuse.lowering.looptree.LoweredProgram.rebind` makes them):
-        only the pointer tables are rebuilt; the structure is shared."""
+        only the pointer tables are rebuilt; the structure is shared.
+        Runs on every cached call, so arrays already in the executor's
+        dtype are taken without a Python-level conversion."""
         cdef _Program q = _Program.__new__(_Program)
         cdef int64_t k, j
         q.P = self.P
-        q.keep = dict(self.keep)
-        q.keep["buf_size"] = _i64(buf_size)
-        q.P.buf_size = _ip(q.keep["buf_size"])
+        if buf_size is self.keep["buf_size"]:
+            q.keep = self.keep  # nothing of the structure changes: share it
+        else:
+            q.keep = dict(self.keep)
+            q.keep["buf_size"] = _i64(buf_size)
+            q.P.buf_size = _ip(q.keep["buf_size"])
         q.nlev, q.nacc, q.nvars, q.nbuf = self.nlev, self.nacc, self.nvars, self.nbuf
         q.ncoo, q.nnodes, q.max_free, q.max_stack = self.ncoo, self.nnodes, self.max_free, self.max_stack
         q.nws = self.nws
         q.max_blk_lev, q.n_rslots = self.max_blk_lev, self.n_rslots
         q.any_block, q.any_sweep = self.any_block, self.any_sweep
-        q.index_arrays = tuple(_index(a) for a in index_arrays)
-        q.value_arrays = tuple(_f64(a) for a in value_arrays)
+        q.index_arrays = _flat_tuple(index_arrays, INDEX_TYPENUM, _index)
+        q.value_arrays = _flat_tuple(value_arrays, cnp.NPY_FLOAT64, _f64)
         q.P.lev_pos = <idx_t**>calloc(self.nlev + 1, sizeof(idx_t*))
         q.P.lev_crd = <idx_t**>calloc(self.nlev + 1, sizeof(idx_t*))
         q.P.acc_vals = <double**>calloc(self.nacc + 1, sizeof(double*))
         if q.P.lev_pos == NULL or q.P.lev_crd == NULL or q.P.acc_vals == NULL:
             raise MemoryError()
-        pos_arr = self.keep["lev_pos_arr"]
-        crd_arr = self.keep["lev_crd_arr"]
+        cdef int64_t* pos_arr = _ip(self.keep["lev_pos_arr"])
+        cdef int64_t* crd_arr = _ip(self.keep["lev_crd_arr"])
         for k in range(self.nlev):
             j = pos_arr[k]
             if j >= 0:
@@ -2606,7 +2631,7 @@ cdef class _Program:
             j = crd_arr[k]
             if j >= 0:
                 q.P.lev_crd[k] = _xp(q.index_arrays[j])
-        vals_arr = self.keep["acc_vals_arr"]
+        cdef int64_t* vals_arr = _ip(self.keep["acc_vals_arr"])
         for k in range(self.nacc):
             q.P.acc_vals[k] = _dp(q.value_arrays[vals_arr[k]])
         return q
@@ -2642,9 +2667,10 @@ cdef class _Program:
         cdef int64_t per = 5 * self.nlev + self.nvars + self.max_free + 1
         if len(buffers) != nb:
             raise ValueError("buffer count mismatch")
-        bufs = [_f64(x) for x in buffers]
+        bufs = buffers
         for b in range(nb):
-            if bufs[b] is not buffers[b] or len(bufs[b]) != bufsz[b]:
+            x = buffers[b]
+            if not _is_flat(x, cnp.NPY_FLOAT64) or cnp.PyArray_DIM(<cnp.ndarray>x, 0) != bufsz[b]:
                 raise ValueError(f"buffer {b} must be a contiguous float64 array of size {bufsz[b]}")
         if not any_par:
             nctx = 1

@@ -5,6 +5,10 @@ in one sequential pass, whether a level is valid and canonical; only when it
 is not does the slower numpy path run to word the error message.
 """
 cimport cython
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
 
 ctypedef fused index_t:
     int
@@ -132,20 +136,88 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
     return status, where
 
 
-def pos_drops(const index_t[::1] pos):
-    """Number of places where ``pos`` decreases (0: non-decreasing).
+cdef inline bint _flat(cnp.ndarray a, int typenum):
+    """``a`` is a 1-D C-contiguous native array of ``typenum``."""
+    return (cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_TYPE(a) == typenum
+            and cnp.PyArray_ISNOTSWAPPED(a) and cnp.PyArray_IS_C_CONTIGUOUS(a))
+
+
+def pos_drops(cnp.ndarray pos):
+    """Number of places where ``pos`` (1-D contiguous int32 or int64)
+    decreases (0: non-decreasing).
 
     The check a compressed level needs before any kernel may index with it,
     when its coordinates are checked by the kernel itself (SpMV, SpMM): one
     vectorised pass over ``len(pos)`` entries instead of ``len(crd)``.
+    (Typed by hand, not with a fused memoryview: it runs on every call,
+    where a fused signature's dispatch costs more than the pass.)
     """
-    cdef Py_ssize_t n = pos.shape[0] - 1
+    cdef Py_ssize_t n = cnp.PyArray_DIM(pos, 0) - 1 if cnp.PyArray_NDIM(pos) == 1 else 0
     cdef Py_ssize_t drops = 0
-    if n <= 0:
-        return 0
-    with nogil:
-        if index_t is int:
-            drops = spfuse_drops_int(&pos[0], n)
-        else:
-            drops = spfuse_drops_spfuse_ll(&pos[0], n)
+    if _flat(pos, cnp.NPY_INT32):
+        if n > 0:
+            with nogil:
+                drops = spfuse_drops_int(<const int*>cnp.PyArray_DATA(pos), n)
+    elif _flat(pos, cnp.NPY_INT64):
+        if n > 0:
+            with nogil:
+                drops = spfuse_drops_spfuse_ll(<const long long*>cnp.PyArray_DATA(pos), n)
+    else:
+        raise ValueError("pos_drops needs a 1-D contiguous int32 or int64 array")
     return drops
+
+
+def readonly_flat(cnp.ndarray a):
+    """A read-only 1-D view of the C-contiguous array ``a``: what a Tensor
+    keeps of a caller's array (it never writes into it).  ``a.reshape(-1)``
+    plus ``flags.writeable = False`` does the same for a microsecond more,
+    paid for every operand of every call."""
+    cdef cnp.ndarray v
+    if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+        raise ValueError("readonly_flat needs a C-contiguous array")
+    if cnp.PyArray_NDIM(a) == 1:
+        v = a.view()
+    else:
+        v = cnp.PyArray_Ravel(a, cnp.NPY_CORDER)  # a view: a is contiguous
+    cnp.PyArray_CLEARFLAGS(v, cnp.NPY_ARRAY_WRITEABLE)
+    return v
+
+
+def compressed_ready(object indptr, object indices, object data, Py_ssize_t nouter, Py_ssize_t ninner,
+                     bint scan):
+    """Whether scipy CSR/CSC arrays can be wrapped as they are, zero-copy:
+    three exact ndarrays, 1-D, C-contiguous, native byte order; ``indptr``
+    and ``indices`` both int32 or both int64 (int32 only when ``nouter``,
+    ``ninner`` and nnz fit it); ``data`` float32 or float64; ``indptr`` of
+    ``nouter + 1`` entries from 0 to ``len(indices) == len(data)``, never
+    decreasing; with ``scan`` also every index in ``[0, ninner)`` and
+    strictly increasing within its segment (:func:`scan_compressed` status 0).
+
+    False means "take the general path" (which words any error), never
+    "invalid".  One call instead of a dozen attribute checks in Python: it
+    runs for every sparse operand of every call.
+    """
+    cdef cnp.ndarray p, c, d
+    cdef int itype, vtype
+    cdef Py_ssize_t nnz
+    if not (type(indptr) is np.ndarray and type(indices) is np.ndarray and type(data) is np.ndarray):
+        return False
+    p, c, d = indptr, indices, data
+    itype = cnp.PyArray_TYPE(p)
+    vtype = cnp.PyArray_TYPE(d)
+    if not ((itype == cnp.NPY_INT32 or itype == cnp.NPY_INT64) and _flat(p, itype) and _flat(c, itype)
+            and (vtype == cnp.NPY_FLOAT64 or vtype == cnp.NPY_FLOAT32) and _flat(d, vtype)):
+        return False
+    nnz = cnp.PyArray_DIM(c, 0)
+    if cnp.PyArray_DIM(p, 0) != nouter + 1 or cnp.PyArray_DIM(d, 0) != nnz or nouter < 0 or ninner < 0:
+        return False
+    if itype == cnp.NPY_INT32:
+        if nouter > 2147483647 or ninner > 2147483647 or nnz > 2147483647:
+            return False  # needs int64 indices: the general path widens them
+        if (<int*>cnp.PyArray_DATA(p))[0] != 0 or (<int*>cnp.PyArray_DATA(p))[nouter] != nnz:
+            return False
+    elif (<long long*>cnp.PyArray_DATA(p))[0] != 0 or (<long long*>cnp.PyArray_DATA(p))[nouter] != nnz:
+        return False
+    if scan:
+        return scan_compressed(p, c, ninner)[0] == 0
+    return pos_drops(p) == 0

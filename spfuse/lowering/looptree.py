@@ -24,8 +24,12 @@ from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
+from spfuse.tensor import Tensor
 
 __all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec", "UnrealizableMask"]
+
+
+_INT32, _INT64, _FLOAT64 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float64)
 
 
 class UnrealizableMask(Exception):
@@ -73,37 +77,66 @@ class LoweredProgram:
     binding: Binding | None = None
 
     def rebind(self, operands: Mapping[str, Any]) -> LoweredProgram:
-        """This lowering over another call's operands (same signature)."""
+        """This lowering over another call's operands (same signature).
+        Index arrays are taken as they are (the executor reads int32 and
+        int64), values as float64."""
         b = self.binding
+        if b is None:
+            raise ValueError("only a lowering with a Binding (lower_cached's) can be rebound")
         tensors = []
         for name, want in b.sources:
             t = operands[name]
             if want is not None:
                 t = t.asformat(Format(tuple(t.format.levels), want))
             tensors.append(t)
-        levels = [lt.as_level_tensor(t, check=False) for t in tensors]
+        # spfuse Tensors (every operand of a call) are read directly; anything
+        # else goes through the runtime's general normalisation
+        levels = [None if isinstance(t, Tensor) else lt.as_level_tensor(t, check=False) for t in tensors]
         index = list(self.plan.index_arrays)
         values = list(self.plan.value_arrays)
         for slot, src, lev, k in b.index_slots:
-            index[slot] = levels[src].levels[lev][k]
+            lt_src = levels[src]
+            if lt_src is not None:
+                index[slot] = lt_src.levels[lev][k]
+                continue
+            level = tensors[src]._levels[lev]
+            arr = level.pos if k == 2 else level.crd
+            # (a Tensor's arrays are 1-D and contiguous: only the dtype may differ)
+            index[slot] = arr if arr.dtype == _INT64 or arr.dtype == _INT32 else arr.astype(_INT64)
         for slot, src in b.value_slots:
-            values[slot] = levels[src].values
-        sizes, shapes = self.plan.buf_size.copy(), list(self.plan.buf_shapes)
-        for buf, src in b.patterns:
-            sizes[buf] = len(levels[src].values)
-            shapes[buf] = (sizes[buf],)
-        inits = list(self.plan.buf_inits)
-        for buf, name in b.scalars:
-            inits[buf] = float(np.asarray(operands[name].todense()))
-        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, tuple(shapes), tuple(inits))
-        outputs = list(self.outputs)
-        for k, src in b.pattern_specs:
-            outputs[k] = replace(outputs[k], pattern_of=tensors[src])
-        return LoweredProgram(plan, tuple(outputs), self.transposed, b)
+            lt_src = levels[src]
+            if lt_src is not None:
+                values[slot] = lt_src.values
+            else:
+                arr = tensors[src]._values
+                values[slot] = arr if arr.dtype == _FLOAT64 else arr.astype(_FLOAT64)
+        sizes, shapes = self.plan.buf_size, self.plan.buf_shapes
+        if b.patterns:
+            sizes, shapes = sizes.copy(), list(shapes)
+            for buf, src in b.patterns:
+                src_values = tensors[src]._values if levels[src] is None else levels[src].values
+                sizes[buf] = len(src_values)
+                shapes[buf] = (int(sizes[buf]),)
+            shapes = tuple(shapes)
+        inits = None
+        if b.scalars:
+            scalar_inits = list(self.plan.buf_inits)
+            for buf, name in b.scalars:
+                scalar_inits[buf] = float(np.asarray(operands[name].todense()))
+            inits = tuple(scalar_inits)
+        plan = lt.rebound(self.plan, tuple(index), tuple(values), sizes, shapes, inits)
+        outputs = self.outputs
+        if b.pattern_specs:
+            specs = list(outputs)
+            for k, src in b.pattern_specs:
+                specs[k] = replace(specs[k], pattern_of=tensors[src])
+            outputs = tuple(specs)
+        bound = object.__new__(LoweredProgram)  # (frozen: __init__ would setattr field by field)
+        bound.__dict__.update(plan=plan, outputs=outputs, transposed=self.transposed, binding=b)
+        return bound
 
     def results(self, raw: Mapping[str, Any]) -> dict:
         """The executor's raw outputs (``lt.run``'s dict) as arrays and Tensors."""
-        from spfuse.tensor import Tensor
         out = {}
         for spec in self.outputs:
             v = raw[spec.name]
@@ -509,17 +542,32 @@ def _binding(lo: _Lowerer, built) -> Binding | None:
     return Binding(tuple(source_of), tuple(index_slots), tuple(value_slots), patterns, tuple(specs), scalars)
 
 
-def lower_cached(plan, operands: Mapping[str, Any]) -> LoweredProgram:
+def lowering_key(operands: Mapping[str, Any]) -> tuple:
+    """The operand signature a lowering is cached under: names, formats, shapes, dtypes."""
+    return tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
+
+
+def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tuple | None = None) -> LoweredProgram:
     """:func:`lower_to_looptree`, done once per plan and operand signature
-    (formats, shapes, dtypes) and rebound to each call's arrays after that."""
+    (formats, shapes, dtypes) and rebound to each call's arrays after that.
+
+    ``prepare(binding)``, when given, runs before any operand array is read,
+    with the cached :class:`Binding` (None when there is none yet); it
+    (the call path scans unscanned operands there).
+    ``key``: the operands' :func:`lowering_key`, when the caller knows it."""
     cache = plan.__dict__.get("_lowered")
     if cache is None:
         cache = {}
         object.__setattr__(plan, "_lowered", cache)
-    key = tuple((n, t._format, t._shape, t._values.dtype) for n, t in sorted(operands.items()))
+    if key is None:
+        key = lowering_key(operands)
     hit = cache.get(key)
     if hit is not None:
+        if prepare is not None:
+            prepare(hit.binding)
         return hit.rebind(operands)
+    if prepare is not None:
+        prepare(None)
     lowered = lower_to_looptree(plan, operands)
     if lowered.binding is not None and len(cache) < 16:
         bare = [replace(o, pattern_of=None) for o in lowered.outputs]

@@ -86,7 +86,6 @@ stride)), ``buf_size``, ``top_parallel`` (per node, 1 = run in parallel).
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 from collections.abc import Iterator, Sequence
@@ -97,6 +96,7 @@ import numpy as np
 
 from spfuse._kernels import _looptree, _looptree32
 from spfuse.errors import InvalidOperandError, OperandTypeError, ProgramError
+from spfuse.threads import effective_num_threads
 
 __all__ = [
     "LoopTreeBuilder", "LoopTreePlan", "LevelTensor", "COOResult", "RowsResult",
@@ -1426,13 +1426,16 @@ def rebound(plan: LoopTreePlan, index_arrays: tuple, value_arrays: tuple, buf_si
     (pattern buffers resized; buffers' initial values replaced when
     ``buf_inits`` is given -- a 0-d operand lives in one): its executable
     structure is reused by :func:`run`, which then only re-points the arrays."""
-    new = copy.copy(plan)
-    for name, value in (("index_arrays", index_arrays), ("value_arrays", value_arrays),
-                        ("buf_size", buf_size), ("buf_shapes", buf_shapes),
-                        ("buf_inits", plan.buf_inits if buf_inits is None else buf_inits)):
-        object.__setattr__(new, name, value)
-    new.__dict__.pop("_program", None)
-    object.__setattr__(new, "_structure", plan.__dict__.get("_structure", plan))
+    # a shallow copy by hand: copy.copy's reduce protocol costs microseconds per call
+    new = object.__new__(type(plan))
+    fields = new.__dict__
+    fields.update(plan.__dict__)
+    fields.pop("_program", None)
+    fields["index_arrays"], fields["value_arrays"] = index_arrays, value_arrays
+    fields["buf_size"], fields["buf_shapes"] = buf_size, buf_shapes
+    if buf_inits is not None:
+        fields["buf_inits"] = buf_inits
+    fields["_structure"] = plan.__dict__.get("_structure", plan)
     return new
 
 
@@ -1478,21 +1481,23 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
     (reshaped), ``{name: 1-d array}`` for pattern outputs, and
     ``{name: COOResult}`` for COO outputs.  ``blocks=False`` interprets
     block-eligible loops element by element (same results; for testing)."""
-    from spfuse.threads import effective_num_threads
-
     nthreads = effective_num_threads(num_threads)
     bufs = []
-    for size, init in zip(plan.buf_size, plan.buf_inits, strict=True):
+    for size, init in zip(plan.buf_size.tolist(), plan.buf_inits, strict=True):
         if isinstance(init, np.ndarray):
             bufs.append(np.array(init, dtype=np.float64).reshape(-1))
+        elif init == 0 and not math.copysign(1.0, init) < 0:
+            bufs.append(np.zeros(size))  # calloc'd: cheaper than a fill (and -0.0 is kept apart)
         else:
-            bufs.append(np.full(int(size), init, dtype=np.float64))
+            bufs.append(np.full(size, init, dtype=np.float64))
     prog = _program(plan, blocks)
-    coos = prog.execute(bufs, list(plan.buf_private), int(nthreads))
+    coos = prog.execute(bufs, list(plan.buf_private), nthreads)
     out: dict = {}
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private, strict=True):
         if not priv:
             out[name] = buf.reshape(shape)
+    if not coos:
+        return out
     at = dict(zip(plan.ws_coo.tolist(), plan.ws_pos.tolist(), strict=True))
     for c, (raw, name, op, shape, axes) in enumerate(zip(coos, plan.coo_names, plan.coo_ops, plan.coo_shapes,
                                                          plan.coo_orders, strict=True)):
