@@ -12,7 +12,8 @@ import pytest
 import scipy.sparse as sp
 
 import spfuse
-from spfuse.autodiff import adjoint, transposes
+from spfuse.autodiff import adjoint
+from spfuse.lowering import transposes
 from spfuse.autodiff.run import ExecutionChoice, execution_choices
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import as_tensor

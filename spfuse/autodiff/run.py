@@ -16,15 +16,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from spfuse.autodiff.transform import Adjoint, adjoint
-from spfuse.autodiff.transposes import transposed_csr
+from spfuse.lowering.transposes import transposed_csr
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "values_at",
-           "vjp"]
+__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "run_forward",
+           "values_at", "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,6 +101,13 @@ def _statements(program: Program) -> tuple[tuple[str, str, tuple[str, ...]], ...
         text = to_text(st)
         out.append((st.target.name, text, tuple(parse_program(text).inputs)))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def _without_copies(saving: Program, copies: frozenset) -> Program:
+    """A saving program without its ``T_saved = T`` statements."""
+    from spfuse.frontend.canonical import to_text
+    return parse_program(to_text(Program(tuple(st for st in saving.statements if st.target.name not in copies))))
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,6 +194,59 @@ def execution_choices(program: Program) -> list[ExecutionChoice]:
     return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
+def _measured(key: tuple, run: Callable[[bool], Any]) -> Any:
+    """``run(split)`` the way measured for ``key`` (measuring it on the first call)."""
+    choice = _choices.get(key)
+    if choice is None:
+        if len(_choices) >= _MAX_CHOICES:
+            _choices.pop(next(iter(_choices)))
+        choice = _choices[key] = ExecutionChoice()
+        return choice.measure(run)
+    return run(bool(choice.split))
+
+
+def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *, fusion: str = "auto",
+                num_threads: int | None = None, results: bool = True) -> tuple[dict, dict]:
+    """The forward pass of a differentiated program: ``(results, saved)``, the
+    program's results and the forward temporaries ``adj`` keeps.
+
+    Two ways, measured on the first call of each operand signature
+    (:class:`ExecutionChoice`): the saving program (the program plus a copy
+    ``T_saved = T`` per kept temporary) as one fused program, or the program
+    one statement at a time, the kept temporaries being statement results
+    there (no copies).  As for adjoints, neither wins in general -- the fused
+    plan of a multi-statement forward can be slower than its statements
+    planned alone, each of which may reach a template kernel.
+    ``results=False``: only what the kept temporaries need is run.
+
+    >>> import numpy as np
+    >>> from spfuse.autodiff import adjoint
+    >>> p = parse_program("T[i] = relu(x[i]); y = sum(i, T[i] * T[i])")
+    >>> adj = adjoint(p, ("x",), ("y",), frozenset(), "keep")
+    >>> out, saved = run_forward(p, adj, {"x": np.array([-1.0, 2.0])})
+    >>> float(out["y"]), saved["T"].tolist()
+    (4.0, [0.0, 2.0])
+    """
+    from spfuse.api import evaluate
+    kept = adj.kept if adj is not None else ()
+    saving = adj.saving_program(with_results=results) if kept else None
+    if saving is None:
+        raw = _run_fused(program, ops, fusion, num_threads)
+        return raw, {}
+    statements = _without_copies(saving, frozenset(adj.saved[t] for t in kept))
+
+    def run(split: bool):
+        if split:
+            env = dict(ops)
+            for target, text, reads in _statements(statements):
+                env[target] = evaluate(text, fusion=fusion, num_threads=num_threads, **{n: env[n] for n in reads})
+            return ({r: env[r] for r in program.results} if results else {}), {t: env[t] for t in kept}
+        raw = _run_fused(saving, ops, fusion, num_threads)
+        return ({r: raw[r] for r in program.results} if results else {}), {t: raw[adj.saved[t]] for t in kept}
+
+    return _measured((saving, _signature(ops), fusion, num_threads), run)
+
+
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
                 saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
                 num_threads: int | None = None, split: bool | None = None) -> dict[str, Any]:
@@ -205,13 +265,9 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     if adj.program is not None:
         from spfuse.api import evaluate
         if adj.kept and saved is None:
-            saving = adj.saving_program(with_results=False)
-            used = set(saving.inputs)
-            values = evaluate(saving.text, fusion=fusion, num_threads=num_threads,
-                              **{n: t for n, t in tensors.items() if n in used})
-            if not isinstance(values, dict):
-                values = {saving.results[0]: values}
-            saved = {t: values[adj.saved[t]] for t in adj.kept}
+            used = set(adj.saving_program(with_results=False).inputs)
+            _, saved = run_forward(adj.forward, adj, {n: t for n, t in tensors.items() if n in used},
+                                   fusion=fusion, num_threads=num_threads, results=False)
         shapes = {n: t.shape for n, t in tensors.items()}
         ops: dict[str, Any] = dict(tensors)
         ops.update({adj.cotangents[r]: v for r, v in cotangents.items() if r in adj.cotangents})
@@ -238,16 +294,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         elif len(program.statements) > SPLIT_ABOVE:
             raw = _run_split(program, ops, fusion, num_threads)
         else:
-            key = (program, _signature(ops), fusion, num_threads)
-            choice = _choices.get(key)
-            if choice is None:
-                if len(_choices) >= _MAX_CHOICES:
-                    _choices.pop(next(iter(_choices)))
-                choice = _choices[key] = ExecutionChoice()
-                raw = choice.measure(lambda split: (_run_split if split else _run_fused)(
-                    program, ops, fusion, num_threads))
-            else:
-                raw = (_run_split if choice.split else _run_fused)(program, ops, fusion, num_threads)
+            raw = _measured((program, _signature(ops), fusion, num_threads), lambda split: (
+                _run_split if split else _run_fused)(program, ops, fusion, num_threads))
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:
