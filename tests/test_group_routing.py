@@ -46,6 +46,9 @@ CASES = {
                             lambda A, B, X, W, Q, b, s, D: A * B * D),
     "sddmm_scaled": ("Y[i,j] = sum(h, A[i,j] * Q[i,h] * W[h,j]) * s", ("sddmm",),
                      lambda A, B, X, W, Q, b, s, D: A * (Q @ W) * s),
+    # the einsum is needed on A's pattern only: SDDMM there, kept sparse for the tail
+    "sddmm_on_the_mask": ("Y[i,j] = A[i,j] * (sum(h, Q[i,h] * W[h,j]) - B[i,j])", ("sddmm", "generic"),
+                          lambda A, B, X, W, Q, b, s, D: A * (Q @ W - B)),
     "normalised": ("Y[i,h] = sum(j, A[i,j] * X[j,h]) / (sum(j, A[i,j] * A[i,j]) + 1.0)", ("spmm", "generic"),
                    lambda A, B, X, W, Q, b, s, D: (A @ X) / ((A * A).sum(1, keepdims=True) + 1.0)),
 }

@@ -26,11 +26,11 @@ import numpy as np
 
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Ref, TensorInfo, UnitOp
-from spfuse.ir.tree import Root
+from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
 
-__all__ = ["Group", "split_groups", "lower_groups", "transposed_name"]
+__all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,8 @@ class Group:
             how += " into the transposed result"
         if r is not None and r.scalars:
             how += f" times {' · '.join(r.scalars)}"
+        if r is not None and r.pattern:
+            how += f" on the pattern of {r.pattern} (kept sparse)"
         return f"{how}: {what}"
 
 
@@ -214,6 +216,9 @@ class Route:
     out_swapped: bool = False
     scalars: tuple[str, ...] = ()
     merged: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: the CSR input on whose pattern a restricted temporary is computed
+    #: (read as :func:`pattern_name`); the result stays sparse
+    pattern: str | None = None
 
 
 def _simplified(ein, local) -> tuple[tuple, tuple, tuple] | None:
@@ -303,61 +308,144 @@ def _route(ein, local, ops) -> Route | None:
     return None
 
 
+def pattern_name(name: str) -> str:
+    """The operand name a group reads ``name``'s pattern (ones on its stored
+    entries) under.
+
+    >>> pattern_name("P")
+    'P.pattern'
+    """
+    return f"{name}.pattern"
+
+
+def _pattern_of(plan, op: UnitOp) -> str | None:
+    """A CSR input whose stored pattern holds every entry of ``op``'s 2-D
+    output that propagation says is needed (each term of its column mask
+    reads the input's column level at the output's own indices), or None.
+    SDDMM's ``C·D`` in ``P[i,j] * (C·D - X)`` is needed on ``P`` only."""
+    from spfuse.lowering.templates import _kind
+    if len(op.out_indices) != 2:
+        return None
+    row, col = op.out_indices
+    masks = plan.masks.get(op.id, {})
+    if masks.get(row) is not None and not masks[row].is_true:
+        return None
+    mask = masks.get(col)
+    if mask is None or mask.is_true or not mask.terms:
+        return None
+    per_term = []
+    for term in mask.terms:
+        names = set()
+        for atom in term:
+            _, tensor, indices, mode = plan.atoms[atom]
+            info = plan.inputs.get(tensor)
+            if info is not None and _kind(info) == "csr" and tuple(indices) == (row, col) and mode == 1:
+                names.add(tensor)
+        per_term.append(names)
+    common = set.intersection(*per_term)
+    return min(common) if common else None
+
+
+def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple[tuple, Route] | None:
+    """``(einsum, route)`` computing the group's temporary ``t`` on a template
+    (with the ops it is made of appended to ``head``): whole when nothing
+    restricts it, or on a CSR input's pattern (:func:`_pattern_of`) as SDDMM."""
+    producers = {op.out: op for op in ops}
+    ein = _group_einsum(ops, t, head)
+    if ein is None or not all(f in available for f, _ in ein[3]):
+        return None
+    infos = plan.inputs
+    local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
+    if t in plan.results or _computed_whole(plan, producers[t]):
+        route = _choose_kernel(ein, local, ops)
+        return None if route is None else (ein, route)
+    pattern = _pattern_of(plan, producers[t])
+    if pattern is None:
+        return None
+    out, out_ix, summed, factors = ein
+    local[pattern_name(pattern)] = replace(infos[pattern], name=pattern_name(pattern))
+    route = _route((out, out_ix, summed, [*factors, (pattern_name(pattern), out_ix)]), local, ops)
+    if route is None or route.kernel not in ("sddmm", "sddmm_t"):
+        return None
+    return ein, replace(route, pattern=pattern)
+
+
 def _template_head(plan, ops, available) -> tuple[list, list] | None:
     """``(head, tail)`` when a group that no template runs whole starts with
-    an einsum a template runs, followed by element-wise work on its dense
-    result (GCN's ``relu(A·(X·W))``, ``sigmoid(X·W + b)``, a normalising
-    division): the template computes the einsum's temporary whole, the
-    generic executor the rest.  None when no such split exists."""
+    an einsum a template runs, followed by element-wise work on its result
+    (GCN's ``relu(A·(X·W))``, ``sigmoid(X·W + b)``, a normalising division,
+    ``P ∘ (H·Wd - X)``): the template computes the einsum's temporary, whole
+    or on the pattern that restricts it, the generic executor the rest.
+    None when no such split exists."""
     produced = {op.out for op in ops}
-    infos = plan.inputs
     for op in ops:
         t = op.out
         if t in plan.results or not any(r.name == t for o in ops if o is not op for r in o.refs):
             continue
         shape = plan.shapes.get(t)
-        if shape is None or None in shape or not _computed_whole(plan, op):
+        if shape is None or None in shape:
             continue
         head: list = []
-        ein = _group_einsum(ops, t, head)
-        if ein is None or not all(f in available and f not in produced for f, _ in ein[3]):
+        found = _head_route(plan, ops, t, available - produced, head)
+        if found is None:
             continue
         tail = [o for o in ops if o not in head]
         inner = {h.out for h in head} - {t}
         if not tail or any(r.name in inner for o in tail for r in o.refs):
             continue
-        local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
-        chosen = _choose_kernel(ein, local, head)
+        route = found[1]
         # (merged factors may fall back to the generic executor, which a head has no tree for)
-        if chosen is not None and chosen.kernel in _DENSE_RESULT and not chosen.merged:
+        if (route.kernel in _DENSE_RESULT or route.pattern) and not route.merged:
             return [o for o in ops if o in head], tail
     return None
+
+
+def _routes_whole(plan, ops, available) -> bool:
+    """Does the whole group (one op whose result nothing in it reads) reach a template?"""
+    read = {r.name for o in ops for r in o.refs}
+    roots = [o.out for o in ops if o.out not in read]
+    return len(roots) == 1 and _head_route(plan, ops, roots[0], available | {o.out for o in ops}) is not None
 
 
 def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     """The plan's top-level subtrees as ``(node, ops, temporaries)``, a group
     split by :func:`_template_head` replaced by its head and its tail (the
-    tail's ops re-fused from their unfused trees, temporaries stored whole:
-    the plan's dimension reduction was made for the whole group's tree)."""
+    tail's ops re-fused from their unfused trees and their temporaries
+    reduced again: the plan's dimension reduction was made for the whole
+    group's tree)."""
     from spfuse.passes.fusion import trie_fuse
-    from spfuse.passes.memory import full_temporaries
+    from spfuse.passes.memory import reduce_dimensions
     from spfuse.passes.parallel import mark_parallel
     available = set(plan.inputs)
     out: list = []
     todo = [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
     while todo:
         node, ops, temps = todo.pop(0)
-        split = _template_head(plan, ops, available) if len(ops) > 1 else None
+        split = _template_head(plan, ops, available) if len(ops) > 1 and not _routes_whole(
+            plan, ops, available) else None
         if split is None:
             out.append((node, ops, temps))
             available |= {op.out for op in ops}
             continue
         head, tail = split
+        fused = trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in tail)))
+        crossing = {r.name for o in plan.ops if o not in tail for r in o.refs}
+        for piece in fused.children:  # read elsewhere: stored whole, passed on by run_groups
+            inside = {o.out for o in ops_under(piece)}
+            crossing |= {r.name for o in ops_under(piece) for r in o.refs if r.name not in inside}
+        if any(isinstance(n, Reset) and n.tensor in crossing for n in iter_nodes(fused)):
+            # an accumulator reset inside a loop cannot become a crossing result: keep the group whole
+            out.append((node, ops, temps))
+            available |= {op.out for op in ops}
+            continue
         out.append((Root(tuple(plan.unfused.children[o.id] for o in head)), tuple(head), None))
         available |= {op.out for op in head}
-        # the tail may itself start with a template's einsum (relu(A·X·W) → SpMM, then GEMM + relu)
-        temps = full_temporaries(tail, {o.out for o in tail} - set(plan.results), plan.shapes)
-        pieces = mark_parallel(trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in tail)))).children
+        # The tail's temporaries reduced to what its own fused tree needs (as the
+        # planner does for a whole plan): a row or a scalar, not the whole matrix.
+        # The tail may itself start with a template's einsum (relu(A·X·W): SpMM, then GEMM + relu).
+        local = {o.out for o in tail} - set(plan.results) - crossing
+        reduced, temps = reduce_dimensions(fused, tail, local, plan.shapes)
+        pieces = mark_parallel(reduced).children
         todo[:0] = [(piece, tuple(ops_under(piece)), temps) for piece in pieces]
     return out
 
@@ -394,16 +482,13 @@ def split_groups(plan) -> tuple[Group, ...]:
     for n, (node, ops, temps) in enumerate(pieces):
         outs = tuple(dict.fromkeys([op.out for op in ops if op.out in plan.results]
                                    + sorted(later_reads[n])))
-        route, ein = None, None
+        found = None
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
-            ein = _group_einsum(ops, outs[0])
-        whole = all(_computed_whole(plan, op) for op in ops if op.out in outs and op.out not in plan.results)
-        if ein is not None and whole and all(f in infos or f in produced_in for f, _ in ein[3]):
-            local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
-            route = _choose_kernel(ein, local, ops)
-        if route is None:
+            found = _head_route(plan, ops, outs[0], set(infos) | set(produced_in))
+        if found is None:
             groups.append(Group(node, ops, outs, "generic", temporaries=temps))
         else:
+            ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
     return tuple(groups)
 
@@ -446,6 +531,8 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
         for name, v in values.items():
             if name in plan.results:
                 out[name] = v
+            elif g.route is not None and g.route.pattern is not None:
+                env[name] = v  # on the pattern that restricts it: read sparse
             else:
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
@@ -487,6 +574,9 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         local[merged] = first._with_kernel_values(vals)
     for src in r.transposed:
         local[transposed_name(src)] = _transposed(local[src])
+    if r.pattern is not None:
+        p = env[r.pattern]
+        local[pattern_name(r.pattern)] = p._with_kernel_values(np.ones(p.nnz, dtype=p.values.dtype))
     scale = 1.0
     for s in r.scalars:
         scale *= env[s].values.reshape(-1)[0].item()
