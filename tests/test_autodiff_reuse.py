@@ -13,9 +13,9 @@ import scipy.sparse as sp
 
 import spfuse
 from spfuse.autodiff import adjoint
-from spfuse.lowering import transposes
 from spfuse.autodiff.run import ExecutionChoice, execution_choices
 from spfuse.frontend.parser import parse_program
+from spfuse.lowering import transposes
 from spfuse.tensor import as_tensor
 
 pytest.importorskip("torch")

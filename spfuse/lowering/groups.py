@@ -16,8 +16,8 @@ dense, so this costs no extra memory).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
@@ -216,21 +216,28 @@ class Route:
     out_swapped: bool = False
     scalars: tuple[str, ...] = ()
     merged: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: merged parts read transposed (as :func:`transposed_name`), made before merging
+    flipped: tuple[str, ...] = ()
     #: the CSR input on whose pattern a restricted temporary is computed
     #: (read as :func:`pattern_name`); the result stays sparse
     pattern: str | None = None
 
 
-def _simplified(ein, local) -> tuple[tuple, tuple, tuple] | None:
-    """``(einsum, scalars, merged)``: ``ein`` without its 0-d factors and with
-    its CSR factors of equal indices merged (see :class:`Route`), or None
-    when there is nothing to simplify."""
+def _simplified(ein, local) -> tuple[tuple, tuple, tuple, tuple] | None:
+    """``(einsum, scalars, merged, flipped)``: ``ein`` without its 0-d factors
+    and with its CSR factors of equal indices merged (see :class:`Route`),
+    one read with the other's indices swapped taking part transposed
+    (``flipped``), or None when there is nothing to simplify."""
     from spfuse.lowering.templates import _kind
     out, out_ix, summed, factors = ein
     scalars = tuple(f for f, ix in factors if not ix)
     groups: dict[tuple, list[int]] = {}   # indices -> positions of the CSR factors read there
+    flipped: set[int] = set()             # ... read transposed (A_T[h,i] with Z[i,h]): passed as Zᵀ
     for n, (f, ix) in enumerate(factors):
         if ix and _kind(local[f]) == "csr":
+            if ix not in groups and len(ix) == 2 and ix[::-1] in groups:
+                flipped.add(n)
+                ix = ix[::-1]
             groups.setdefault(ix, []).append(n)
     merged = [ns for ns in groups.values() if len(ns) > 1]
     if not scalars and not merged:
@@ -243,13 +250,14 @@ def _simplified(ein, local) -> tuple[tuple, tuple, tuple] | None:
         if not ix or n in dropped:
             continue
         if n in first:
-            parts = tuple(factors[m][0] for m in first[n])
+            parts = tuple(transposed_name(factors[m][0]) if m in flipped else factors[m][0] for m in first[n])
             name = "*".join(parts)
             local[name] = replace(local[f], name=name)
             parts_of.append((name, parts))
             f = name
         facs.append((f, ix))
-    return (out, out_ix, summed, facs), scalars, tuple(parts_of)
+    return ((out, out_ix, summed, facs), scalars, tuple(parts_of),
+            tuple(sorted({factors[m][0] for m in flipped if m in dropped})))
 
 
 def _choose_kernel(ein, local, ops) -> Route | None:
@@ -269,12 +277,12 @@ def _choose_kernel(ein, local, ops) -> Route | None:
     simple = _simplified(ein, local)
     if simple is None:
         return None
-    ein, scalars, merged = simple
+    ein, scalars, merged, flipped = simple
     out, out_ix, summed, factors = ein
     if not summed and len(factors) == 1 and factors[0][1] == out_ix and local[factors[0][0]].is_sparse:
-        return Route("values", (factors[0][0],), (), False, scalars, merged)
+        return Route("values", (factors[0][0],), (), False, scalars, merged, flipped=flipped)
     route = _route(ein, local, ops) if len(factors) > 1 else None
-    return None if route is None else replace(route, scalars=scalars, merged=merged)
+    return None if route is None else replace(route, scalars=scalars, merged=merged, flipped=flipped)
 
 
 def _route(ein, local, ops) -> Route | None:
@@ -286,8 +294,8 @@ def _route(ein, local, ops) -> Route | None:
     if roles is not None:
         return Route("gemm", roles)
     swappable = [n for n, (f, ix) in enumerate(factors) if len(ix) == 2 and _swappable(local[f])]
-    if len(factors) > 3:
-        swappable = []  # variants grow as 2^n; the kernels read here have at most three factors
+    if len(factors) > 5:
+        swappable = []  # variants grow as 2^n (the widest template reads five factors)
     outs = [False, True] if len(out_ix) == 2 else [False]
     variants = sorted(((frozenset(c), o) for k in range(len(swappable) + 1)
                        for c in itertools.combinations(swappable, k) for o in outs),
@@ -558,19 +566,21 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     factors turn out to store different patterns (the caller then runs the
     group on the generic executor)."""
     from spfuse.lowering.templates import _run_einsum
-    r = g.route
-    assert r is not None
+    r, ein = g.route, g.einsum
+    assert r is not None and ein is not None  # a routed group
     name = g.outputs[0]
-    factors = [f for f, _ in g.einsum[3]]
+    factors = [f for f, _ in ein[3]]
     dtype = np.result_type(*(env[f].dtype for f in factors))
     local = dict(env)
+    for src in r.flipped:
+        local[transposed_name(src)] = _transposed(env[src])
     for merged, parts in r.merged:
-        first = env[parts[0]]
-        if not all(_same_pattern(first, env[p]) for p in parts[1:]):
+        first = local[parts[0]]
+        if not all(_same_pattern(first, local[p]) for p in parts[1:]):
             return None
         vals = np.array(first.values, dtype=dtype)
         for p in parts[1:]:
-            vals *= env[p].values
+            vals *= local[p].values
         local[merged] = first._with_kernel_values(vals)
     for src in r.transposed:
         local[transposed_name(src)] = _transposed(local[src])
