@@ -44,6 +44,9 @@ CASES = {
     # a dense factor at the merged factors' indices is no scalar: no "values" route
     "pattern_times_dense": ("Y[i,j] = A[i,j] * B[i,j] * D[i,j]", ("generic",),
                             lambda A, B, X, W, Q, b, s, D: A * B * D),
+    # A/A is A's pattern (checked per call: finite non-zero values), 2.0 a constant factor
+    "pattern_ratio": ("Y[i,j] = A[i,j] / A[i,j] * (2.0 * (s * B[i,j]))", ("values",),
+                      lambda A, B, X, W, Q, b, s, D: np.where(A != 0, 1.0, 0.0) * 2.0 * s * B),
     "sddmm_scaled": ("Y[i,j] = sum(h, A[i,j] * Q[i,h] * W[h,j]) * s", ("sddmm",),
                      lambda A, B, X, W, Q, b, s, D: A * (Q @ W) * s),
     # the einsum is needed on A's pattern only: SDDMM there, kept sparse for the tail
@@ -152,3 +155,14 @@ def test_operands_are_not_mutated():
     spfuse.evaluate("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", A=A, B=B, X=np.ones((10, 3)), s=2.0)
     spfuse.evaluate("Y[i,j] = A[i,j] * B[i,j] * s", A=A, B=B, s=2.0)
     assert all(np.array_equal(x, y) for x, y in zip(before, (A.data, A.indices, B.data), strict=True))
+
+
+def test_a_pattern_ratio_over_stored_zeros_and_infinities_is_the_generic_executors():
+    """X/X is not 1 where X stores 0 or inf: the values route must hand those
+    calls back to the generic executor (0 at a stored zero, nan at inf)."""
+    A = sp.csr_array((np.array([0.0, 2.0, np.inf]), np.array([0, 1, 2]), np.array([0, 2, 3])), shape=(2, 3))
+    B = A.copy()
+    B.data = np.array([5.0, 7.0, 11.0])
+    program = "Y[i,j] = A[i,j] / A[i,j] * (2.0 * B[i,j])"
+    np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=A, B=B)), [[0.0, 14.0, 0.0], [0.0, 0.0, np.nan]])
+    np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=B, B=B)), [[10.0, 14.0, 0.0], [0.0, 0.0, 22.0]])

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from spfuse.frontend.ast import Access
-from spfuse.ir.ops import Ref, TensorInfo, UnitOp
+from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
@@ -79,6 +79,14 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None
     factors: list[tuple[str, tuple]] = []
 
     def inline(op: UnitOp, taken: set) -> bool:
+        x = op.args[0] if len(op.args) == 2 else None
+        if (op.operator == "/" and op.reduction is None and isinstance(x, Ref) and op.args[1] == x
+                and x.name not in producers):
+            # X/X: ones on X's pattern where X stores finite non-zeros (checked per call)
+            if inlined is not None:
+                inlined.append(op)
+            factors.append((pattern_name(x.name), x.indices))
+            return True
         if op.operator not in ("*", None) or op.reduction not in ("sum", None):
             return False
         expr = getattr(op, "expr", None)   # a whole fused statement (max_fusion.StatementOp)
@@ -88,12 +96,17 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None
             return False
         if inlined is not None:
             inlined.append(op)
+        if op.operator == "/":
+            return False
         for ix in op.reduced:
             if ix in taken:
                 return False  # a summed index reused elsewhere: renaming needed, not worth it
             taken.add(ix)
             summed.append(ix)
         for a in op.args:
+            if isinstance(a, Const):
+                factors.append((_constant_name(a.value), ()))
+                continue
             if not isinstance(a, Ref):
                 return False
             p = producers.get(a.name)
@@ -166,6 +179,39 @@ def _computed_whole(plan, op: UnitOp) -> bool:
 
 def _temp_info(name, shape) -> TensorInfo:
     return TensorInfo.dense(name, tuple(shape))
+
+
+def _constant_name(value: float) -> str:
+    """The factor name of a numeric constant (no program name parses as a number)."""
+    return repr(float(value))
+
+
+def _constant(name: str) -> float | None:
+    try:
+        return float(name)
+    except ValueError:
+        return None
+
+
+_PATTERN = ".pattern"
+
+
+def _factor_info(plan, name: str) -> TensorInfo | None:
+    """What planning knows about an einsum factor: an input, a temporary, a
+    constant, or an input's pattern (None when that input is not sparse)."""
+    if _constant(name) is not None:
+        return TensorInfo.dense(name, ())
+    if name.endswith(_PATTERN):
+        src = plan.inputs.get(name[: -len(_PATTERN)])
+        return replace(src, name=name) if src is not None and src.is_sparse else None
+    return plan.inputs.get(name) or _temp_info(name, plan.shapes[name])
+
+
+def _factor_source(name: str) -> str | None:
+    """The operand a factor reads (None for a constant)."""
+    if _constant(name) is not None:
+        return None
+    return name[: -len(_PATTERN)] if name.endswith(_PATTERN) else name
 
 
 #: Kernels whose result is a dense array (a transposed result is one copy away).
@@ -323,7 +369,7 @@ def pattern_name(name: str) -> str:
     >>> pattern_name("P")
     'P.pattern'
     """
-    return f"{name}.pattern"
+    return f"{name}{_PATTERN}"
 
 
 def _pattern_of(plan, op: UnitOp) -> str | None:
@@ -360,10 +406,12 @@ def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple
     restricts it, or on a CSR input's pattern (:func:`_pattern_of`) as SDDMM."""
     producers = {op.out: op for op in ops}
     ein = _group_einsum(ops, t, head)
-    if ein is None or not all(f in available for f, _ in ein[3]):
+    if ein is None or not all(_factor_source(f) in available | {None} for f, _ in ein[3]):
         return None
     infos = plan.inputs
-    local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
+    local = {f: _factor_info(plan, f) for f, _ in ein[3]}
+    if any(i is None for i in local.values()):
+        return None
     if t in plan.results or _computed_whole(plan, producers[t]):
         route = _choose_kernel(ein, local, ops)
         return None if route is None else (ein, route)
@@ -402,8 +450,9 @@ def _template_head(plan, ops, available) -> tuple[list, list] | None:
         if not tail or any(r.name in inner for o in tail for r in o.refs):
             continue
         route = found[1]
-        # (merged factors may fall back to the generic executor, which a head has no tree for)
-        if (route.kernel in _DENSE_RESULT or route.pattern) and not route.merged:
+        # (merged factors and X/X patterns may fall back to the generic executor, which a head has no tree for)
+        checked = route.merged or any(_checked_pattern(route, f) for f, _ in found[0][3])
+        if (route.kernel in _DENSE_RESULT or route.pattern) and not checked:
             return [o for o in ops if o in head], tail
     return None
 
@@ -552,6 +601,11 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     return out
 
 
+def _checked_pattern(route: Route, factor: str) -> bool:
+    """Is ``factor`` an ``X/X`` pattern (checked per call), not a restricting mask?"""
+    return factor.endswith(_PATTERN) and factor != (pattern_name(route.pattern) if route.pattern else None)
+
+
 def _same_pattern(a, b) -> bool:
     """Do two CSR tensors store the same coordinates?"""
     if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format:
@@ -570,8 +624,15 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     assert r is not None and ein is not None  # a routed group
     name = g.outputs[0]
     factors = [f for f, _ in ein[3]]
-    dtype = np.result_type(*(env[f].dtype for f in factors))
+    dtype = np.result_type(*(env[src].dtype for src in map(_factor_source, factors) if src is not None))
     local = dict(env)
+    for f in factors:
+        if _checked_pattern(r, f):
+            x = env[_factor_source(f)]
+            # X/X is 1 where X stores a finite non-zero; 0/0 and inf/inf are the generic executor's to give
+            if not bool(np.all(np.isfinite(x.values) & (x.values != 0))):
+                return None
+            local[f] = x._with_kernel_values(np.ones(x.nnz, dtype=x.values.dtype))
     for src in r.flipped:
         local[transposed_name(src)] = _transposed(env[src])
     for merged, parts in r.merged:
@@ -589,7 +650,8 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         local[pattern_name(r.pattern)] = p._with_kernel_values(np.ones(p.nnz, dtype=p.values.dtype))
     scale = 1.0
     for s in r.scalars:
-        scale *= env[s].values.reshape(-1)[0].item()
+        c = _constant(s)
+        scale *= c if c is not None else env[s].values.reshape(-1)[0].item()
     if g.kernel == "values":
         t = local[g.names[0]]
         return {name: t._with_kernel_values(np.multiply(t.values, scale, dtype=dtype))}
