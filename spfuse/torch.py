@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.autodiff.run import cached_adjoint, run_adjoint, values_at
+from spfuse.autodiff.run import cached_adjoint, run_adjoint, run_forward, values_at
 from spfuse.frontend.ast import Program
 from spfuse.frontend.parser import parse_program
 from spfuse.tensor import Tensor, as_tensor
@@ -173,14 +173,10 @@ def _autograd_function():
             wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:], strict=True) if need)
             program = spec.program
             adj = None
-            saved = None
             if wrt:
                 sparse = frozenset(n for n, i in inputs.items() if i.sparse)
                 adj = cached_adjoint(program, wrt, program.results, sparse, spec.temporaries)
-            run = adj.saving_program() if adj is not None and adj.kept else program
-            values = spec.evaluate(run, {n: i.tensor for n, i in inputs.items()})
-            if adj is not None and adj.kept:
-                saved = {t: values[adj.saved[t]] for t in adj.kept}
+            values, saved = spec.forward(adj, {n: i.tensor for n, i in inputs.items()})
             ctx.spfuse = (spec, adj, inputs, saved)
             outs = tuple(to_torch(values[r]) for r in program.results)
             return outs if len(outs) > 1 else outs[0]
@@ -220,11 +216,11 @@ class SpfuseFunction:
         self.temporaries = temporaries
         _autograd_function()  # imports torch now, not at the first call
 
-    def evaluate(self, program: Program, tensors: Mapping[str, Tensor]) -> dict:
-        from spfuse.api import evaluate
+    def forward(self, adj, tensors: Mapping[str, Tensor]) -> tuple[dict, dict]:
+        """The results, and the temporaries ``adj`` keeps for the backward pass
+        (:func:`spfuse.autodiff.run.run_forward`)."""
         ops = {n: (t.asformat(self.formats[n]) if n in self.formats else t) for n, t in tensors.items()}
-        values = evaluate(program.text, fusion=self.fusion, num_threads=self.num_threads, **ops)
-        return values if isinstance(values, dict) else {program.results[0]: values}
+        return run_forward(self.program, adj, ops, fusion=self.fusion, num_threads=self.num_threads)
 
     def __call__(self, *args: Any, **kwargs: Any):
         if len(args) > len(self.names):

@@ -12,9 +12,10 @@ import pytest
 import scipy.sparse as sp
 
 import spfuse
-from spfuse.autodiff import adjoint, transposes
+from spfuse.autodiff import adjoint
 from spfuse.autodiff.run import ExecutionChoice, execution_choices
 from spfuse.frontend.parser import parse_program
+from spfuse.lowering import transposes
 from spfuse.tensor import as_tensor
 
 pytest.importorskip("torch")
@@ -99,11 +100,13 @@ def test_execution_choice_measures_each_way_twice_and_returns_the_winners_result
         return "split" if split else "fused"
 
     c = ExecutionChoice()
-    assert c.measure(run, clock=iter([0.0, 2.0, 0.0, 1.0]).__next__) == "split"
-    assert calls == [False, False, True, True] and c.split is True
+    # planning runs, then two timed rounds alternating the ways; the best of each counts
+    assert c.measure(run, clock=iter([0.0, 2.0, 0.0, 9.0, 0.0, 3.0, 0.0, 1.0]).__next__) == "split"
+    assert calls == [False, True, False, True, False, True] and c.split is True
+    assert c.seconds == {False: 2.0, True: 1.0}
     assert "statement by statement" in c.describe()
     slow_split = ExecutionChoice()
-    assert slow_split.measure(run, clock=iter([0.0, 1.0, 0.0, 5.0]).__next__) == "fused"
+    assert slow_split.measure(run, clock=iter([0.0, 1.0, 0.0, 5.0, 0.0, 1.5, 0.0, 4.0]).__next__) == "fused"
     assert slow_split.split is False and "fused" in slow_split.describe()
 
 

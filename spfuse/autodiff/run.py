@@ -16,15 +16,15 @@ import numpy as np
 import scipy.sparse as sp
 
 from spfuse.autodiff.transform import Adjoint, adjoint
-from spfuse.autodiff.transposes import transposed_csr
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import Program
+from spfuse.frontend.ast import Literal, Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
+from spfuse.lowering.transposes import transposed_csr
 from spfuse.tensor import Tensor, as_tensor
 
-__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "values_at",
-           "vjp"]
+__all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "run_forward",
+           "values_at", "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -92,15 +92,79 @@ def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
 SPLIT_ABOVE = 10
 
 
+def _terms(e, negate: bool = False) -> list:
+    """``e``'s top-level ``+``/``-`` terms as ``(negated, term)``."""
+    from spfuse.frontend.ast import Binary
+    if isinstance(e, Binary) and e.op in ("+", "-"):
+        return _terms(e.left, negate) + _terms(e.right, negate ^ (e.op == "-"))
+    return [(negate, e)]
+
+
+def _split_terms(st, taken: set) -> list:
+    """A statement summing two or more terms of which some reduce, as one
+    statement per term and one adding them up: each term is then planned
+    alone and can reach its template (a gradient summing an SpMM-shaped and
+    a GEMM-shaped contribution), where the whole sum runs on the generic
+    executor.  Other statements are returned as they are."""
+    from spfuse.autodiff.transform import _has_reduce
+    from spfuse.frontend.ast import Access, Assignment, Binary
+    from spfuse.frontend.reductions import free_indices
+    terms = _terms(st.value)
+    if len(terms) < 2 or sum(_has_reduce(t) for _, t in terms) < 1:
+        return [st]
+    out, total = [], None
+    for k, (negate, term) in enumerate(terms):
+        if _has_reduce(term):
+            name = f"{st.target.name}_term{k}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            out.append(Assignment(Access(name, tuple(free_indices(term))), term))
+            term = Access(name, tuple(free_indices(term)))
+        if total is None:
+            total = Binary("-", Literal(0.0), term) if negate else term
+        else:
+            total = Binary("-" if negate else "+", total, term)
+    out.append(Assignment(st.target, total))
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def _statements(program: Program) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
-    """Per statement: its target, its text and the names it reads (made once per program)."""
+    """Per statement: its target, its text and the names it reads (made once
+    per program); a sum of reducing terms split (:func:`_split_terms`)."""
+    from spfuse.frontend.ast import iter_accesses
     from spfuse.frontend.canonical import to_text
+    taken = {a.name for st in program.statements for a in iter_accesses(st.value)} | {
+        st.target.name for st in program.statements}
     out = []
-    for st in program.statements:
-        text = to_text(st)
-        out.append((st.target.name, text, tuple(parse_program(text).inputs)))
+    for whole in program.statements:
+        for st in _split_terms(whole, taken):
+            text = to_text(st)
+            out.append((st.target.name, text, tuple(parse_program(text).inputs)))
     return tuple(out)
+
+
+_savings: dict = {}
+
+
+def _saving_program(adj: Adjoint, with_results: bool) -> Program | None:
+    """``adj.saving_program(with_results)``, made once per adjoint (it prints
+    and parses a program); keyed by what it depends on (an Adjoint holds dicts)."""
+    key = (adj.forward, tuple(adj.kept), tuple(sorted(adj.saved.items())), with_results)
+    found = _savings.get(key)
+    if found is None:
+        if len(_savings) >= 256:
+            _savings.pop(next(iter(_savings)))
+        found = _savings[key] = adj.saving_program(with_results=with_results)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _without_copies(saving: Program, copies: frozenset) -> Program:
+    """A saving program without its ``T_saved = T`` statements."""
+    from spfuse.frontend.canonical import to_text
+    return parse_program(to_text(Program(tuple(st for st in saving.statements if st.target.name not in copies))))
 
 
 @functools.lru_cache(maxsize=256)
@@ -134,29 +198,36 @@ class ExecutionChoice:
     GEMMs into per-row outer products; MTTKRP's 12 ms fused vs 108 ms
     split), and the planner's cost model does not yet price the difference.
     A backward pass repeats with one signature, so its first call measures:
-    each way runs twice (planning, then timed) and the faster one's result
-    is returned -- by that call and every later one, so repeated calls give
+    each way runs three times (planning, then two timed rounds) and the
+    faster one's result is returned -- by that call and every later one, so repeated calls give
     bit-identical gradients (the two ways may differ in rounding order).
 
     >>> c = ExecutionChoice()
-    >>> c.measure(lambda split: "split" if split else "fused", clock=iter([0, 5, 0, 1]).__next__)
+    >>> c.measure(lambda split: "split" if split else "fused", clock=iter([0, 5, 0, 1, 0, 6, 0, 2]).__next__)
     'split'
     >>> c.split, c.describe()
     (True, 'execution: statement by statement (measured 5e+03 ms fused, 1e+03 ms statement by statement)')
     """
+
+    #: timed rounds per way
+    ROUNDS = 2
 
     def __init__(self):
         self.seconds: dict[bool, float] = {}
         self.split: bool | None = None
 
     def measure(self, run: Callable[[bool], Any], clock: Callable[[], float] = time.perf_counter) -> Any:
-        """Run ``run(split)`` both ways, twice each; decide; the winner's result."""
+        """Run ``run(split)`` both ways: once to plan, then :data:`ROUNDS` timed
+        rounds alternating the ways (the best of each counts: on a shared
+        machine one slow run must not decide); the winner's result."""
         results = {}
         for way in (False, True):
             run(way)  # plans
-            start = clock()
-            results[way] = run(way)
-            self.seconds[way] = clock() - start
+        for _ in range(self.ROUNDS):
+            for way in (False, True):
+                start = clock()
+                results[way] = run(way)
+                self.seconds[way] = min(self.seconds.get(way, float("inf")), clock() - start)
         self.split = self.seconds[True] < self.seconds[False]
         return results[self.split]
 
@@ -187,6 +258,59 @@ def execution_choices(program: Program) -> list[ExecutionChoice]:
     return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
+def _measured(key: tuple, run: Callable[[bool], Any]) -> Any:
+    """``run(split)`` the way measured for ``key`` (measuring it on the first call)."""
+    choice = _choices.get(key)
+    if choice is None:
+        if len(_choices) >= _MAX_CHOICES:
+            _choices.pop(next(iter(_choices)))
+        choice = _choices[key] = ExecutionChoice()
+        return choice.measure(run)
+    return run(bool(choice.split))
+
+
+def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *, fusion: str = "auto",
+                num_threads: int | None = None, results: bool = True) -> tuple[dict, dict]:
+    """The forward pass of a differentiated program: ``(results, saved)``, the
+    program's results and the forward temporaries ``adj`` keeps.
+
+    Two ways, measured on the first call of each operand signature
+    (:class:`ExecutionChoice`): the saving program (the program plus a copy
+    ``T_saved = T`` per kept temporary) as one fused program, or the program
+    one statement at a time, the kept temporaries being statement results
+    there (no copies).  As for adjoints, neither wins in general -- the fused
+    plan of a multi-statement forward can be slower than its statements
+    planned alone, each of which may reach a template kernel.
+    ``results=False``: only what the kept temporaries need is run.
+
+    >>> import numpy as np
+    >>> from spfuse.autodiff import adjoint
+    >>> p = parse_program("T[i] = relu(x[i]); y = sum(i, T[i] * T[i])")
+    >>> adj = adjoint(p, ("x",), ("y",), frozenset(), "keep")
+    >>> out, saved = run_forward(p, adj, {"x": np.array([-1.0, 2.0])})
+    >>> float(out["y"]), saved["T"].tolist()
+    (4.0, [0.0, 2.0])
+    """
+    from spfuse.api import evaluate
+    kept = adj.kept if adj is not None else ()
+    saving = _saving_program(adj, results) if kept else None
+    if saving is None:
+        raw = _run_fused(program, ops, fusion, num_threads)
+        return raw, {}
+    statements = _without_copies(saving, frozenset(adj.saved[t] for t in kept))
+
+    def run(split: bool):
+        if split:
+            env = dict(ops)
+            for target, text, reads in _statements(statements):
+                env[target] = evaluate(text, fusion=fusion, num_threads=num_threads, **{n: env[n] for n in reads})
+            return ({r: env[r] for r in program.results} if results else {}), {t: env[t] for t in kept}
+        raw = _run_fused(saving, ops, fusion, num_threads)
+        return ({r: raw[r] for r in program.results} if results else {}), {t: raw[adj.saved[t]] for t in kept}
+
+    return _measured((saving, _signature(ops), fusion, num_threads), run)
+
+
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
                 saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
                 num_threads: int | None = None, split: bool | None = None) -> dict[str, Any]:
@@ -203,15 +327,10 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     dtype = np.result_type(*(t.dtype for t in tensors.values())) if tensors else np.float64
     out: dict[str, Any] = {}
     if adj.program is not None:
-        from spfuse.api import evaluate
         if adj.kept and saved is None:
-            saving = adj.saving_program(with_results=False)
-            used = set(saving.inputs)
-            values = evaluate(saving.text, fusion=fusion, num_threads=num_threads,
-                              **{n: t for n, t in tensors.items() if n in used})
-            if not isinstance(values, dict):
-                values = {saving.results[0]: values}
-            saved = {t: values[adj.saved[t]] for t in adj.kept}
+            used = set(_saving_program(adj, False).inputs)
+            _, saved = run_forward(adj.forward, adj, {n: t for n, t in tensors.items() if n in used},
+                                   fusion=fusion, num_threads=num_threads, results=False)
         shapes = {n: t.shape for n, t in tensors.items()}
         ops: dict[str, Any] = dict(tensors)
         ops.update({adj.cotangents[r]: v for r, v in cotangents.items() if r in adj.cotangents})
@@ -238,16 +357,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         elif len(program.statements) > SPLIT_ABOVE:
             raw = _run_split(program, ops, fusion, num_threads)
         else:
-            key = (program, _signature(ops), fusion, num_threads)
-            choice = _choices.get(key)
-            if choice is None:
-                if len(_choices) >= _MAX_CHOICES:
-                    _choices.pop(next(iter(_choices)))
-                choice = _choices[key] = ExecutionChoice()
-                raw = choice.measure(lambda split: (_run_split if split else _run_fused)(
-                    program, ops, fusion, num_threads))
-            else:
-                raw = (_run_split if choice.split else _run_fused)(program, ops, fusion, num_threads)
+            raw = _measured((program, _signature(ops), fusion, num_threads), lambda split: (
+                _run_split if split else _run_fused)(program, ops, fusion, num_threads))
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:

@@ -224,6 +224,13 @@ def _pattern_mask(e: Expr, index: str, sparse: frozenset) -> Expr | None:
     return Binary("/", found, found) if found is not None else None
 
 
+def _product_terms(e: Expr) -> list[Expr]:
+    """The terms of a product ``a * b * c`` (``[e]`` for anything else)."""
+    if isinstance(e, Binary) and e.op == "*":
+        return _product_terms(e.left) + _product_terms(e.right)
+    return [e]
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -276,6 +283,7 @@ class _Builder:
         self.forward = forward
         self.wrt = wrt
         self.sparse = sparse
+        self.on_pattern: set[str] = set()  # hoisted temporaries recomputed on a sparse pattern
         self.policy = policy
         all_names = set(forward.inputs) | set(forward.assigned)
         self.names = _Names(all_names)
@@ -294,14 +302,16 @@ class _Builder:
         self.active = active
 
     # -- hoisting ---------------------------------------------------------
-    def hoist(self, e: Expr, base: str) -> Access:
-        """A statement-of-its-own for ``e`` (deduplicated); the access reading it."""
+    def hoist(self, e: Expr, base: str, hoisted_below: bool = False) -> Access:
+        """A statement-of-its-own for ``e`` (deduplicated); the access reading it.
+        ``hoisted_below``: ``e``'s inner reductions are already as they should stay."""
         if isinstance(e, Access):
             return e
         key = _canonical(e)
         found = self.hoisted.get(key)
         if found is None:
-            e = self.hoist_reductions(e, base, inner=True)
+            if not hoisted_below:
+                e = self.hoist_reductions(e, base, inner=True)
             found = Access(self.names.fresh(f"{base}_r"), free_indices(e))
             self.hoisted_statements.append(Assignment(found, e))
             self.hoisted[key] = found
@@ -309,6 +319,33 @@ class _Builder:
             return found
         # the same values under other index names: read them renamed
         return Access(found.name, free_indices(e))
+
+    def hoist_factor(self, f: Expr, base: str, factors: list) -> Expr:
+        """A chain factor with its reductions hoisted.  A reduction that is
+        the factor, or one of its product terms, multiplied (in the factor or
+        elsewhere in the chain) by a sparse input over exactly its free indices
+        is recomputed on that input's pattern only (``A[i,h] / A[i,h] * sum(k,
+        X[i,k] * Y[k,h])``: SDDMM, not the whole dense product) -- every term
+        it enters is zero off the pattern."""
+        terms = _product_terms(f)
+        if not any(isinstance(t, Reduce) for t in terms):
+            return self.hoist_reductions(f, base)
+        sparse = [g for op, g in factors if op == "*" and isinstance(g, Access)]
+        sparse = [g for g in sparse + [t for t in terms if isinstance(t, Access)]
+                  if g.name in self.sparse and len(set(g.indices)) == len(g.indices)]
+        out: Expr | None = None
+        for t in terms:
+            mask = next((g for g in sparse if isinstance(t, Reduce) and set(g.indices) == set(free_indices(t))),
+                        None)
+            if mask is None:
+                t = self.hoist_reductions(t, base)
+            else:
+                t = self.hoist(Binary("*", Binary("/", mask, mask), self.hoist_reductions(t, base, inner=True)),
+                               base, hoisted_below=True)
+                self.on_pattern.add(t.name)
+            out = t if out is None else Binary("*", out, t)
+        assert out is not None
+        return out
 
     def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
         """``e`` with every maximal reduction replaced by a hoisted temporary
@@ -349,7 +386,7 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_reductions(f, base)) for op, f in factors]
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors)) for op, f in factors]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
@@ -497,7 +534,8 @@ class _Builder:
         when it is the term's one sparse read and the cotangent is dense (the
         forward result is not structurally sparse), so no co-iteration of
         differently ordered sparse operands is created."""
-        sparse = [a for a in iter_accesses(term) if a.name in self.sparse]
+        # a sub-reduction recomputed on a sparse pattern (hoist_factor) is sparse too
+        sparse = [a for a in iter_accesses(term) if a.name in self.sparse or a.name in self.on_pattern]
         if len(sparse) != 1 or self.structural_mask(source) is not None:
             return term
         acc = sparse[0]

@@ -16,6 +16,7 @@ dense, so this costs no extra memory).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
@@ -24,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from spfuse.frontend.ast import Access
-from spfuse.ir.ops import Ref, TensorInfo, UnitOp
-from spfuse.ir.tree import Root
+from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
+from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
 
-__all__ = ["Group", "split_groups", "lower_groups"]
+__all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
 
 
 @dataclass(frozen=True)
@@ -46,22 +47,46 @@ class Group:
     kernel: str
     names: tuple[str, ...] = ()
     einsum: tuple | None = None
+    #: how the einsum reaches the kernel (transposed, scaled, merged operands)
+    route: Route | None = None
+    #: the group's own temporaries when not the plan's (a split group's tail)
+    temporaries: Mapping | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
+        r = self.route
+        if r is not None and r.merged:
+            how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
+        if r is not None and r.transposed:
+            how += f" reading {', '.join(n + 'ᵀ' for n in r.transposed)}"
+        if r is not None and r.out_swapped:
+            how += " into the transposed result"
+        if r is not None and r.scalars:
+            how += f" times {' · '.join(r.scalars)}"
+        if r is not None and r.pattern:
+            how += f" on the pattern of {r.pattern} (kept sparse)"
         return f"{how}: {what}"
 
 
-def _group_einsum(ops: tuple[UnitOp, ...], out: str):
-    """The einsum ``out`` is, inlining the group's own product temporaries, or None."""
+def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None):
+    """The einsum ``out`` is, inlining the group's own product temporaries, or
+    None; ``inlined`` (when given) receives the ops the einsum is made of."""
     producers = {op.out: op for op in ops}
     root = producers[out]
     summed: list[str] = []
     factors: list[tuple[str, tuple]] = []
 
     def inline(op: UnitOp, taken: set) -> bool:
+        x = op.args[0] if len(op.args) == 2 else None
+        if (op.operator == "/" and op.reduction is None and isinstance(x, Ref) and op.args[1] == x
+                and x.name not in producers):
+            # X/X: ones on X's pattern where X stores finite non-zeros (checked per call)
+            if inlined is not None:
+                inlined.append(op)
+            factors.append((pattern_name(x.name), x.indices))
+            return True
         if op.operator not in ("*", None) or op.reduction not in ("sum", None):
             return False
         expr = getattr(op, "expr", None)   # a whole fused statement (max_fusion.StatementOp)
@@ -69,12 +94,19 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str):
             return False  # its args are leaves of an expression, not factors: tanh(A*B) is no SpMV
         if op.operator is None and op.reduction is None:
             return False
+        if inlined is not None:
+            inlined.append(op)
+        if op.operator == "/":
+            return False
         for ix in op.reduced:
             if ix in taken:
                 return False  # a summed index reused elsewhere: renaming needed, not worth it
             taken.add(ix)
             summed.append(ix)
         for a in op.args:
+            if isinstance(a, Const):
+                factors.append((_constant_name(a.value), ()))
+                continue
             if not isinstance(a, Ref):
                 return False
             p = producers.get(a.name)
@@ -149,6 +181,332 @@ def _temp_info(name, shape) -> TensorInfo:
     return TensorInfo.dense(name, tuple(shape))
 
 
+def _constant_name(value: float) -> str:
+    """The factor name of a numeric constant (no program name parses as a number)."""
+    return repr(float(value))
+
+
+def _constant(name: str) -> float | None:
+    try:
+        return float(name)
+    except ValueError:
+        return None
+
+
+_PATTERN = ".pattern"
+
+
+def _factor_info(plan, name: str) -> TensorInfo | None:
+    """What planning knows about an einsum factor: an input, a temporary, a
+    constant, or an input's pattern (None when that input is not sparse)."""
+    if _constant(name) is not None:
+        return TensorInfo.dense(name, ())
+    if name.endswith(_PATTERN):
+        src = plan.inputs.get(name[: -len(_PATTERN)])
+        return replace(src, name=name) if src is not None and src.is_sparse else None
+    return plan.inputs.get(name) or _temp_info(name, plan.shapes[name])
+
+
+def _factor_source(name: str) -> str | None:
+    """The operand a factor reads (None for a constant)."""
+    if _constant(name) is not None:
+        return None
+    return name[: -len(_PATTERN)] if name.endswith(_PATTERN) else name
+
+
+#: Kernels whose result is a dense array (a transposed result is one copy away).
+_DENSE_RESULT = frozenset({"gemm", "spmv", "spmm", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm",
+                           "mttkrp", "mttkrp_gemm"})
+
+
+def transposed_name(name: str) -> str:
+    """The operand name a group reads ``name``'s transpose under (no program
+    name contains a dot, so it cannot collide).
+
+    >>> transposed_name("Wd")
+    'Wd.T'
+    """
+    return f"{name}.T"
+
+
+def _swappable(info: TensorInfo) -> bool:
+    """A matrix whose transpose is cheap to hand a kernel: dense (one copy of
+    a small factor) or CSR/CSC (a remembered transposed pattern, one gather)."""
+    if info.ndim != 2:
+        return False
+    return not info.is_sparse or info.levels == ("dense", "compressed")
+
+
+def _swapped_info(name: str, info: TensorInfo) -> TensorInfo:
+    shape = tuple(reversed(info.shape))
+    if not info.is_sparse:
+        return TensorInfo.dense(name, shape)
+    return TensorInfo(name, 2, ("dense", "compressed"), (0, 1), shape, nnz=info.nnz)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a template group's einsum is handed to its kernel.
+
+    ``transposed``: factors passed transposed (under :func:`transposed_name`);
+    ``out_swapped``: the kernel computes the 2-D result transposed;
+    ``scalars``: 0-d factors, multiplied into the kernel's result;
+    ``merged``: ``(name, parts)`` -- CSR factors read at the same indices,
+    passed as one CSR operand (``name``) whose values are the parts' product
+    when the parts store one pattern (checked per call; else the group runs
+    on the generic executor)."""
+
+    kernel: str
+    names: tuple
+    transposed: tuple[str, ...] = ()
+    out_swapped: bool = False
+    scalars: tuple[str, ...] = ()
+    merged: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    #: merged parts read transposed (as :func:`transposed_name`), made before merging
+    flipped: tuple[str, ...] = ()
+    #: the CSR input on whose pattern a restricted temporary is computed
+    #: (read as :func:`pattern_name`); the result stays sparse
+    pattern: str | None = None
+
+
+def _simplified(ein, local) -> tuple[tuple, tuple, tuple, tuple] | None:
+    """``(einsum, scalars, merged, flipped)``: ``ein`` without its 0-d factors
+    and with its CSR factors of equal indices merged (see :class:`Route`),
+    one read with the other's indices swapped taking part transposed
+    (``flipped``), or None when there is nothing to simplify."""
+    from spfuse.lowering.templates import _kind
+    out, out_ix, summed, factors = ein
+    scalars = tuple(f for f, ix in factors if not ix)
+    groups: dict[tuple, list[int]] = {}   # indices -> positions of the CSR factors read there
+    flipped: set[int] = set()             # ... read transposed (A_T[h,i] with Z[i,h]): passed as Zᵀ
+    for n, (f, ix) in enumerate(factors):
+        if ix and _kind(local[f]) == "csr":
+            if ix not in groups and len(ix) == 2 and ix[::-1] in groups:
+                flipped.add(n)
+                ix = ix[::-1]
+            groups.setdefault(ix, []).append(n)
+    merged = [ns for ns in groups.values() if len(ns) > 1]
+    if not scalars and not merged:
+        return None
+    first = {ns[0]: ns for ns in merged}
+    dropped = {n for ns in merged for n in ns[1:]}
+    facs: list = []
+    parts_of = []
+    for n, (f, ix) in enumerate(factors):
+        if not ix or n in dropped:
+            continue
+        if n in first:
+            parts = tuple(transposed_name(factors[m][0]) if m in flipped else factors[m][0] for m in first[n])
+            name = "*".join(parts)
+            local[name] = replace(local[f], name=name)
+            parts_of.append((name, parts))
+            f = name
+        facs.append((f, ix))
+    return ((out, out_ix, summed, facs), scalars, tuple(parts_of),
+            tuple(sorted({factors[m][0] for m in flipped if m in dropped})))
+
+
+def _choose_kernel(ein, local, ops) -> Route | None:
+    """The :class:`Route` of an einsum to a template kernel, or None.
+
+    Tried first as written; then with 2-D factors read with their indices
+    swapped (``sum(j, G[i,j] * Wd[h,j])`` is SpMM with ``Wdᵀ``; ``sum(i,
+    G[i,j] * H[i,h])`` is SpMM with ``Gᵀ``) and a 2-D dense result computed
+    transposed, fewest swaps first; then without 0-d factors and with
+    same-index CSR factors merged (``sum(j, G[i,j] * s * K[j,h] * A[i,j])``
+    is SpMM of ``G∘A`` times ``s``), or, with no summed index, a product
+    on one pattern (``G[i,j] * A[i,j]``: kernel ``"values"``)."""
+    local = dict(local)
+    route = _route(ein, local, ops)
+    if route is not None:
+        return route
+    simple = _simplified(ein, local)
+    if simple is None:
+        return None
+    ein, scalars, merged, flipped = simple
+    out, out_ix, summed, factors = ein
+    if not summed and len(factors) == 1 and factors[0][1] == out_ix and local[factors[0][0]].is_sparse:
+        return Route("values", (factors[0][0],), (), False, scalars, merged, flipped=flipped)
+    route = _route(ein, local, ops) if len(factors) > 1 else None
+    return None if route is None else replace(route, scalars=scalars, merged=merged, flipped=flipped)
+
+
+def _route(ein, local, ops) -> Route | None:
+    from spfuse.lowering.templates import SIGNATURES, _unify, follows_template
+    out, out_ix, summed, factors = ein
+    if len(set(summed)) != len(summed):
+        return None
+    roles = _gemm_roles(ein, local)
+    if roles is not None:
+        return Route("gemm", roles)
+    swappable = [n for n, (f, ix) in enumerate(factors) if len(ix) == 2 and _swappable(local[f])]
+    if len(factors) > 5:
+        swappable = []  # variants grow as 2^n (the widest template reads five factors)
+    outs = [False, True] if len(out_ix) == 2 else [False]
+    variants = sorted(((frozenset(c), o) for k in range(len(swappable) + 1)
+                       for c in itertools.combinations(swappable, k) for o in outs),
+                      key=lambda v: len(v[0]) + v[1])
+    for swaps, out_swapped in variants:
+        facs = [(transposed_name(f), ix[::-1]) if n in swaps else (f, ix) for n, (f, ix) in enumerate(factors)]
+        names_local = dict(local)
+        names_local.update({transposed_name(factors[n][0]): _swapped_info(transposed_name(factors[n][0]),
+                                                                          local[factors[n][0]]) for n in swaps})
+        o_ix = out_ix[::-1] if out_swapped else out_ix
+        for name, sig in SIGNATURES.items():
+            found = _unify(sig, o_ix, summed, facs, names_local)
+            if found is None or not follows_template(name, found, ops):
+                continue
+            if (swaps or out_swapped) and name not in _DENSE_RESULT:
+                continue  # a sparse result would need its pattern transposed back
+            return Route(name, tuple(found), tuple(sorted({factors[n][0] for n in swaps})), out_swapped)
+    return None
+
+
+def pattern_name(name: str) -> str:
+    """The operand name a group reads ``name``'s pattern (ones on its stored
+    entries) under.
+
+    >>> pattern_name("P")
+    'P.pattern'
+    """
+    return f"{name}{_PATTERN}"
+
+
+def _pattern_of(plan, op: UnitOp) -> str | None:
+    """A CSR input whose stored pattern holds every entry of ``op``'s 2-D
+    output that propagation says is needed (each term of its column mask
+    reads the input's column level at the output's own indices), or None.
+    SDDMM's ``C·D`` in ``P[i,j] * (C·D - X)`` is needed on ``P`` only."""
+    from spfuse.lowering.templates import _kind
+    if len(op.out_indices) != 2:
+        return None
+    row, col = op.out_indices
+    masks = plan.masks.get(op.id, {})
+    if masks.get(row) is not None and not masks[row].is_true:
+        return None
+    mask = masks.get(col)
+    if mask is None or mask.is_true or not mask.terms:
+        return None
+    per_term = []
+    for term in mask.terms:
+        names = set()
+        for atom in term:
+            _, tensor, indices, mode = plan.atoms[atom]
+            info = plan.inputs.get(tensor)
+            if info is not None and _kind(info) == "csr" and tuple(indices) == (row, col) and mode == 1:
+                names.add(tensor)
+        per_term.append(names)
+    common = set.intersection(*per_term)
+    return min(common) if common else None
+
+
+def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple[tuple, Route] | None:
+    """``(einsum, route)`` computing the group's temporary ``t`` on a template
+    (with the ops it is made of appended to ``head``): whole when nothing
+    restricts it, or on a CSR input's pattern (:func:`_pattern_of`) as SDDMM."""
+    producers = {op.out: op for op in ops}
+    ein = _group_einsum(ops, t, head)
+    if ein is None or not all(_factor_source(f) in available | {None} for f, _ in ein[3]):
+        return None
+    infos = plan.inputs
+    local = {f: _factor_info(plan, f) for f, _ in ein[3]}
+    if any(i is None for i in local.values()):
+        return None
+    if t in plan.results or _computed_whole(plan, producers[t]):
+        route = _choose_kernel(ein, local, ops)
+        return None if route is None else (ein, route)
+    pattern = _pattern_of(plan, producers[t])
+    if pattern is None:
+        return None
+    out, out_ix, summed, factors = ein
+    local[pattern_name(pattern)] = replace(infos[pattern], name=pattern_name(pattern))
+    route = _route((out, out_ix, summed, [*factors, (pattern_name(pattern), out_ix)]), local, ops)
+    if route is None or route.kernel not in ("sddmm", "sddmm_t"):
+        return None
+    return ein, replace(route, pattern=pattern)
+
+
+def _template_head(plan, ops, available) -> tuple[list, list] | None:
+    """``(head, tail)`` when a group that no template runs whole starts with
+    an einsum a template runs, followed by element-wise work on its result
+    (GCN's ``relu(A·(X·W))``, ``sigmoid(X·W + b)``, a normalising division,
+    ``P ∘ (H·Wd - X)``): the template computes the einsum's temporary, whole
+    or on the pattern that restricts it, the generic executor the rest.
+    None when no such split exists."""
+    produced = {op.out for op in ops}
+    for op in ops:
+        t = op.out
+        if t in plan.results or not any(r.name == t for o in ops if o is not op for r in o.refs):
+            continue
+        shape = plan.shapes.get(t)
+        if shape is None or None in shape:
+            continue
+        head: list = []
+        found = _head_route(plan, ops, t, available - produced, head)
+        if found is None:
+            continue
+        tail = [o for o in ops if o not in head]
+        inner = {h.out for h in head} - {t}
+        if not tail or any(r.name in inner for o in tail for r in o.refs):
+            continue
+        route = found[1]
+        # (merged factors and X/X patterns may fall back to the generic executor, which a head has no tree for)
+        checked = route.merged or any(_checked_pattern(route, f) for f, _ in found[0][3])
+        if (route.kernel in _DENSE_RESULT or route.pattern) and not checked:
+            return [o for o in ops if o in head], tail
+    return None
+
+
+def _routes_whole(plan, ops, available) -> bool:
+    """Does the whole group (one op whose result nothing in it reads) reach a template?"""
+    read = {r.name for o in ops for r in o.refs}
+    roots = [o.out for o in ops if o.out not in read]
+    return len(roots) == 1 and _head_route(plan, ops, roots[0], available | {o.out for o in ops}) is not None
+
+
+def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
+    """The plan's top-level subtrees as ``(node, ops, temporaries)``, a group
+    split by :func:`_template_head` replaced by its head and its tail (the
+    tail's ops re-fused from their unfused trees and their temporaries
+    reduced again: the plan's dimension reduction was made for the whole
+    group's tree)."""
+    from spfuse.passes.fusion import trie_fuse
+    from spfuse.passes.memory import reduce_dimensions
+    from spfuse.passes.parallel import mark_parallel
+    available = set(plan.inputs)
+    out: list = []
+    todo = [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
+    while todo:
+        node, ops, temps = todo.pop(0)
+        split = _template_head(plan, ops, available) if len(ops) > 1 and not _routes_whole(
+            plan, ops, available) else None
+        if split is None:
+            out.append((node, ops, temps))
+            available |= {op.out for op in ops}
+            continue
+        head, tail = split
+        fused = trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in tail)))
+        crossing = {r.name for o in plan.ops if o not in tail for r in o.refs}
+        for piece in fused.children:  # read elsewhere: stored whole, passed on by run_groups
+            inside = {o.out for o in ops_under(piece)}
+            crossing |= {r.name for o in ops_under(piece) for r in o.refs if r.name not in inside}
+        if any(isinstance(n, Reset) and n.tensor in crossing for n in iter_nodes(fused)):
+            # an accumulator reset inside a loop cannot become a crossing result: keep the group whole
+            out.append((node, ops, temps))
+            available |= {op.out for op in ops}
+            continue
+        out.append((Root(tuple(plan.unfused.children[o.id] for o in head)), tuple(head), None))
+        available |= {op.out for op in head}
+        # The tail's temporaries reduced to what its own fused tree needs (as the
+        # planner does for a whole plan): a row or a scalar, not the whole matrix.
+        # The tail may itself start with a template's einsum (relu(A·X·W): SpMM, then GEMM + relu).
+        local = {o.out for o in tail} - set(plan.results) - crossing
+        reduced, temps = reduce_dimensions(fused, tail, local, plan.shapes)
+        pieces = mark_parallel(reduced).children
+        todo[:0] = [(piece, tuple(ops_under(piece)), temps) for piece in pieces]
+    return out
+
+
 def split_groups(plan) -> tuple[Group, ...]:
     """The plan's fused groups, in execution order, with the kernel each runs on.
 
@@ -160,42 +518,35 @@ def split_groups(plan) -> tuple[Group, ...]:
     >>> p = plan_program(parse_program("Z[i,j] = A[i,k] * X[k,h] * W[h,j]"), ins)
     >>> [g.kernel for g in split_groups(p)]
     ['gemm', 'spmm']
+    >>> p = plan_program(parse_program("Z[i,j] = relu(A[i,k] * X[k,j])"), ins)
+    >>> [g.kernel for g in split_groups(p)]
+    ['spmm', 'generic']
     """
-    from spfuse.lowering.templates import SIGNATURES, _unify, follows_template
     infos = dict(plan.inputs)
+    pieces = _pieces(plan)
     produced_in = {}
-    children = plan.tree.children
-    for n, node in enumerate(children):
-        for op in ops_under(node):
+    for n, (_, ops, _) in enumerate(pieces):
+        for op in ops:
             produced_in[op.out] = n
-    later_reads: dict[int, set] = {n: set() for n in range(len(children))}
-    for n, node in enumerate(children):
-        for op in ops_under(node):
+    later_reads: dict[int, set] = {n: set() for n in range(len(pieces))}
+    for n, (_, ops, _) in enumerate(pieces):
+        for op in ops:
             for r in op.refs:
                 src = produced_in.get(r.name)
                 if src is not None and src != n:
                     later_reads[src].add(r.name)
     groups = []
-    for n, node in enumerate(children):
-        ops = tuple(ops_under(node))
+    for n, (node, ops, temps) in enumerate(pieces):
         outs = tuple(dict.fromkeys([op.out for op in ops if op.out in plan.results]
                                    + sorted(later_reads[n])))
-        kernel, names, ein = "generic", (), None
+        found = None
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
-            ein = _group_einsum(ops, outs[0])
-        whole = all(_computed_whole(plan, op) for op in ops if op.out in outs and op.out not in plan.results)
-        if ein is not None and whole and all(f in infos or f in produced_in for f, _ in ein[3]):
-            local = {f: infos.get(f) or _temp_info(f, plan.shapes[f]) for f, _ in ein[3]}
-            roles = _gemm_roles(ein, local)
-            if roles is not None:
-                kernel, names = "gemm", roles
-            elif len(set(ein[2])) == len(ein[2]):
-                for name, sig in SIGNATURES.items():
-                    found = _unify(sig, ein[1], ein[2], ein[3], local)
-                    if found is not None and follows_template(name, found, ops):
-                        kernel, names = name, tuple(found)
-                        break
-        groups.append(Group(node, ops, outs, kernel, names, ein if kernel != "generic" else None))
+            found = _head_route(plan, ops, outs[0], set(infos) | set(produced_in))
+        if found is None:
+            groups.append(Group(node, ops, outs, "generic", temporaries=temps))
+        else:
+            ein, route = found
+            groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
     return tuple(groups)
 
 
@@ -211,6 +562,8 @@ def lower_groups(plan):
     for g in groups:
         if g.kernel == "gemm":
             roles.update({g.names[0]: "dense", g.names[1]: "dense"})
+        elif g.kernel == "values":
+            roles[g.names[0]] = "csr"
         elif g.kernel != "generic":
             from spfuse.lowering.templates import SIGNATURES
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
@@ -222,24 +575,21 @@ def lower_groups(plan):
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     """Run ``groups`` in order, passing crossing temporaries as dense operands."""
     from spfuse.lowering.looptree import UnrealizableMask
-    from spfuse.lowering.templates import _run_einsum
     from spfuse.tensor import Tensor
     env = dict(tensors)
     out = {}
     for g in groups:
-        if g.kernel == "gemm":
-            values = {g.outputs[0]: _run_gemm(g.names, tuple(plan.shapes[g.outputs[0]]), env, nt)}
-        elif g.kernel != "generic":
-            name = g.outputs[0]
-            values = {name: _run_einsum(g.kernel, list(g.names), name, tuple(plan.shapes[name]), env, nt)}
-        else:
-            try:
+        try:
+            values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
+            if values is None:
                 values = _run_generic(_subplan(plan, g), env, nt)
-            except UnrealizableMask:
-                return _run_unpropagated(plan, tensors, nt)
+        except UnrealizableMask:
+            return _run_unpropagated(plan, tensors, nt)
         for name, v in values.items():
             if name in plan.results:
                 out[name] = v
+            elif g.route is not None and g.route.pattern is not None:
+                env[name] = v  # on the pattern that restricts it: read sparse
             else:
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
@@ -249,6 +599,86 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 # (ascontiguousarray would make a 0-d temporary 1-d)
                 env[name] = Tensor.from_numpy(np.ascontiguousarray(dense).reshape(dense.shape), name=name)
     return out
+
+
+def _checked_pattern(route: Route, factor: str) -> bool:
+    """Is ``factor`` an ``X/X`` pattern (checked per call), not a restricting mask?"""
+    return factor.endswith(_PATTERN) and factor != (pattern_name(route.pattern) if route.pattern else None)
+
+
+def _same_pattern(a, b) -> bool:
+    """Do two CSR tensors store the same coordinates?"""
+    if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format:
+        return False
+    la, lb = a.levels[1], b.levels[1]
+    return (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
+        la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
+
+
+def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
+    """Run a template group as its :class:`Route` says; None when merged
+    factors turn out to store different patterns (the caller then runs the
+    group on the generic executor)."""
+    from spfuse.lowering.templates import _run_einsum
+    r, ein = g.route, g.einsum
+    assert r is not None and ein is not None  # a routed group
+    name = g.outputs[0]
+    factors = [f for f, _ in ein[3]]
+    dtype = np.result_type(*(env[src].dtype for src in map(_factor_source, factors) if src is not None))
+    local = dict(env)
+    for f in factors:
+        if _checked_pattern(r, f):
+            x = env[_factor_source(f)]
+            # X/X is 1 where X stores a finite non-zero; 0/0 and inf/inf are the generic executor's to give
+            if not bool(np.all(np.isfinite(x.values) & (x.values != 0))):
+                return None
+            local[f] = x._with_kernel_values(np.ones(x.nnz, dtype=x.values.dtype))
+    for src in r.flipped:
+        local[transposed_name(src)] = _transposed(env[src])
+    for merged, parts in r.merged:
+        first = local[parts[0]]
+        if not all(_same_pattern(first, local[p]) for p in parts[1:]):
+            return None
+        vals = np.array(first.values, dtype=dtype)
+        for p in parts[1:]:
+            vals *= local[p].values
+        local[merged] = first._with_kernel_values(vals)
+    for src in r.transposed:
+        local[transposed_name(src)] = _transposed(local[src])
+    if r.pattern is not None:
+        p = env[r.pattern]
+        local[pattern_name(r.pattern)] = p._with_kernel_values(np.ones(p.nnz, dtype=p.values.dtype))
+    scale = 1.0
+    for s in r.scalars:
+        c = _constant(s)
+        scale *= c if c is not None else env[s].values.reshape(-1)[0].item()
+    if g.kernel == "values":
+        t = local[g.names[0]]
+        return {name: t._with_kernel_values(np.multiply(t.values, scale, dtype=dtype))}
+    shape = tuple(plan.shapes[name])
+    if g.kernel == "gemm":
+        value = _run_gemm(g.names, shape, local, nt)
+    else:
+        value = _run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
+                            nt)
+    if r.out_swapped:
+        value = np.ascontiguousarray(value.T)
+    if r.scalars:
+        if isinstance(value, np.ndarray):
+            value = np.multiply(value, scale, dtype=dtype)
+        else:
+            value = value._with_kernel_values(np.multiply(value.values, scale, dtype=dtype))
+    return {name: value}
+
+
+def _transposed(t):
+    """A matrix operand's transpose as a kernel reads it: CSR through the
+    remembered transposed pattern, dense as a C-ordered copy."""
+    from spfuse.lowering.transposes import transposed_csr
+    from spfuse.tensor import Tensor
+    if not t.format.is_dense:
+        return transposed_csr(t)
+    return Tensor.from_numpy(np.ascontiguousarray(np.asarray(t.todense()).T))
 
 
 def _subplan(plan, g: Group):
@@ -261,7 +691,8 @@ def _subplan(plan, g: Group):
     sub = made.get(id(g))
     if sub is None or sub[0] is not g:
         names = {op.out for op in g.ops}
-        temps = {n: t for n, t in plan.temporaries.items() if n in names and n not in g.outputs}
+        own = plan.temporaries if g.temporaries is None else g.temporaries
+        temps = {n: t for n, t in own.items() if n in names and n not in g.outputs}
         sub = made[id(g)] = (g, replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps,
                                          results=g.outputs))
     return sub[1]

@@ -1,7 +1,9 @@
 """The CSR of a sparse matrix's transpose, its pattern remembered across calls.
 
 An adjoint reads a sparse matrix whose rows are summed as the CSR of its
-transpose (``A_T``, see :mod:`spfuse.autodiff.transform`).  A training loop
+transpose (``A_T``, see :mod:`spfuse.autodiff.transform`), and a template
+group reads ``G[i,j]`` summed over ``i`` as SpMM with ``Gᵀ``
+(:mod:`spfuse.lowering.groups`).  A training loop
 calls the backward pass with the same pattern every epoch, often with new
 values, so the transposition's index work -- the counting sort -- is done
 once per pattern: what is remembered is the transposed pattern and the

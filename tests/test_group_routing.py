@@ -1,0 +1,168 @@
+"""Template routing of fused groups (spfuse/lowering/groups.py): an einsum
+head on its template with an element-wise tail on the generic executor,
+factors read transposed, 0-d factors, same-pattern CSR factors merged.
+
+Every routed program is checked against numpy on dense operands (so a
+route that changes the numbers fails here) and checked to take the route
+it is written for (so the test exercises it)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse.lowering import transposes
+from spfuse.lowering.groups import split_groups
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _relu(x):
+    return np.maximum(x, 0.0)
+
+
+#: (program, route expected in split_groups: (kernel, transposed, out_swapped, scalars, merged, then generic tail),
+#:  numpy oracle on dense operands)
+CASES = {
+    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", ("spmm", "generic"),
+                        lambda A, B, X, W, Q, b, s, D: _relu(A @ X)),
+    "sigmoid_bias": ("Y[i,h] = sigmoid(A[i,j] * X[j,h] + b[h])", ("spmm", "generic"),
+                     lambda A, B, X, W, Q, b, s, D: _sigmoid(A @ X + b)),
+    "dense_read_transposed": ("Y[i,h] = sum(j, A[i,j] * W[h,j])", ("spmm",),
+                              lambda A, B, X, W, Q, b, s, D: A @ W.T),
+    "scatter_over_rows": ("Y[h,j] = sum(i, A[i,j] * Q[i,h])", ("spmm",),
+                          lambda A, B, X, W, Q, b, s, D: Q.T @ A),
+    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm",),
+                          lambda A, B, X, W, Q, b, s, D: (A * B * s) @ X),
+    "pattern_product": ("Y[i,j] = A[i,j] * B[i,j] * s", ("values",),
+                        lambda A, B, X, W, Q, b, s, D: A * B * s),
+    # a dense factor at the merged factors' indices is no scalar: no "values" route
+    "pattern_times_dense": ("Y[i,j] = A[i,j] * B[i,j] * D[i,j]", ("generic",),
+                            lambda A, B, X, W, Q, b, s, D: A * B * D),
+    # A/A is A's pattern (checked per call: finite non-zero values), 2.0 a constant factor
+    "pattern_ratio": ("Y[i,j] = A[i,j] / A[i,j] * (2.0 * (s * B[i,j]))", ("values",),
+                      lambda A, B, X, W, Q, b, s, D: np.where(A != 0, 1.0, 0.0) * 2.0 * s * B),
+    "sddmm_scaled": ("Y[i,j] = sum(h, A[i,j] * Q[i,h] * W[h,j]) * s", ("sddmm",),
+                     lambda A, B, X, W, Q, b, s, D: A * (Q @ W) * s),
+    # the einsum is needed on A's pattern only: SDDMM there, kept sparse for the tail
+    "sddmm_on_the_mask": ("Y[i,j] = A[i,j] * (sum(h, Q[i,h] * W[h,j]) - B[i,j])", ("sddmm", "generic"),
+                          lambda A, B, X, W, Q, b, s, D: A * (Q @ W - B)),
+    "normalised": ("Y[i,h] = sum(j, A[i,j] * X[j,h]) / (sum(j, A[i,j] * A[i,j]) + 1.0)", ("spmm", "generic"),
+                   lambda A, B, X, W, Q, b, s, D: (A @ X) / ((A * A).sum(1, keepdims=True) + 1.0)),
+}
+
+
+def _operands(rng, n, m, k, density, dtype, same_pattern, fmt):
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
+    A.data = rng.standard_normal(A.nnz)
+    if same_pattern:
+        B = A.copy()
+        B.data = rng.standard_normal(A.nnz)
+    else:  # same shape and count, another pattern: the merged route must fall back
+        B = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
+        B.data = rng.standard_normal(B.nnz)
+    ops = {"A": A, "B": B, "X": rng.standard_normal((m, k)), "W": rng.standard_normal((k, m)),
+           "Q": rng.standard_normal((n, k)), "b": rng.standard_normal(k), "s": np.array(rng.uniform(0.5, 2.0)),
+           "D": rng.standard_normal((n, m))}
+    ops = {name: v.astype(dtype) for name, v in ops.items()}
+    if fmt == "csc":
+        ops["A"] = ops["A"].tocsc()
+    dense = {name: (v.toarray() if sp.issparse(v) else v).astype(np.float64) for name, v in ops.items()}
+    return ops, dense
+
+
+def _dense(x):
+    if sp.issparse(x):
+        return x.toarray()
+    return np.asarray(x.todense() if isinstance(x, spfuse.Tensor) else x)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=st.sampled_from(sorted(CASES)), n=st.integers(1, 30), m=st.integers(1, 30), k=st.integers(1, 6),
+       density=st.sampled_from([0.0, 0.1, 0.5, 1.0]), dtype=st.sampled_from([np.float64, np.float32]),
+       same_pattern=st.booleans(), fmt=st.sampled_from(["csr", "csc"]), seed=st.integers(0, 2**16))
+def test_routed_programs_match_numpy(case, n, m, k, density, dtype, same_pattern, fmt, seed):
+    program, _, oracle = CASES[case]
+    ops, dense = _operands(np.random.default_rng(seed), n, m, k, density, dtype, same_pattern, fmt)
+    used = spfuse.compile(program).program.inputs
+    ops = {name: ops[name] for name in used}
+    got = _dense(spfuse.evaluate(program, **ops))
+    want = oracle(**dense)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    again = _dense(spfuse.evaluate(program, **ops))
+    np.testing.assert_array_equal(got, again)  # a repeat call (cached dispatch) gives the same bits
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_case_takes_its_route(case):
+    program, kernels, _ = CASES[case]
+    ops, _ = _operands(np.random.default_rng(1), 40, 30, 4, 0.2, np.float64, True, "csr")
+    kernel = spfuse.compile(program)
+    plan = kernel.plans(**{n: ops[n] for n in kernel.program.inputs})["auto"]
+    got = tuple(g.kernel for g in split_groups(plan))
+    assert got[:len(kernels)] == kernels[:len(got)] and kernels[0] in got, got
+
+
+def test_route_details_are_described():
+    A = sp.random_array((40, 30), density=0.2, format="csr", rng=np.random.default_rng(0))
+    plan = spfuse.compile("Y[h,j] = sum(i, A[i,j] * Q[i,h])").plans(A=A, Q=np.ones((40, 4)))["auto"]
+    (g,) = split_groups(plan)
+    assert g.route.transposed == ("A",) and g.route.out_swapped
+    assert "reading Aᵀ into the transposed result" in g.describe()
+    plan = spfuse.compile("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])").plans(
+        A=A, B=A, X=np.ones((30, 4)), s=np.array(2.0))["auto"]
+    (g,) = split_groups(plan)
+    assert g.route.scalars == ("s",) and g.route.merged == (("A*B", ("A", "B")),)
+    assert "on A∘B (one pattern, checked per call)" in g.describe() and "times s" in g.describe()
+
+
+def test_merged_factors_with_another_pattern_fall_back_to_the_generic_executor():
+    """Same shapes, same nnz, one index moved: the per-call pattern check must
+    see it (a values product on the first operand's pattern would be wrong)."""
+    A = sp.csr_array(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))
+    B = sp.csr_array(np.array([[0.0, 5.0, 7.0], [0.0, 11.0, 0.0]]))
+    X = np.arange(6.0).reshape(3, 2)
+    program = "Y[i,h] = sum(j, A[i,j] * X[j,h] * B[i,j])"
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A, X=X, B=A), (A.toarray() ** 2) @ X)
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A, X=X, B=B), (A.toarray() * B.toarray()) @ X)
+    got = spfuse.evaluate("Y[i,j] = A[i,j] * B[i,j]", A=A, B=B)
+    np.testing.assert_array_equal(_dense(got), A.toarray() * B.toarray())
+
+
+def test_scatter_route_sees_a_pattern_rewritten_in_place():
+    """The transpose of a CSR operand is remembered per pattern: rewriting the
+    operand's index array in place must not serve the old transpose."""
+    transposes.clear()
+    G = sp.csr_array(np.array([[1.0, 2.0, 0.0], [0.0, 3.0, 4.0]]))
+    H = np.array([[1.0, 10.0], [100.0, 1000.0]])
+    program = "Y[h,j] = sum(i, G[i,j] * H[i,h])"
+    np.testing.assert_allclose(spfuse.evaluate(program, G=G, H=H), H.T @ G.toarray())
+    G.indices[:] = [0, 2, 0, 1]  # same buffers, another (canonical) pattern
+    np.testing.assert_allclose(spfuse.evaluate(program, G=G, H=H), H.T @ G.toarray())
+
+
+def test_operands_are_not_mutated():
+    rng = np.random.default_rng(3)
+    A = sp.random_array((20, 10), density=0.3, format="csr", rng=rng)
+    B = A.copy()
+    before = (A.data.copy(), A.indices.copy(), B.data.copy())
+    spfuse.evaluate("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", A=A, B=B, X=np.ones((10, 3)), s=2.0)
+    spfuse.evaluate("Y[i,j] = A[i,j] * B[i,j] * s", A=A, B=B, s=2.0)
+    assert all(np.array_equal(x, y) for x, y in zip(before, (A.data, A.indices, B.data), strict=True))
+
+
+def test_a_pattern_ratio_over_stored_zeros_and_infinities_is_the_generic_executors():
+    """X/X is not 1 where X stores 0 or inf: the values route must hand those
+    calls back to the generic executor (0 at a stored zero, nan at inf)."""
+    A = sp.csr_array((np.array([0.0, 2.0, np.inf]), np.array([0, 1, 2]), np.array([0, 2, 3])), shape=(2, 3))
+    B = A.copy()
+    B.data = np.array([5.0, 7.0, 11.0])
+    program = "Y[i,j] = A[i,j] / A[i,j] * (2.0 * B[i,j])"
+    np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=A, B=B)), [[0.0, 14.0, 0.0], [0.0, 0.0, np.nan]])
+    np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=B, B=B)), [[10.0, 14.0, 0.0], [0.0, 0.0, 22.0]])
