@@ -166,3 +166,18 @@ def test_a_pattern_ratio_over_stored_zeros_and_infinities_is_the_generic_executo
     program = "Y[i,j] = A[i,j] / A[i,j] * (2.0 * B[i,j])"
     np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=A, B=B)), [[0.0, 14.0, 0.0], [0.0, 0.0, np.nan]])
     np.testing.assert_array_equal(_dense(spfuse.evaluate(program, A=B, B=B)), [[10.0, 14.0, 0.0], [0.0, 0.0, 22.0]])
+
+
+def test_a_sparse_operand_is_not_transposed_for_one_multiply_add_per_entry():
+    """Aᵀx: handing SpMV a transposed A costs a pass over A's pattern and a
+    gather of its values per call, more than the SpMV; the generic
+    executor's scatter leaf runs it instead.  Aᵀ·X (a dense row per stored
+    entry) still reaches SpMM through the transpose."""
+    A = sp.random_array((300, 200), density=0.05, format="csr", rng=3)
+    x, X = np.arange(300.0), np.random.default_rng(0).random((300, 8))
+    k = spfuse.compile("y[j] = A[i,j] * x[i]")
+    assert "generic loop-tree executor" in k.explain(A=A, x=x)
+    np.testing.assert_allclose(k(A=A, x=x), A.toarray().T @ x, rtol=1e-12)
+    k = spfuse.compile("C[j,k] = A[i,j] * X[i,k]")
+    assert "spmm" in k.explain(A=A, X=X)
+    np.testing.assert_allclose(k(A=A, X=X), A.toarray().T @ X, rtol=1e-12)

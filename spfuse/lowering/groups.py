@@ -219,6 +219,12 @@ _DENSE_RESULT = frozenset({"gemm", "spmv", "spmm", "spmm_gemm", "gnn2", "sddmm_s
                            "mttkrp", "mttkrp_gemm"})
 
 
+#: Kernels doing one multiply-add per stored entry: handing them a sparse
+#: operand transposed (a pass over its pattern and a gather of its values per
+#: call) costs more than the generic executor's scatter leaf (Aᵀx).
+_SCALAR_PER_ENTRY = frozenset({"spmv"})
+
+
 def transposed_name(name: str) -> str:
     """The operand name a group reads ``name``'s transpose under (no program
     name contains a dot, so it cannot collide).
@@ -358,6 +364,8 @@ def _route(ein, local, ops) -> Route | None:
                 continue
             if (swaps or out_swapped) and name not in _DENSE_RESULT:
                 continue  # a sparse result would need its pattern transposed back
+            if name in _SCALAR_PER_ENTRY and any(local[factors[n][0]].is_sparse for n in swaps):
+                continue  # transposing costs more than the kernel: the generic scatter leaf runs it
             return Route(name, tuple(found), tuple(sorted({factors[n][0] for n in swaps})), out_swapped)
     return None
 
