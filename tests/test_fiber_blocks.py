@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 from test_looptree import both_threads, rand_csr
 
 import spfuse
+from spfuse import api as spfuse_api
 from spfuse.api import _info, _parse
 from spfuse.passes.formats import DENSE_SCATTER_MAX
 from spfuse.planner import plan_program
+from spfuse.runtime import looptree as looptree_runtime
 from spfuse.runtime.looptree import LoopTreeBuilder, const, unary, where
 from spfuse.tensor import as_tensor
 
@@ -451,6 +453,45 @@ def test_fiber_sweep_under_a_row_loop_with_a_row_vector(m, n, K, density, seed, 
     got = both_threads(plan)["C"]
     ref = getattr(np, act)(A.toarray() @ B) if act == "tanh" else np.maximum(A.toarray() @ B, 0)
     np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-12)
+
+
+def test_tensor_vector_products_sweep_a_gather_dot_per_position():
+    """TTV over a CSF tensor, as the planner spells it (``A[i,j] =
+    X[i,j,k]*c[k]`` into a row workspace, and the 4-D ``A[i,j] =
+    X[i,j,k,l]*d[l]*c[k]`` through a position temporary): the loop over the
+    fiber above the last level is swept, one gather-dot per position; values
+    against numpy, 1 and 2 threads bitwise."""
+    rng = np.random.default_rng(4)
+    for shape in ((7, 6, 9), (5, 4, 6, 7), (3, 0, 4), (6, 5, 8, 9)):
+        dense = rng.standard_normal(shape) * (rng.random(shape) < 0.3)
+        dense[0] = 0.0          # an empty slice
+        X = spfuse.Tensor.from_numpy(dense, format="csf")
+        vecs = [rng.standard_normal(s) for s in shape[2:]]
+        names = "kl"[:len(vecs)]
+        text = f"A[i,j] = X[i,j,{','.join(names)}] * " + " * ".join(f"{n}v[{n}]" for n in names)
+        ops = {f"{n}v": v for n, v in zip(names, vecs, strict=True)}
+        plans: list = []
+
+        def capture(plan, plans=plans, real=looptree_runtime.run, **k):
+            plans.append(plan)
+            return real(plan, **k)
+
+        with pytest.MonkeyPatch.context() as mp:
+            # the generic executor, not the catalogue's TTV template
+            mp.setattr(spfuse_api, "_template", lambda plan: None)
+            mp.setattr(spfuse_api, "_dispatch_cache", {})
+            mp.setattr(looptree_runtime, "run", capture)
+            got = spfuse.evaluate(text, X=X, num_threads=1, **ops)
+            again = spfuse.evaluate(text, X=X, num_threads=2, **ops)
+        if X.nnz:
+            sweep, leaf = _sweep_kinds(plans[0])[:2]
+            assert 2 in sweep and 3 in leaf, (shape, plans[0].describe())  # a fiber sweep, gather-dot leaf
+        got, again = (g.toarray() if hasattr(g, "toarray") else g for g in (got, again))
+        np.testing.assert_array_equal(got, again)
+        want = dense
+        for v in reversed(vecs):
+            want = want @ v
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_a_position_temporary_read_after_its_fiber_loop_is_no_sweep():

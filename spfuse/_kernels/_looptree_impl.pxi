@@ -73,6 +73,7 @@ cdef enum:
     # dense leaves of a sweep's fiber loop (loop_leaf)
     LEAF_DOT = 1
     LEAF_AXPY = 2
+    LEAF_GDOT = 3
 
     # how a loop runs as a sweep (loop_sweep)
     SWEEP_ROWS = 1
@@ -1445,7 +1446,7 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
     cdef VDesc v
     cdef int64_t aop = P.stmt_op[s]
     cdef int64_t r = P.stmt_target[s]
-    cdef int64_t rs, base, so, sf, e, g
+    cdef int64_t rs, base, so, sf, e, g, buf_b
     cdef double* buf
     cdef double* dst
     if fiber and aop == A_SUM and P.stmt_tkind[s] == T_BUF:
@@ -1461,6 +1462,18 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
             if sf != 0 and _sw_scatter_axpy(P, C, W, s, buf, so, sf):
                 return
     v = _sw_eval(P, C, W, fiber, s, n, sc)
+    if P.stmt_tkind[s] == T_WS:                 # a row workspace, in position order
+        base = _sw_terms(P, C, r, W.vo, W.vf if fiber else -1, &so, &sf)
+        buf_b = P.bref_buf[r]
+        if not fiber:
+            for e in range(n):
+                ws_apply(P, C, buf_b, base + so * (W.r0 + e), aop, v.p[e * v.inc])
+        else:
+            for g in range(W.nseg):
+                for e in range(W.seg[g], W.seg[g + 1]):
+                    ws_apply(P, C, buf_b, base + so * (W.r0 + W.segrow[g]) + sf * W.crd[e], aop,
+                             v.p[e * v.inc])
+        return
     if P.stmt_tkind[s] == T_PATTERN:            # the fiber driver's pattern
         buf = C.buf[P.pat_buf[r]]
         if W.posv == NULL:
@@ -1641,6 +1654,56 @@ cdef void _sw_axpy(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept 
                     dst[k * sk] += x * src[k]
 
 
+cdef void _sw_gdot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """A sparse gather-dot leaf (:func:`_gdot_leaf`) at every position of the
+    chunk: ``T[...] += sum_q a[q] * v[crd[q]]`` over the fiber under
+    position e, each product added in turn, positions in order (bitwise the
+    element walk; a workspace entry's first write sets it)."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t s = P.node_arg[node + 1]
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t r = P.stmt_target[s]
+    cdef int64_t b = P.bref_buf[r]
+    cdef int64_t Ld = P.loop_levs[P.loop_lev_start[lid]]
+    cdef const idx_t* pos = P.lev_pos[Ld]
+    cdef const idx_t* crd = P.lev_crd[Ld]
+    cdef bint temp = P.buf_rslot[b] >= 0 and P.buf_postemp[b] != 0
+    cdef bint ws = P.stmt_tkind[s] == T_WS
+    cdef double* t = C.sw_t + P.buf_rslot[b] * SW if temp else NULL
+    cdef int64_t ra = P.code[pc + 1], rb = P.code[pc + 3]
+    cdef const double* a
+    cdef const double* v
+    cdef int64_t e, g, q, p, q0, q1, base = 0, so = 0, sf = 0, off
+    cdef double x
+    cdef double* dst
+    if P.acc_last[ra] != Ld:
+        ra, rb = rb, ra
+    a = P.acc_vals[ra]
+    v = P.acc_vals[rb]
+    if not temp:
+        base = _sw_terms(P, C, r, W.vo, W.vf, &so, &sf) + so * W.r0
+    for g in range(W.nseg):
+        for e in range(W.seg[g], W.seg[g + 1]):
+            p = W.q0 + e if W.posv == NULL else W.posv[e]
+            q0 = pos[p]
+            q1 = pos[p + 1]
+            C.work += q1 - q0
+            if temp:
+                dst = t + e
+            else:
+                if q0 == q1:
+                    continue                # the walk never touches the target
+                off = base + so * W.segrow[g] + sf * W.crd[e]
+                if ws:                      # the first product marks (or adds to) the entry
+                    ws_apply(P, C, b, off, A_SUM, a[q0] * v[crd[q0]])
+                    q0 += 1
+                dst = C.buf[b] + off
+            x = dst[0]
+            for q in range(q0, q1):
+                x += a[q] * v[crd[q]]
+            dst[0] = x
+
+
 cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
     """The fiber loop's children over the chunk's ``n`` positions."""
     cdef int64_t c = node + 1
@@ -1659,8 +1722,10 @@ cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, i
                 t[e] = val
         elif P.loop_leaf[P.node_arg[c]] == LEAF_DOT:
             _sw_dot(P, C, W, c, n)
-        else:
+        elif P.loop_leaf[P.node_arg[c]] == LEAF_AXPY:
             _sw_axpy(P, C, W, c, n)
+        else:
+            _sw_gdot(P, C, W, c, n)
         c = P.node_end[c]
 
 
@@ -2230,6 +2295,40 @@ def _dot_leaf(keep, node):
     return int(s)
 
 
+def _gdot_leaf(keep, node, parent):
+    """The statement of loop ``node`` when it is a sparse gather-dot leaf --
+    one compressed driver whose parent level is ``parent`` (the enclosing
+    fiber loop's driver), any other level it locates dense, and only child
+    ``T[...] += a * v`` with ``a`` the driver's values, ``v`` a dense vector
+    read at the coordinates and ``T`` a buffer or row workspace not indexed
+    by the loop -- else -1.  Sweeps run it as one gather-dot per position of
+    the enclosing fiber (TTV's leaf)."""
+    lid = keep["node_arg"][node]
+    if (keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_INTERSECT
+            or keep["loop_ndrv"][lid] != 1):
+        return -1
+    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
+        return -1
+    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
+    Ld = mine[0]
+    if (keep["lev_kind"][Ld] != L_COMPRESSED or keep["lev_parent"][Ld] != parent
+            or any(keep["lev_kind"][L] != L_DENSE for L in mine[1:])):
+        return -1
+    s = keep["node_arg"][node + 1]
+    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
+    if (keep["stmt_tkind"][s] not in (T_BUF, T_WS) or keep["stmt_op"][s] != A_SUM or len(code) != 5
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
+        return -1
+    t = keep["stmt_target"][s]
+    t0 = keep["bref_tstart"][t]
+    if keep["loop_var"][lid] in keep["term_var"][t0:t0 + keep["bref_nterm"][t]]:
+        return -1
+    lasts = sorted([keep["acc_last"][code[1]], keep["acc_last"][code[3]]], key=lambda L: L != Ld)
+    if lasts[0] != Ld or lasts[1] == Ld or lasts[1] not in mine or keep["lev_parent"][lasts[1]] >= 0:
+        return -1
+    return int(s)
+
+
 def _axpy_leaf(keep, node):
     """The statement of loop ``node`` when it is a dense axpy leaf -- a DENSE
     loop over dense levels whose only child is ``T[..., k] += x * b[..., k]``
@@ -2291,19 +2390,23 @@ def _fiber_children(keep, c, leaf):
     while cc < node_end[c]:
         if node_kind[cc] == N_RESET:       # a position temporary's
             out.append(("preset", cc, node_arg[cc], vf))
-        elif node_kind[cc] == N_LOOP:      # a dense dot or axpy per position
+        elif node_kind[cc] == N_LOOP:      # a dense dot or axpy, or a sparse gather-dot, per position
             s = _dot_leaf(keep, cc)
             leaf[node_arg[cc]] = LEAF_DOT
             if s < 0:
                 s = _axpy_leaf(keep, cc)
                 leaf[node_arg[cc]] = LEAF_AXPY
             if s < 0:
+                s = _gdot_leaf(keep, cc, mine[0])
+                leaf[node_arg[cc]] = LEAF_GDOT
+            if s < 0:
                 return None
             out.append(("fiber", cc + 1, s, vf))
         elif node_kind[cc] == N_STMT:
             s = node_arg[cc]
             tk = keep["stmt_tkind"][s]
-            if not (tk == T_BUF or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine[0])):
+            if not (tk == T_BUF or tk == T_WS
+                    or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine[0])):
                 return None
             out.append(("fiber", cc, s, vf))
         else:
@@ -2344,9 +2447,9 @@ def _sweep_buffers(keep, private, order, o, vo, everywhere):
             first_ref.setdefault(b, "read")
             refs.setdefault(b, []).append(("read", terms(r), vf))
         t = keep["stmt_target"][x]
-        if keep["stmt_tkind"][x] == T_BUF:
+        if keep["stmt_tkind"][x] in (T_BUF, T_WS):
             b = int(keep["bref_buf"][t])
-            if (role == "fiber" and b not in first_ref and keep["stmt_op"][x] == A_ASSIGN
+            if (role == "fiber" and b not in first_ref and keep["stmt_tkind"][x] == T_BUF and keep["stmt_op"][x] == A_ASSIGN
                     and keep["bref_nterm"][t] == 0):
                 # a 0-d value assigned at each fiber position before any
                 # read: a position temporary, like a reset one
