@@ -223,7 +223,11 @@ def _task_memory(program: str, operands: dict) -> dict:
             best = (key, size, vals)
     key, size, vals = best
     task = graph[key]
-    args = [vals.get(a, a) if not isinstance(a, (list, dict)) else a for a in task[1:]]
+    def resolve(a):  # a key's value; a nested list of chunk keys element-wise
+        if isinstance(a, list):
+            return [resolve(x) for x in a]
+        return vals.get(a, a) if not isinstance(a, dict) else a
+    args = [resolve(a) for a in task[1:]]
     gc.collect()
     tracemalloc.start()
     task[0](*args)

@@ -26,7 +26,7 @@ import scipy.sparse as sp
 from spfuse.dask.partition import slice_block
 from spfuse.tensor import Tensor
 
-__all__ = ["CellRunner", "CellSlices", "run_cell", "like_meta", "empty_like_meta"]
+__all__ = ["CellRunner", "CellSlices", "run_cell", "joined", "like_meta", "empty_like_meta"]
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,24 @@ def empty_like_meta(meta: Any, shape: tuple) -> Any:
                            format=meta.format)
 
 
+def joined(block: Any) -> Any:
+    """A dense operand given in chunks (a nested list, one level per axis) as one array.
+
+    >>> joined([[np.ones((1, 2))], [np.zeros((2, 2))]]).shape, joined(np.ones(3)).shape
+    ((3, 2), (3,))
+    """
+    return np.block(block) if isinstance(block, list) else block
+
+
 def run_cell(runner: CellRunner, slices: CellSlices, *blocks: Any) -> Any:
     """Run ``runner``'s kernel on one block of each operand (cut by ``slices``).
 
+    An operand arriving as a nested list of chunks is joined first (:func:`joined`).
     Returns the one result, or a dict of results for multi-result programs.
     """
     operands = {}
     for name, block, cuts in zip(runner.names, blocks, slices.cuts, strict=True):
+        block = joined(block)
         for axis, lo, hi in cuts:
             block = slice_block(block, axis, lo, hi)
         operands[name] = block

@@ -189,26 +189,6 @@ def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: i
     return set(best), tuple(choices)
 
 
-def _merge_traffic(lay: Any, nworkers: int) -> tuple:
-    """``(bytes, transfers, tasks)`` of merging broadcast factors given in several chunks into one.
-
-    The chunks are taken as spread round-robin; the merging worker already
-    holds its share and receives the rest (one merge task per factor).
-    """
-    nbytes = transfers = tasks = 0
-    for o in lay.operands:
-        src = o.source
-        if src is None or o.sparse or any(len(c) > 1 for c in o.array.chunks):
-            continue
-        n = int(np.prod(src.numblocks))
-        if n > 1:
-            held = min(nworkers, n)
-            nbytes += int(src.nbytes * (1 - 1 / held))
-            transfers += n - -(-n // held)
-            tasks += 1
-    return nbytes, transfers, tasks
-
-
 def _func_of(task: Any):
     """The callable of a graph value (legacy tuple or Task), unwrapped from partials."""
     func = task[0] if isinstance(task, tuple) and task and callable(task[0]) else getattr(task, "func", None)
@@ -394,11 +374,6 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     # a placement may name several workers: replicas Dask keeps after earlier transfers
     held = {k: set(w) if isinstance(w, (set, frozenset, tuple, list)) else {w} for k, w in where.items()}
     out.placed.update({k: min(h) for k, h in held.items()})
-    merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
-    if nworkers > 1:
-        out.per_worker[0] += merged
-        out.transfers[0] += merges
-    out.tasks += merge_tasks
     order = _topological(graph, set(where))
     # a key that most tasks read (a broadcast factor, the plan) ends up on every
     # worker anyway: it does not decide where a task runs

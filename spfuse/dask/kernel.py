@@ -341,7 +341,9 @@ class DaskKernel:
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")
             arr = obj
             if not sparse:
-                target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape, strict=True))
+                # an axis no dimension partitions keeps its chunks: every task reads all of
+                # them (each worker fetches the ones it lacks once) and joins them itself
+                target = tuple(d[2] if d is not None else cs for d, cs in zip(dims, obj.chunks, strict=True))
                 if target != obj.chunks:
                     arr = obj.rechunk(target)
         elif sp.issparse(obj) or (isinstance(obj, Tensor) and not obj.format.is_dense):
@@ -505,19 +507,25 @@ class DaskKernel:
 
     @staticmethod
     def _cell_inputs(lay: Layout, cell: tuple, skip_dim=None):
-        """The block key of every operand for ``cell``, and the cuts its task applies."""
+        """The block key of every operand for ``cell``, and the cuts its task applies.
+
+        An operand chunked along an axis that no dimension partitions (a
+        broadcast factor given in chunks) is passed as the nested list of all
+        its chunk keys along such axes (:func:`spfuse.dask.blocks.joined`
+        assembles it in the task): Dask then moves each chunk to a worker at
+        most once, and nothing merges the chunks and ships the merge again."""
         keys, cuts = [], []
         for o in lay.operands:
             blk, cut = [], []
             for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked, strict=True)):
                 b = cell[lay.grid.index(d)] if d is not None else 0
                 if blocked:
-                    blk.append(b)
+                    blk.append([b])
                 else:
-                    blk.append(0)
+                    blk.append(range(o.array.numblocks[axis]) if d is None else [0])
                     if d is not None and d != skip_dim:
                         cut.append((axis,) + lay.block_range(d, b))
-            keys.append((o.array.name,) + tuple(blk))
+            keys.append(_chunk_keys(o.array.name, blk))
             cuts.append(tuple(cut))
         return keys, cuts
 
@@ -664,6 +672,23 @@ class _Pin:
     def __call__(self, key: Any) -> list:
         w = self.placed.get(key)
         return list(self.addrs) if w is None else [self.addrs[w]]
+
+
+def _chunk_keys(name: str, per_axis: list) -> Any:
+    """The key of the one chunk ``per_axis`` (chunk indices per axis) selects;
+    when it selects several, their keys as a nested list one level per axis
+    (what :func:`numpy.block` joins).
+
+    >>> _chunk_keys("x", [[1], [0]]), _chunk_keys("x", [range(2), [0]])
+    (('x', 1, 0), [[('x', 0, 0)], [('x', 1, 0)]])
+    """
+    def nest(prefix: tuple) -> Any:
+        if len(prefix) == len(per_axis):
+            return (name,) + prefix
+        return [nest(prefix + (c,)) for c in per_axis[len(prefix)]]
+    if all(len(c) == 1 for c in per_axis):
+        return (name,) + tuple(c[0] for c in per_axis)
+    return nest(())
 
 
 def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
