@@ -269,7 +269,7 @@ class DaskKernel:
         spfuse.dask plan for 'C[i,k] = A[i,j] * B[j,k]' on 4 worker(s), strategy reduce, 4 cell task(s)
           A: sparse, row blocks (100, 100, 100, 100)
           B: dense, broadcast
-          B (0.02 MiB): broadcast -- broadcast 0.11 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
+          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
         """
         lay = self.layout(**operands)
         lines = [f"spfuse.dask plan for {self.text!r} on {lay.nworkers} worker(s), strategy "
