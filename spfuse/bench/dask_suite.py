@@ -271,39 +271,90 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
     return results
 
 
+def _forget(client, persisted: dict) -> None:
+    """Release persisted operands and wait until the scheduler has forgotten them
+    (with them, the replicas earlier runs left on other workers)."""
+    import dask.array as da
+    futures = client.futures_of([v for v in persisted.values() if isinstance(v, da.Array)])
+    keys = {f.key for f in futures}
+    del futures
+    persisted.clear()
+    deadline = time.perf_counter() + 30
+    while time.perf_counter() < deadline and client.run_on_scheduler(
+            lambda dask_scheduler, keys=keys: any(k in dask_scheduler.tasks for k in keys)):
+        time.sleep(0.02)
+
+
 def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[dict]:
     """Predicted vs measured bytes: pinned where the model places each task
-    (:meth:`~spfuse.dask.DaskKernel.pinned`), and left to Dask's own placement."""
+    (:meth:`~spfuse.dask.DaskKernel.pinned`), and left to Dask's own placement.
+
+    Each measurement starts from freshly persisted operands and predicts from
+    where they are then (:func:`~spfuse.dask.placement_of`): a run leaves
+    replicas of what it moved, which the next run would not move again.  For
+    Dask's placement the task stream says where each task ran; ``elsewhere``
+    counts the tasks Dask ran on another worker than the model placed them.
+    ``auto`` is the plan a plain call makes (dense factors broadcast or
+    partitioned by the cost model); ``reduce``/``gather`` partition every
+    chunked dense factor (``broadcast_bytes=0``).
+    """
+    import distributed
+
     import spfuse.dask as sfd
+    from spfuse.dask.cost import placement_of, predict_bytes
     from spfuse.errors import UnsupportedError
     cluster, client = _cluster(2, memory_limit)
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     rows_out = []
 
-    def moved(graph, **compute_kw) -> int:
+    def moved(graph, **compute_kw) -> tuple:
         t0 = sfd.transfer_marks(client)
-        client.compute(graph, **compute_kw).result()
-        return sum(sfd.measured_transfers(client, since=t0).values())
+        with distributed.get_task_stream(client) as stream:
+            client.compute(graph, **compute_kw).result()
+        ran = {r["key"]: addrs.index(r["worker"]) for r in stream.data}
+        return sum(sfd.measured_transfers(client, since=t0).values()), ran
 
     try:
         for kernel in kernels:
             program, ops = weak_scaling_inputs(kernel, 2, rows)
-            for strategy in ("reduce", "gather"):
-                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0, nworkers=2)
+            for strategy in ("auto", "reduce", "gather"):
+                kw = dict(strategy=strategy) if strategy == "auto" else dict(strategy=strategy, broadcast_bytes=0)
+                k = sfd.compile(program, nworkers=2, **kw)
                 lay = k.layout(**ops)
                 persisted = _persist(client, {o.name: o.array for o in lay.operands})
                 try:
                     graph, predicted = k.pinned(client, **persisted)
                 except UnsupportedError as exc:  # gather does not apply to this kernel
                     rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, note=str(exc)[:60]))
+                    _forget(client, persisted)
                     continue
-                measured = moved(graph, optimize_graph=False)  # Dask's optimisation drops annotations
-                free = moved(k(**persisted))
-                rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, predicted=predicted.total,
-                                     measured=measured, error=(predicted.total - measured) / max(measured, 1),
-                                     unpinned=free, unpinned_error=(predicted.total - free) / max(free, 1)))
+                measured, _ = moved(graph, optimize_graph=False)  # Dask's optimisation drops annotations
+                _forget(client, persisted)
+                persisted = _persist(client, {o.name: o.array for o in lay.operands})
+                lay = k.layout(**persisted)
+                used = k.choose_strategy(lay)
+                built = k._build(lay, used)
+                before = placement_of(client, [o.array for o in lay.operands])
+                free_predicted = predict_bytes(k, lay, used, before, 2, built=built)
+                free, ran = moved(built[0], optimize_graph=False)  # same keys as the prediction's
+                elsewhere = [key for key, w in ran.items() if key in free_predicted.placed
+                             and free_predicted.placed[key] != w]
+                # the same model told where Dask ran each task: what is left is the byte accounting
+                given = predict_bytes(k, lay, used, before, 2, built=built, tasks_on=ran).total
+                _forget(client, persisted)
+                rows_out.append(dict(study="comm", kernel=kernel, strategy=used if strategy != "auto" else
+                                     f"auto: {used}" + "".join(f", {f.name} {f.choice}" for f in lay.factors),
+                                     predicted=predicted.total, measured=measured,
+                                     error=(predicted.total - measured) / max(measured, 1),
+                                     free_predicted=free_predicted.total, unpinned=free,
+                                     unpinned_error=(free_predicted.total - free) / max(free, 1),
+                                     tasks=len([key for key in ran if key in free_predicted.placed]),
+                                     elsewhere=len(elsewhere), given=given,
+                                     given_error=(given - free) / max(free, 1)))
                 print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B "
-                      f"pinned, {free} B placed by Dask", file=out)
-                del persisted, graph
+                      f"pinned; predicted {free_predicted.total} B, measured {free} B placed by Dask "
+                      f"({len(elsewhere)} task(s) not where the model put them; {given} B predicted from where Dask ran "
+                      "them)", file=out)
     finally:
         client.close()
         cluster.close()
@@ -499,14 +550,20 @@ def format_tables(rows: list[dict]) -> str:
     if comm:
         out += ["", "communication on 2 workers: predicted (cost model) vs measured (transfer logs); target 15%;",
                 "pinned = every task where the model places it; by Dask = Dask's occupancy-driven placement",
-                report._grid(["kernel", "strategy", "predicted", "measured pinned", "error", "measured by Dask",
-                              "error"],
+                "(fresh operands for each; elsewhere = tasks Dask ran on another worker than the model placed them;",
+                "given Dask's = the model told where Dask ran each task, from the task stream)",
+                report._grid(["kernel", "strategy", "predicted", "measured pinned", "error", "predicted",
+                              "measured by Dask", "error", "elsewhere", "given Dask's", "error"],
                              [[r["kernel"], r["strategy"],
                                f"{r['predicted'] / 2**20:.2f} MiB" if "predicted" in r else "n/a",
                                f"{r['measured'] / 2**20:.2f} MiB" if "measured" in r else "n/a",
                                f"{r['error']:+.1%}" if "error" in r else r.get("note", ""),
-                               f"{r['unpinned'] / 2**20:.2f} MiB" if "unpinned" in r else "n/a",
-                               f"{r['unpinned_error']:+.0%}" if "unpinned_error" in r else ""] for r in comm])]
+                               f"{r['free_predicted'] / 2**20:.2f} MiB" if "free_predicted" in r else "",
+                               f"{r['unpinned'] / 2**20:.2f} MiB" if "unpinned" in r else "",
+                               f"{r['unpinned_error']:+.0%}" if "unpinned_error" in r else "",
+                               f"{r['elsewhere']}/{r['tasks']}" if "tasks" in r else "",
+                               f"{r['given'] / 2**20:.2f} MiB" if "given" in r else "",
+                               f"{r['given_error']:+.1%}" if "given_error" in r else ""] for r in comm])]
     peers = [r for r in rows if r["study"] == "peers"]
     if peers:
         out += ["", "spfuse.dask vs dask.array of pydata sparse chunks (2 workers; ratio > 1: spfuse faster)",

@@ -336,7 +336,8 @@ def _default_placement(lay: Any, nworkers: int) -> dict:
 
 
 def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | None = None,
-                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None) -> CommCost:
+                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None,
+                  tasks_on: Mapping | None = None) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
@@ -351,6 +352,9 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     blocks to the one worker that joins them (what ``compute()`` does; not
     ``persist()``).  ``built``: the ``(results, metas)`` of ``kernel._build``
     when the graph is already built (its keys then get ``CommCost.placed``).
+    ``tasks_on``: task key -> worker index for tasks whose worker is known
+    (where Dask ran them, from its task stream): those are not placed by the
+    rule below, so the bytes of a run are predicted from its real placement.
     Programs with one result only.
 
     A task is placed on the worker holding most of its input bytes; workers
@@ -399,7 +403,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
             for w in held.get(d, ()):
                 by_worker[w] += sizes.of(d)
         near = np.flatnonzero(by_worker >= by_worker.max() * (1 - _TIE))
-        w = int(near[np.argmin(load[near])])
+        w = int(near[np.argmin(load[near])]) if not tasks_on or key not in tasks_on else int(tasks_on[key])
         if _func_of(task) in _WORK:
             load[w] += sum(sizes.of(d) for d in local)
         out.placed[key] = w
