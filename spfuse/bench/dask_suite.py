@@ -353,8 +353,8 @@ def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[d
                                      given_error=(given - free) / max(free, 1)))
                 print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B "
                       f"pinned; predicted {free_predicted.total} B, measured {free} B placed by Dask "
-                      f"({len(elsewhere)} task(s) not where the model put them; {given} B predicted from where Dask ran "
-                      "them)", file=out)
+                      f"({len(elsewhere)} task(s) not where the model put them; {given} B predicted from where "
+                      "Dask ran them)", file=out)
     finally:
         client.close()
         cluster.close()
