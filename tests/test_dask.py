@@ -682,3 +682,21 @@ def test_the_model_told_where_dask_ran_each_task_predicts_the_measured_bytes(cli
     np.testing.assert_allclose(got, A @ (B + 1))
     assert all(predicted.placed[key] == w for key, w in ran.items() if key in predicted.placed)
     assert abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_joined_chunks_are_reused_while_the_same_chunks_live():
+    from spfuse.dask import blocks
+    a, b = np.ones((2, 3)), np.zeros((1, 3))
+    first = blocks.joined([[a], [b]])
+    assert first is blocks.joined([[a], [b]])  # the second task on a worker reuses the join
+    assert not first.flags.writeable and not np.shares_memory(first, a)
+    c = b.copy()
+    again = blocks.joined([[a], [c]])  # other chunk objects: joined anew
+    assert again is not first
+    np.testing.assert_array_equal(again, np.vstack([a, c]))
+    key = (id(a), id(c))
+    assert key in blocks._JOINED
+    del c, again
+    import gc
+    gc.collect()
+    assert key not in blocks._JOINED  # a dead chunk takes its entry with it
