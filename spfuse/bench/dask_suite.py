@@ -181,15 +181,23 @@ def _median_run(client, make, repeat: int) -> dict:
     """Median over ``repeat`` runs (after a warm-up: imports, plan caches on the
     workers) of the wall time and of what a loaded machine does not distort
     much: CPU seconds of all worker processes, tasks, bytes moved between workers."""
+    import distributed
+
     import spfuse.dask as sfd
     _run_once(client, make)
-    runs = []
+    runs, spread = [], []
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     for _ in range(repeat):
         cpu0, marks = sum(client.run(_worker_cpu).values()), sfd.transfer_marks(client)
-        seconds = _run_once(client, make)
+        with distributed.get_task_stream(client) as stream:
+            seconds = _run_once(client, make)
         runs.append(dict(seconds=seconds, worker_cpu=sum(client.run(_worker_cpu).values()) - cpu0,
                          moved=sum(sfd.measured_transfers(client, since=marks).values())))
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        blocks = [r["worker"] for r in stream.data if str(r["key"][0]).startswith("spfuse-block")]
+        spread.append(tuple(blocks.count(a) for a in addrs))
+    # block tasks per worker over all timed runs: does Dask use every worker?
+    return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+            "blocks_per_worker": "/".join(str(sum(c)) for c in zip(*spread, strict=True))}
 
 
 def _peak_rss(client) -> dict:
@@ -246,6 +254,7 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
                 k = sfd.compile(program, nworkers=nworkers)
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # before the runs
                 run = _median_run(client, functools.partial(k, **ops), repeat)
                 t = run["seconds"]
                 lay = k.layout(**ops)
@@ -257,7 +266,8 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 tasks = len(set(arr.__dask_graph__()) - given)  # the call's own tasks
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
                                     seconds=t, worker_cpu=run["worker_cpu"], moved=run["moved"], tasks=tasks,
-                                    load=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+                                    blocks_per_worker=run["blocks_per_worker"],
+                                    load=load,
                                     strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}, workers' CPU "
                       f"{report.fmt_time(run['worker_cpu'])}, {tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
@@ -524,17 +534,21 @@ def format_tables(rows: list[dict]) -> str:
                 cpu = [t[w].get("worker_cpu") for w in (1, 2)]
                 table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
                               report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
-                              f"{t[2].get('load', float('nan')):.1f}",
+                              f"{t[1].get('load', float('nan')):.1f}/{t[2].get('load', float('nan')):.1f}",
                               *[report.fmt_time(c) if c else "n/a" for c in cpu],
                               f"{2 * cpu[0] / cpu[1]:.0%}" if cpu[0] and cpu[1] else "n/a",
                               f"{t[1].get('tasks', '?')}/{t[2].get('tasks', '?')}",
+                              t[2].get("blocks_per_worker", "?"),
                               f"{t[2].get('moved', 0) / 2**20:.1f} MiB", t[2]["strategy"]])
         base = next((r["efficiency"] for r in rows if r["study"] == "machine"), None)
         note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
-        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note});",
+        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note}); load 1/2 = 1-min load average",
+                "before the 1- and 2-worker runs;",
                 "CPU = all worker processes' CPU seconds per call; CPU efficiency = 2 x CPU@1 / CPU@2",
-                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load", "CPU@1", "CPU@2",
-                              "CPU eff.", "tasks 1/2", "moved@2", "strategy"], table)]
+                "blocks@2 = block tasks each worker ran over the timed runs; moved@2 = median bytes between workers",
+                "per call (a warm-up call ran first: chunks a worker fetched stay there as replicas)",
+                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load 1/2", "CPU@1", "CPU@2",
+                              "CPU eff.", "tasks 1/2", "blocks@2", "moved@2", "strategy"], table)]
     rss = [r for r in rows if r["study"] == "rss"]
     if rss:
         out += ["", "peak resident set per worker process (after the weak-scaling runs)",
