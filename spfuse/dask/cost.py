@@ -19,7 +19,18 @@ Placement follows Dask's locality rule: operand blocks sit where they were
 put (``placement``, e.g. ``client.who_has`` after ``persist``) or, if not
 given, row block ``b`` on worker ``b mod W`` and broadcast operands on
 worker 0; a task runs on the worker holding most of its input bytes (ties:
-lower worker); each input not there is moved once per worker.
+lower worker); each input not there is moved once per worker -- a
+broadcast factor's chunks too, since every block task reads them all.
+
+That is the placement :meth:`~spfuse.dask.DaskKernel.pinned` requests, and
+then the bytes are exact.  Dask's own placement is decided at run time: a
+task goes to the holder of one of its inputs with the least
+``occupancy + missing bytes / bandwidth``, where occupancy comes from the
+durations Dask measured for earlier tasks of the same name prefix and the
+bandwidth is its running estimate; work stealing then moves queued tasks,
+and the active memory manager drops replicas every few seconds.  None of
+that is known before running; told where Dask ran each task
+(``predict_bytes(..., tasks_on=)``), the model gives the measured bytes.
 
 :func:`project` turns a prediction into a runtime estimate for ``W``
 workers from bandwidth, latency and per-task scheduler cost.

@@ -3,7 +3,9 @@
 Planning happens once, on the client:
 
 1. every operand is brought into the graph -- sparse dask arrays as they
-   are (row blocks), dense dask arrays rechunked to match, numpy arrays and
+   are (row blocks), dense dask arrays rechunked to match along partitioned
+   indices (a broadcast one keeps its chunks: each block task reads them all
+   and :func:`spfuse.dask.blocks.joined` joins them once per worker), numpy arrays and
    scipy matrices wrapped (one chunk when broadcast, row blocks when
    partitioned);
 2. :mod:`spfuse.dask.classify` decides which indices are distributed,
