@@ -92,7 +92,6 @@ class OperandLayout:
     sparse: bool
     dims: tuple
     blocked: tuple
-    source: Any = None  # the dask array given, when it was rechunked to ``array``
 
 
 @dataclass(frozen=True)
@@ -360,8 +359,7 @@ class DaskKernel:
             arr = da.from_array(dense, chunks=chunks,
                                 name=f"spfuse-dense-{name}-{dask.base.tokenize(dense, chunks)}")
         blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks, strict=True))
-        source = obj if isinstance(obj, da.Array) and arr is not obj else None
-        return OperandLayout(name, arr, sparse, tuple(dims), blocked, source)
+        return OperandLayout(name, arr, sparse, tuple(dims), blocked)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
         """The cells of the block grid that some result needs, minus pruned ones."""
