@@ -613,3 +613,90 @@ def test_planning_decisions_and_metas_are_reused_across_calls(rng, monkeypatch):
     assert calls == {"decide": 2, "metas": 1}
     sfd.compile(SPMM, nworkers=1)(**ops)  # another kernel (other cluster size): its own decision
     assert calls["decide"] == 3
+
+
+def test_a_chunked_broadcast_factor_is_read_chunk_by_chunk_not_merged(run, rng):
+    """D and E broadcast but given in row chunks: no task merges them (a merged
+    copy was the largest input of every block task, so Dask ran the blocks on
+    the worker holding it); each block task reads every chunk itself."""
+    B = power_law(rng, 300, 300)
+    C, D, E = rng.random((300, 3)), rng.random((300, 3)), rng.random((300, 4))
+    ops = dict(B=sfd.from_scipy(B, chunks=(100,) * 3), C=C,
+               D=da.from_array(D, chunks=(100, 3)), E=da.from_array(E, chunks=((50, 150, 100), (2, 2))))
+    k = sfd.compile(SDDMM_SPMM, broadcast_bytes=2**30, nworkers=1)
+    assert {f.choice for f in k.layout(**ops).factors} == {"broadcast"}
+    A = k(**ops)
+    graph = dict(A.__dask_graph__())
+    assert not [key for key in graph if "rechunk" in str(key)]
+    cells = [key for key in graph if str(key[0] if isinstance(key, tuple) else key).startswith("spfuse-block")]
+    assert len(cells) == 3
+    from dask.core import get_dependencies
+    for cell in cells:
+        deps = get_dependencies(graph, cell)
+        assert {d for d in deps if d[0] == ops["D"].name} == {(ops["D"].name, c, 0) for c in range(3)}
+        assert {d for d in deps if d[0] == ops["E"].name} == {(ops["E"].name, c, h) for c in range(3) for h in range(2)}
+    assert_same(run(A), spfuse.evaluate(SDDMM_SPMM, B=B, C=C, D=D, E=E))
+
+
+def test_chunked_broadcast_moves_each_chunk_once_per_worker(rng):
+    """The model: every worker fetches each chunk it lacks once, whatever
+    number of its block tasks read it."""
+    A = power_law(rng, 400, 400)
+    B = da.from_array(rng.random((400, 8)), chunks=(100, 8))
+    k = sfd.compile(SPMM, broadcast_bytes=2**30, nworkers=2, strategy="reduce")
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 4), B=B)
+    lay = k.layout(**ops)
+    assert [f.choice for f in lay.factors] == ["broadcast"]
+    c = k.cost(nworkers=2, finalize=False, **ops)
+    chunk = 100 * 8 * 8
+    moved = [(key, w) for key, w, _ in c.moved if key[0] == B.name]
+    assert len(moved) == len(set(moved)) == 4  # two chunks to each worker, once each
+    assert sorted(w for _, w in moved) == [0, 0, 1, 1]
+    assert all(b == chunk for key, _, b in c.moved if key[0] == B.name)
+
+
+def test_the_model_told_where_dask_ran_each_task_predicts_the_measured_bytes(client, rng):
+    """Dask's own placement (occupancy from measured durations, its bandwidth
+    estimate, work stealing) is decided at run time; given where it ran each
+    task (the task stream), the model's byte count equals the transfer logs."""
+    distributed = pytest.importorskip("distributed")
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    k = sfd.compile(SPMM, strategy="reduce", broadcast_bytes=0)
+    lay = k.layout(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B + 1, chunks=(500, 16)))
+    ops = {o.name: client.persist(o.array) for o in lay.operands}
+    with client.as_current():
+        distributed.wait(list(ops.values()))
+    sfd.partition._remember(ops["A"].name, sfd.block_info(lay.operands[0].array))
+    lay = k.layout(**ops)
+    built = k._build(lay, "reduce")
+    before = sfd.placement_of(client, [o.array for o in lay.operands])
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    t0 = sfd.transfer_marks(client)
+    with distributed.get_task_stream(client) as stream:
+        got = client.compute(built[0], optimize_graph=False).result()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    ran = {r["key"]: addrs.index(r["worker"]) for r in stream.data}
+    from spfuse.dask.cost import predict_bytes
+    predicted = predict_bytes(k, lay, "reduce", before, 2, built=built, tasks_on=ran)
+    np.testing.assert_allclose(got, A @ (B + 1))
+    assert all(predicted.placed[key] == w for key, w in ran.items() if key in predicted.placed)
+    assert abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_joined_chunks_are_reused_while_the_same_chunks_live():
+    from spfuse.dask import blocks
+    a, b = np.ones((2, 3)), np.zeros((1, 3))
+    first = blocks.joined([[a], [b]])
+    assert first is blocks.joined([[a], [b]])  # the second task on a worker reuses the join
+    assert not first.flags.writeable and not np.shares_memory(first, a)
+    c = b.copy()
+    again = blocks.joined([[a], [c]])  # other chunk objects: joined anew
+    assert again is not first
+    np.testing.assert_array_equal(again, np.vstack([a, c]))
+    key = (id(a), id(c))
+    assert key in blocks._JOINED
+    del c, again
+    import gc
+    gc.collect()
+    assert key not in blocks._JOINED  # a dead chunk takes its entry with it

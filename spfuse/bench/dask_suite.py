@@ -181,15 +181,23 @@ def _median_run(client, make, repeat: int) -> dict:
     """Median over ``repeat`` runs (after a warm-up: imports, plan caches on the
     workers) of the wall time and of what a loaded machine does not distort
     much: CPU seconds of all worker processes, tasks, bytes moved between workers."""
+    import distributed
+
     import spfuse.dask as sfd
     _run_once(client, make)
-    runs = []
+    runs, spread = [], []
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     for _ in range(repeat):
         cpu0, marks = sum(client.run(_worker_cpu).values()), sfd.transfer_marks(client)
-        seconds = _run_once(client, make)
+        with distributed.get_task_stream(client) as stream:
+            seconds = _run_once(client, make)
         runs.append(dict(seconds=seconds, worker_cpu=sum(client.run(_worker_cpu).values()) - cpu0,
                          moved=sum(sfd.measured_transfers(client, since=marks).values())))
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        blocks = [r["worker"] for r in stream.data if str(r["key"][0]).startswith("spfuse-block")]
+        spread.append(tuple(blocks.count(a) for a in addrs))
+    # block tasks per worker over all timed runs: does Dask use every worker?
+    return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+            "blocks_per_worker": "/".join(str(sum(c)) for c in zip(*spread, strict=True))}
 
 
 def _peak_rss(client) -> dict:
@@ -223,7 +231,11 @@ def _task_memory(program: str, operands: dict) -> dict:
             best = (key, size, vals)
     key, size, vals = best
     task = graph[key]
-    args = [vals.get(a, a) if not isinstance(a, (list, dict)) else a for a in task[1:]]
+    def resolve(a):  # a key's value; a nested list of chunk keys element-wise
+        if isinstance(a, list):
+            return [resolve(x) for x in a]
+        return vals.get(a, a) if not isinstance(a, dict) else a
+    args = [resolve(a) for a in task[1:]]
     gc.collect()
     tracemalloc.start()
     task[0](*args)
@@ -242,6 +254,7 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 program, ops = weak_scaling_inputs(kernel, nworkers, rows)
                 ops = _persist(client, ops)
                 k = sfd.compile(program, nworkers=nworkers)
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # before the runs
                 run = _median_run(client, functools.partial(k, **ops), repeat)
                 t = run["seconds"]
                 lay = k.layout(**ops)
@@ -253,7 +266,8 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 tasks = len(set(arr.__dask_graph__()) - given)  # the call's own tasks
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
                                     seconds=t, worker_cpu=run["worker_cpu"], moved=run["moved"], tasks=tasks,
-                                    load=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
+                                    blocks_per_worker=run["blocks_per_worker"],
+                                    load=load,
                                     strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}, workers' CPU "
                       f"{report.fmt_time(run['worker_cpu'])}, {tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
@@ -267,39 +281,90 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
     return results
 
 
+def _forget(client, persisted: dict) -> None:
+    """Release persisted operands and wait until the scheduler has forgotten them
+    (with them, the replicas earlier runs left on other workers)."""
+    import dask.array as da
+    futures = client.futures_of([v for v in persisted.values() if isinstance(v, da.Array)])
+    keys = {f.key for f in futures}
+    del futures
+    persisted.clear()
+    deadline = time.perf_counter() + 30
+    while time.perf_counter() < deadline and client.run_on_scheduler(
+            lambda dask_scheduler, keys=keys: any(k in dask_scheduler.tasks for k in keys)):
+        time.sleep(0.02)
+
+
 def _communication(kernels, rows: int, memory_limit: str, out: TextIO) -> list[dict]:
     """Predicted vs measured bytes: pinned where the model places each task
-    (:meth:`~spfuse.dask.DaskKernel.pinned`), and left to Dask's own placement."""
+    (:meth:`~spfuse.dask.DaskKernel.pinned`), and left to Dask's own placement.
+
+    Each measurement starts from freshly persisted operands and predicts from
+    where they are then (:func:`~spfuse.dask.placement_of`): a run leaves
+    replicas of what it moved, which the next run would not move again.  For
+    Dask's placement the task stream says where each task ran; ``elsewhere``
+    counts the tasks Dask ran on another worker than the model placed them.
+    ``auto`` is the plan a plain call makes (dense factors broadcast or
+    partitioned by the cost model); ``reduce``/``gather`` partition every
+    chunked dense factor (``broadcast_bytes=0``).
+    """
+    import distributed
+
     import spfuse.dask as sfd
+    from spfuse.dask.cost import placement_of, predict_bytes
     from spfuse.errors import UnsupportedError
     cluster, client = _cluster(2, memory_limit)
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     rows_out = []
 
-    def moved(graph, **compute_kw) -> int:
+    def moved(graph, **compute_kw) -> tuple:
         t0 = sfd.transfer_marks(client)
-        client.compute(graph, **compute_kw).result()
-        return sum(sfd.measured_transfers(client, since=t0).values())
+        with distributed.get_task_stream(client) as stream:
+            client.compute(graph, **compute_kw).result()
+        ran = {r["key"]: addrs.index(r["worker"]) for r in stream.data}
+        return sum(sfd.measured_transfers(client, since=t0).values()), ran
 
     try:
         for kernel in kernels:
             program, ops = weak_scaling_inputs(kernel, 2, rows)
-            for strategy in ("reduce", "gather"):
-                k = sfd.compile(program, strategy=strategy, broadcast_bytes=0, nworkers=2)
+            for strategy in ("auto", "reduce", "gather"):
+                kw = dict(strategy=strategy) if strategy == "auto" else dict(strategy=strategy, broadcast_bytes=0)
+                k = sfd.compile(program, nworkers=2, **kw)
                 lay = k.layout(**ops)
                 persisted = _persist(client, {o.name: o.array for o in lay.operands})
                 try:
                     graph, predicted = k.pinned(client, **persisted)
                 except UnsupportedError as exc:  # gather does not apply to this kernel
                     rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, note=str(exc)[:60]))
+                    _forget(client, persisted)
                     continue
-                measured = moved(graph, optimize_graph=False)  # Dask's optimisation drops annotations
-                free = moved(k(**persisted))
-                rows_out.append(dict(study="comm", kernel=kernel, strategy=strategy, predicted=predicted.total,
-                                     measured=measured, error=(predicted.total - measured) / max(measured, 1),
-                                     unpinned=free, unpinned_error=(predicted.total - free) / max(free, 1)))
+                measured, _ = moved(graph, optimize_graph=False)  # Dask's optimisation drops annotations
+                _forget(client, persisted)
+                persisted = _persist(client, {o.name: o.array for o in lay.operands})
+                lay = k.layout(**persisted)
+                used = k.choose_strategy(lay)
+                built = k._build(lay, used)
+                before = placement_of(client, [o.array for o in lay.operands])
+                free_predicted = predict_bytes(k, lay, used, before, 2, built=built)
+                free, ran = moved(built[0], optimize_graph=False)  # same keys as the prediction's
+                elsewhere = [key for key, w in ran.items() if key in free_predicted.placed
+                             and free_predicted.placed[key] != w]
+                # the same model told where Dask ran each task: what is left is the byte accounting
+                given = predict_bytes(k, lay, used, before, 2, built=built, tasks_on=ran).total
+                _forget(client, persisted)
+                rows_out.append(dict(study="comm", kernel=kernel, strategy=used if strategy != "auto" else
+                                     f"auto: {used}" + "".join(f", {f.name} {f.choice}" for f in lay.factors),
+                                     predicted=predicted.total, measured=measured,
+                                     error=(predicted.total - measured) / max(measured, 1),
+                                     free_predicted=free_predicted.total, unpinned=free,
+                                     unpinned_error=(free_predicted.total - free) / max(free, 1),
+                                     tasks=len([key for key in ran if key in free_predicted.placed]),
+                                     elsewhere=len(elsewhere), given=given,
+                                     given_error=(given - free) / max(free, 1)))
                 print(f"  communication {kernel} {strategy}: predicted {predicted.total} B, measured {measured} B "
-                      f"pinned, {free} B placed by Dask", file=out)
-                del persisted, graph
+                      f"pinned; predicted {free_predicted.total} B, measured {free} B placed by Dask "
+                      f"({len(elsewhere)} task(s) not where the model put them; {given} B predicted from where "
+                      "Dask ran them)", file=out)
     finally:
         client.close()
         cluster.close()
@@ -469,17 +534,21 @@ def format_tables(rows: list[dict]) -> str:
                 cpu = [t[w].get("worker_cpu") for w in (1, 2)]
                 table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
                               report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
-                              f"{t[2].get('load', float('nan')):.1f}",
+                              f"{t[1].get('load', float('nan')):.1f}/{t[2].get('load', float('nan')):.1f}",
                               *[report.fmt_time(c) if c else "n/a" for c in cpu],
                               f"{2 * cpu[0] / cpu[1]:.0%}" if cpu[0] and cpu[1] else "n/a",
                               f"{t[1].get('tasks', '?')}/{t[2].get('tasks', '?')}",
+                              t[2].get("blocks_per_worker", "?"),
                               f"{t[2].get('moved', 0) / 2**20:.1f} MiB", t[2]["strategy"]])
         base = next((r["efficiency"] for r in rows if r["study"] == "machine"), None)
         note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
-        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note});",
+        out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note}); load 1/2 = 1-min load average",
+                "before the 1- and 2-worker runs;",
                 "CPU = all worker processes' CPU seconds per call; CPU efficiency = 2 x CPU@1 / CPU@2",
-                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load", "CPU@1", "CPU@2",
-                              "CPU eff.", "tasks 1/2", "moved@2", "strategy"], table)]
+                "blocks@2 = block tasks each worker ran over the timed runs; moved@2 = median bytes between workers",
+                "per call (a warm-up call ran first: chunks a worker fetched stay there as replicas)",
+                report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load 1/2", "CPU@1", "CPU@2",
+                              "CPU eff.", "tasks 1/2", "blocks@2", "moved@2", "strategy"], table)]
     rss = [r for r in rows if r["study"] == "rss"]
     if rss:
         out += ["", "peak resident set per worker process (after the weak-scaling runs)",
@@ -495,14 +564,20 @@ def format_tables(rows: list[dict]) -> str:
     if comm:
         out += ["", "communication on 2 workers: predicted (cost model) vs measured (transfer logs); target 15%;",
                 "pinned = every task where the model places it; by Dask = Dask's occupancy-driven placement",
-                report._grid(["kernel", "strategy", "predicted", "measured pinned", "error", "measured by Dask",
-                              "error"],
+                "(fresh operands for each; elsewhere = tasks Dask ran on another worker than the model placed them;",
+                "given Dask's = the model told where Dask ran each task, from the task stream)",
+                report._grid(["kernel", "strategy", "predicted", "measured pinned", "error", "predicted",
+                              "measured by Dask", "error", "elsewhere", "given Dask's", "error"],
                              [[r["kernel"], r["strategy"],
                                f"{r['predicted'] / 2**20:.2f} MiB" if "predicted" in r else "n/a",
                                f"{r['measured'] / 2**20:.2f} MiB" if "measured" in r else "n/a",
                                f"{r['error']:+.1%}" if "error" in r else r.get("note", ""),
-                               f"{r['unpinned'] / 2**20:.2f} MiB" if "unpinned" in r else "n/a",
-                               f"{r['unpinned_error']:+.0%}" if "unpinned_error" in r else ""] for r in comm])]
+                               f"{r['free_predicted'] / 2**20:.2f} MiB" if "free_predicted" in r else "",
+                               f"{r['unpinned'] / 2**20:.2f} MiB" if "unpinned" in r else "",
+                               f"{r['unpinned_error']:+.0%}" if "unpinned_error" in r else "",
+                               f"{r['elsewhere']}/{r['tasks']}" if "tasks" in r else "",
+                               f"{r['given'] / 2**20:.2f} MiB" if "given" in r else "",
+                               f"{r['given_error']:+.1%}" if "given_error" in r else ""] for r in comm])]
     peers = [r for r in rows if r["study"] == "peers"]
     if peers:
         out += ["", "spfuse.dask vs dask.array of pydata sparse chunks (2 workers; ratio > 1: spfuse faster)",

@@ -17,6 +17,8 @@ array([1., 2.])
 """
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ import scipy.sparse as sp
 from spfuse.dask.partition import slice_block
 from spfuse.tensor import Tensor
 
-__all__ = ["CellRunner", "CellSlices", "run_cell", "like_meta", "empty_like_meta"]
+__all__ = ["CellRunner", "CellSlices", "run_cell", "joined", "like_meta", "empty_like_meta"]
 
 
 @dataclass(frozen=True)
@@ -99,13 +101,61 @@ def empty_like_meta(meta: Any, shape: tuple) -> Any:
                            format=meta.format)
 
 
+#: Chunks joined in this process: (ids of the chunks) -> (weak references to them, the joined array).
+_JOINED: OrderedDict = OrderedDict()
+_JOINED_KEEP = 4
+
+
+def joined(block: Any) -> Any:
+    """A dense operand given in chunks (a nested list, one level per axis) as one array.
+
+    The block tasks on one worker read the same chunks of a broadcast factor,
+    so the join (a copy the size of the factor) is made once per process and
+    reused while those very chunk objects live (weak references; at most
+    :data:`_JOINED_KEEP` kept).  The joined array is read-only: Dask's data is
+    never written to, and neither are spfuse's inputs.
+
+    >>> chunks = [[np.ones((1, 2))], [np.zeros((2, 2))]]
+    >>> joined(chunks).shape, joined(chunks) is joined(chunks), joined(np.ones(3)).shape
+    ((3, 2), True, (3,))
+    """
+    if not isinstance(block, list):
+        return block
+    flat = list(_leaves(block))
+    key = tuple(id(c) for c in flat)
+    hit = _JOINED.get(key)
+    if hit is not None and all(ref() is c for ref, c in zip(hit[0], flat, strict=True)):
+        _JOINED.move_to_end(key)
+        return hit[1]
+    out = np.block(block)
+    out.setflags(write=False)
+    try:  # a chunk that dies takes its entry with it (ids are reused)
+        refs = [weakref.ref(c, lambda _, key=key: _JOINED.pop(key, None)) for c in flat]
+    except TypeError:  # not weak-referenceable: no reuse
+        return out
+    _JOINED[key] = (refs, out)
+    while len(_JOINED) > _JOINED_KEEP:
+        _JOINED.popitem(last=False)
+    return out
+
+
+def _leaves(nested: list):
+    for x in nested:
+        if isinstance(x, list):
+            yield from _leaves(x)
+        else:
+            yield x
+
+
 def run_cell(runner: CellRunner, slices: CellSlices, *blocks: Any) -> Any:
     """Run ``runner``'s kernel on one block of each operand (cut by ``slices``).
 
+    An operand arriving as a nested list of chunks is joined first (:func:`joined`).
     Returns the one result, or a dict of results for multi-result programs.
     """
     operands = {}
     for name, block, cuts in zip(runner.names, blocks, slices.cuts, strict=True):
+        block = joined(block)
         for axis, lo, hi in cuts:
             block = slice_block(block, axis, lo, hi)
         operands[name] = block

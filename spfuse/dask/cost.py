@@ -19,7 +19,18 @@ Placement follows Dask's locality rule: operand blocks sit where they were
 put (``placement``, e.g. ``client.who_has`` after ``persist``) or, if not
 given, row block ``b`` on worker ``b mod W`` and broadcast operands on
 worker 0; a task runs on the worker holding most of its input bytes (ties:
-lower worker); each input not there is moved once per worker.
+lower worker); each input not there is moved once per worker -- a
+broadcast factor's chunks too, since every block task reads them all.
+
+That is the placement :meth:`~spfuse.dask.DaskKernel.pinned` requests, and
+then the bytes are exact.  Dask's own placement is decided at run time: a
+task goes to the holder of one of its inputs with the least
+``occupancy + missing bytes / bandwidth``, where occupancy comes from the
+durations Dask measured for earlier tasks of the same name prefix and the
+bandwidth is its running estimate; work stealing then moves queued tasks,
+and the active memory manager drops replicas every few seconds.  None of
+that is known before running; told where Dask ran each task
+(``predict_bytes(..., tasks_on=)``), the model gives the measured bytes.
 
 :func:`project` turns a prediction into a runtime estimate for ``W``
 workers from bandwidth, latency and per-task scheduler cost.
@@ -189,26 +200,6 @@ def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: i
     return set(best), tuple(choices)
 
 
-def _merge_traffic(lay: Any, nworkers: int) -> tuple:
-    """``(bytes, transfers, tasks)`` of merging broadcast factors given in several chunks into one.
-
-    The chunks are taken as spread round-robin; the merging worker already
-    holds its share and receives the rest (one merge task per factor).
-    """
-    nbytes = transfers = tasks = 0
-    for o in lay.operands:
-        src = o.source
-        if src is None or o.sparse or any(len(c) > 1 for c in o.array.chunks):
-            continue
-        n = int(np.prod(src.numblocks))
-        if n > 1:
-            held = min(nworkers, n)
-            nbytes += int(src.nbytes * (1 - 1 / held))
-            transfers += n - -(-n // held)
-            tasks += 1
-    return nbytes, transfers, tasks
-
-
 def _func_of(task: Any):
     """The callable of a graph value (legacy tuple or Task), unwrapped from partials."""
     func = task[0] if isinstance(task, tuple) and task and callable(task[0]) else getattr(task, "func", None)
@@ -356,7 +347,8 @@ def _default_placement(lay: Any, nworkers: int) -> dict:
 
 
 def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | None = None,
-                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None) -> CommCost:
+                  nworkers: int = 2, finalize: bool = True, built: tuple | None = None,
+                  tasks_on: Mapping | None = None) -> CommCost:
     """Simulate the graph of ``kernel`` on layout ``lay`` with ``strategy`` (no task runs).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
@@ -371,6 +363,9 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     blocks to the one worker that joins them (what ``compute()`` does; not
     ``persist()``).  ``built``: the ``(results, metas)`` of ``kernel._build``
     when the graph is already built (its keys then get ``CommCost.placed``).
+    ``tasks_on``: task key -> worker index for tasks whose worker is known
+    (where Dask ran them, from its task stream): those are not placed by the
+    rule below, so the bytes of a run are predicted from its real placement.
     Programs with one result only.
 
     A task is placed on the worker holding most of its input bytes; workers
@@ -394,11 +389,6 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
     # a placement may name several workers: replicas Dask keeps after earlier transfers
     held = {k: set(w) if isinstance(w, (set, frozenset, tuple, list)) else {w} for k, w in where.items()}
     out.placed.update({k: min(h) for k, h in held.items()})
-    merged, merges, merge_tasks = _merge_traffic(lay, nworkers)
-    if nworkers > 1:
-        out.per_worker[0] += merged
-        out.transfers[0] += merges
-    out.tasks += merge_tasks
     order = _topological(graph, set(where))
     # a key that most tasks read (a broadcast factor, the plan) ends up on every
     # worker anyway: it does not decide where a task runs
@@ -424,7 +414,7 @@ def predict_bytes(kernel: Any, lay: Any, strategy: str, placement: Mapping | Non
             for w in held.get(d, ()):
                 by_worker[w] += sizes.of(d)
         near = np.flatnonzero(by_worker >= by_worker.max() * (1 - _TIE))
-        w = int(near[np.argmin(load[near])])
+        w = int(near[np.argmin(load[near])]) if not tasks_on or key not in tasks_on else int(tasks_on[key])
         if _func_of(task) in _WORK:
             load[w] += sum(sizes.of(d) for d in local)
         out.placed[key] = w

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.dask.blocks import CellRunner, CellSlices, like_meta
+from spfuse.dask.blocks import CellRunner, CellSlices, joined, like_meta
 from spfuse.dask.partition import slice_block
 from spfuse.tensor import Tensor
 
@@ -131,7 +131,7 @@ def run_gathered(runner: CellRunner, slices: CellSlices, gathered: tuple, column
     operands = {}
     for name, how, cuts in zip(runner.names, gathered, slices.cuts, strict=True):
         if how is None or how[1] == 0:
-            block = next(it)
+            block = joined(next(it))
             for axis, lo, hi in cuts:
                 block = slice_block(block, axis, lo, hi)
             if how is not None:
@@ -175,8 +175,8 @@ def gather_spec(layout: Any) -> Any:
             return None
         if o.sparse and not o.blocked[axes[0]] and axes[0] > 0:
             definers.append((o.name, axes[0]))
-        elif o.blocked[axes[0]]:
-            others[o.name] = axes[0]
+        elif o.blocked[axes[0]] and all(blk or n == 1 for blk, n in zip(o.blocked, o.array.numblocks, strict=True)):
+            others[o.name] = axes[0]  # (its rows are taken from one chunk per block, not from joined chunks)
         else:
             return None
     if len(definers) != 1 or not others:

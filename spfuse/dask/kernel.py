@@ -3,7 +3,9 @@
 Planning happens once, on the client:
 
 1. every operand is brought into the graph -- sparse dask arrays as they
-   are (row blocks), dense dask arrays rechunked to match, numpy arrays and
+   are (row blocks), dense dask arrays rechunked to match along partitioned
+   indices (a broadcast one keeps its chunks: each block task reads them all
+   and :func:`spfuse.dask.blocks.joined` joins them once per worker), numpy arrays and
    scipy matrices wrapped (one chunk when broadcast, row blocks when
    partitioned);
 2. :mod:`spfuse.dask.classify` decides which indices are distributed,
@@ -90,7 +92,6 @@ class OperandLayout:
     sparse: bool
     dims: tuple
     blocked: tuple
-    source: Any = None  # the dask array given, when it was rechunked to ``array``
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,7 @@ class DaskKernel:
         spfuse.dask plan for 'C[i,k] = A[i,j] * B[j,k]' on 4 worker(s), strategy reduce, 4 cell task(s)
           A: sparse, row blocks (100, 100, 100, 100)
           B: dense, broadcast
-          B (0.02 MiB): broadcast -- broadcast 0.11 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
+          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
         """
         lay = self.layout(**operands)
         lines = [f"spfuse.dask plan for {self.text!r} on {lay.nworkers} worker(s), strategy "
@@ -341,7 +342,9 @@ class DaskKernel:
                                  f"got chunks {obj.chunks}; use {name}.rechunk({{1: -1}})")
             arr = obj
             if not sparse:
-                target = tuple(d[2] if d is not None else (s,) for d, s in zip(dims, obj.shape, strict=True))
+                # an axis no dimension partitions keeps its chunks: every task reads all of
+                # them (each worker fetches the ones it lacks once) and joins them itself
+                target = tuple(d[2] if d is not None else cs for d, cs in zip(dims, obj.chunks, strict=True))
                 if target != obj.chunks:
                     arr = obj.rechunk(target)
         elif sp.issparse(obj) or (isinstance(obj, Tensor) and not obj.format.is_dense):
@@ -356,8 +359,7 @@ class DaskKernel:
             arr = da.from_array(dense, chunks=chunks,
                                 name=f"spfuse-dense-{name}-{dask.base.tokenize(dense, chunks)}")
         blocked = tuple(d is not None and len(cs) == len(d[2]) for d, cs in zip(dims, arr.chunks, strict=True))
-        source = obj if isinstance(obj, da.Array) and arr is not obj else None
-        return OperandLayout(name, arr, sparse, tuple(dims), blocked, source)
+        return OperandLayout(name, arr, sparse, tuple(dims), blocked)
 
     def _cells(self, ops, cls: C.Classification, bounds, grid) -> tuple:
         """The cells of the block grid that some result needs, minus pruned ones."""
@@ -505,19 +507,25 @@ class DaskKernel:
 
     @staticmethod
     def _cell_inputs(lay: Layout, cell: tuple, skip_dim=None):
-        """The block key of every operand for ``cell``, and the cuts its task applies."""
+        """The block key of every operand for ``cell``, and the cuts its task applies.
+
+        An operand chunked along an axis that no dimension partitions (a
+        broadcast factor given in chunks) is passed as the nested list of all
+        its chunk keys along such axes (:func:`spfuse.dask.blocks.joined`
+        assembles it in the task): Dask then moves each chunk to a worker at
+        most once, and nothing merges the chunks and ships the merge again."""
         keys, cuts = [], []
         for o in lay.operands:
             blk, cut = [], []
             for axis, (d, blocked) in enumerate(zip(o.dims, o.blocked, strict=True)):
                 b = cell[lay.grid.index(d)] if d is not None else 0
                 if blocked:
-                    blk.append(b)
+                    blk.append([b])
                 else:
-                    blk.append(0)
+                    blk.append(range(o.array.numblocks[axis]) if d is None else [0])
                     if d is not None and d != skip_dim:
                         cut.append((axis,) + lay.block_range(d, b))
-            keys.append((o.array.name,) + tuple(blk))
+            keys.append(_chunk_keys(o.array.name, blk))
             cuts.append(tuple(cut))
         return keys, cuts
 
@@ -664,6 +672,23 @@ class _Pin:
     def __call__(self, key: Any) -> list:
         w = self.placed.get(key)
         return list(self.addrs) if w is None else [self.addrs[w]]
+
+
+def _chunk_keys(name: str, per_axis: list) -> Any:
+    """The key of the one chunk ``per_axis`` (chunk indices per axis) selects;
+    when it selects several, their keys as a nested list one level per axis
+    (what :func:`numpy.block` joins).
+
+    >>> _chunk_keys("x", [[1], [0]]), _chunk_keys("x", [range(2), [0]])
+    (('x', 1, 0), [[('x', 0, 0)], [('x', 1, 0)]])
+    """
+    def nest(prefix: tuple) -> Any:
+        if len(prefix) == len(per_axis):
+            return (name,) + prefix
+        return [nest(prefix + (c,)) for c in per_axis[len(prefix)]]
+    if all(len(c) == 1 for c in per_axis):
+        return (name,) + tuple(c[0] for c in per_axis)
+    return nest(())
 
 
 def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
