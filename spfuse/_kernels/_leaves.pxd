@@ -1,6 +1,12 @@
 # Leaf bodies shared by the template kernels (_csr_kernels) and the loop-tree
 # executor (_looptree): whole-fiber computations written once.
 from cython cimport floating
+from libc.stdint cimport int32_t, int64_t
+
+# the index type of a leaf's coordinates (the executor is built for both)
+ctypedef fused leaf_index_t:
+    int32_t
+    int64_t
 
 
 cdef inline double _dot(const floating* a, const floating* b, Py_ssize_t n) noexcept nogil:
@@ -28,6 +34,55 @@ cdef inline double _dot(const floating* a, const floating* b, Py_ssize_t n) noex
         s0 += <double>a[k] * <double>b[k]
         k += 1
     return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
+
+
+cdef inline double _sum4(const double* a, Py_ssize_t n) noexcept nogil:
+    """Sum of ``a[0:n]`` in 4 independent chains (in sequence below 8
+    entries): the order is fixed by ``n`` only, so results do not depend
+    on the thread count; 4 chains hide the adds' latency."""
+    cdef double s0, s1 = 0.0, s2 = 0.0, s3 = 0.0
+    cdef Py_ssize_t k = 0
+    if n < 8:
+        s0 = 0.0
+        while k < n:
+            s0 += a[k]
+            k += 1
+        return s0
+    s0 = a[0]
+    s1 = a[1]
+    s2 = a[2]
+    s3 = a[3]
+    k = 4
+    while k + 4 <= n:
+        s0 += a[k]
+        s1 += a[k + 1]
+        s2 += a[k + 2]
+        s3 += a[k + 3]
+        k += 4
+    while k < n:
+        s0 += a[k]
+        k += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+cdef inline double _gather_dot4(const double* a, const double* b, const leaf_index_t* ix,
+                                Py_ssize_t n) noexcept nogil:
+    """``sum_e a[e] * b[ix[e]]`` in 4 independent chains (in sequence below
+    8 entries), the order fixed by ``n`` only: SpMV's leaf without the
+    latency of one long chain of adds."""
+    cdef double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0
+    cdef Py_ssize_t k = 0
+    if n >= 8:
+        while k + 4 <= n:
+            s0 += a[k] * b[ix[k]]
+            s1 += a[k + 1] * b[ix[k + 1]]
+            s2 += a[k + 2] * b[ix[k + 2]]
+            s3 += a[k + 3] * b[ix[k + 3]]
+            k += 4
+    while k < n:
+        s0 += a[k] * b[ix[k]]
+        k += 1
+    return (s0 + s1) + (s2 + s3)
 
 
 cdef extern from *:

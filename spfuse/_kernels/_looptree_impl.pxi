@@ -9,7 +9,7 @@ from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCap
 import numpy as np
 
 from spfuse._kernels._bitmap cimport _bitmap_readback
-from spfuse._kernels._leaves cimport _dot, _prefetch_row
+from spfuse._kernels._leaves cimport _dot, _gather_dot4, _prefetch_row, _sum4
 from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
@@ -74,6 +74,7 @@ cdef enum:
     LEAF_DOT = 1
     LEAF_AXPY = 2
     LEAF_GDOT = 3
+    LEAF_IDOT = 4
 
     # how a loop runs as a sweep (loop_sweep)
     SWEEP_ROWS = 1
@@ -1310,8 +1311,9 @@ cdef VDesc _sw_eval(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_t n,
 
 cdef inline void _sw_segmented(double* dst0, int64_t stride, Sweep* W, int64_t aop,
                                VDesc v) noexcept nogil:
-    """Reduce each row segment into ``dst0[stride * row]``, in order
-    (exactly ``apply_op`` element by element)."""
+    """Reduce each row segment into ``dst0[stride * row]``: a sum in 4
+    chains (:func:`_sum4`, a fixed order), max/min/assign in order (exactly
+    ``apply_op`` element by element)."""
     cdef int64_t g, e, e1
     cdef double x, u
     cdef double* dst
@@ -1323,8 +1325,7 @@ cdef inline void _sw_segmented(double* dst0, int64_t stride, Sweep* W, int64_t a
         e1 = W.seg[g + 1]
         if aop == A_SUM:
             if inc == 1:
-                for e in range(W.seg[g], e1):
-                    x += p[e]
+                x += _sum4(p + W.seg[g], e1 - W.seg[g])
             else:
                 for e in range(W.seg[g], e1):
                     x += p[0]
@@ -1390,9 +1391,8 @@ cdef bint _sw_gather_dot(Plan* P, Ctx* C, Sweep* W, int64_t s, int64_t n, double
         dst = dst0 + stride * W.segrow[g]
         x = dst[0]
         e1 = W.seg[g + 1]
-        if gb:
-            for e in range(W.seg[g], e1):
-                x += a[e] * b[ib[e]]
+        if gb:                           # 4 chains: a row's adds are not one latency-bound chain
+            x += _gather_dot4(a + W.seg[g], b, ib + W.seg[g], e1 - W.seg[g])
         else:
             for e in range(W.seg[g], e1):
                 x += a[e] * b[e]
@@ -1704,6 +1704,56 @@ cdef void _sw_gdot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept 
             dst[0] = x
 
 
+cdef void _sw_idot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """A sparse∩sparse dot leaf (:func:`_idot_leaf`) at every position of
+    the chunk: the two drivers' fibers under position e merged, ``t[e] +=
+    a * b`` at every common coordinate in increasing order (bitwise the
+    element walk, which visits the same matches in the same order)."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t s = P.node_arg[node + 1]
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t La = P.loop_levs[P.loop_lev_start[lid]]
+    cdef int64_t Lb = P.loop_levs[P.loop_lev_start[lid] + 1]
+    cdef double* t = C.sw_t + P.buf_rslot[P.bref_buf[P.stmt_target[s]]] * SW
+    cdef int64_t* pa = C.sw_rowid + 4 * SW + 1
+    cdef int64_t* pb = pa + SW
+    cdef int64_t ma = _sw_level_pos(P, C, W, P.lev_parent[La], n, pa)
+    cdef int64_t mb = _sw_level_pos(P, C, W, P.lev_parent[Lb], n, pb)
+    cdef const idx_t* posa = P.lev_pos[La]
+    cdef const idx_t* posb = P.lev_pos[Lb]
+    cdef const idx_t* ca = P.lev_crd[La]
+    cdef const idx_t* cb = P.lev_crd[Lb]
+    cdef const double* va
+    cdef const double* vb
+    cdef int64_t e, qa, qb, ea, eb, xa, xb, ja, jb, ra = P.code[pc + 1], rb = P.code[pc + 3]
+    cdef double x
+    if P.acc_last[ra] != La:
+        ra, rb = rb, ra
+    va = P.acc_vals[ra]
+    vb = P.acc_vals[rb]
+    if ma < 0 or mb < 0:                    # a driver absent throughout: no match
+        return
+    for e in range(n):
+        xa = pa[e * ma]
+        xb = pb[e * mb]
+        if xa < 0 or xb < 0:
+            continue
+        qa = posa[xa]
+        ea = posa[xa + 1]
+        qb = posb[xb]
+        eb = posb[xb + 1]
+        C.work += (ea - qa) + (eb - qb)
+        x = t[e]
+        while qa < ea and qb < eb:         # advance by comparison results: few branches to mispredict
+            ja = ca[qa]
+            jb = cb[qb]
+            if ja == jb:
+                x += va[qa] * vb[qb]
+            qa += ja <= jb
+            qb += jb <= ja
+        t[e] = x
+
+
 cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
     """The fiber loop's children over the chunk's ``n`` positions."""
     cdef int64_t c = node + 1
@@ -1724,8 +1774,10 @@ cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, i
             _sw_dot(P, C, W, c, n)
         elif P.loop_leaf[P.node_arg[c]] == LEAF_AXPY:
             _sw_axpy(P, C, W, c, n)
-        else:
+        elif P.loop_leaf[P.node_arg[c]] == LEAF_GDOT:
             _sw_gdot(P, C, W, c, n)
+        else:
+            _sw_idot(P, C, W, c, n)
         c = P.node_end[c]
 
 
@@ -2329,6 +2381,33 @@ def _gdot_leaf(keep, node, parent):
     return int(s)
 
 
+def _idot_leaf(keep, node):
+    """The statement of loop ``node`` when it is a sparse∩sparse dot leaf --
+    an INTERSECT of exactly two compressed drivers and nothing else, whose
+    only child is ``T += a * b`` into a 0-d buffer with ``a``, ``b`` the two
+    drivers' values -- else -1.  Sweeps run it as one merge of the two
+    fibers per position (masked SpGEMM by dot products)."""
+    lid = keep["node_arg"][node]
+    if (keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_INTERSECT
+            or keep["loop_ndrv"][lid] != 2 or keep["loop_nlev"][lid] != 2):
+        return -1
+    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
+        return -1
+    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + 2]
+    if any(keep["lev_kind"][L] != L_COMPRESSED for L in mine):
+        return -1
+    s = keep["node_arg"][node + 1]
+    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
+    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
+        return -1
+    if keep["buf_size"][keep["bref_buf"][keep["stmt_target"][s]]] != 1:
+        return -1
+    if sorted([keep["acc_last"][code[1]], keep["acc_last"][code[3]]]) != sorted(mine):
+        return -1
+    return int(s)
+
+
 def _axpy_leaf(keep, node):
     """The statement of loop ``node`` when it is a dense axpy leaf -- a DENSE
     loop over dense levels whose only child is ``T[..., k] += x * b[..., k]``
@@ -2399,6 +2478,9 @@ def _fiber_children(keep, c, leaf):
             if s < 0:
                 s = _gdot_leaf(keep, cc, mine[0])
                 leaf[node_arg[cc]] = LEAF_GDOT
+            if s < 0:
+                s = _idot_leaf(keep, cc)
+                leaf[node_arg[cc]] = LEAF_IDOT
             if s < 0:
                 return None
             out.append(("fiber", cc + 1, s, vf))
