@@ -274,7 +274,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
     ``key``: the tensors' lowering signature when the caller knows it."""
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
-    prepare = (lambda binding: _scan_deferred(tensors, deferred, binding)) if deferred else None
+    prepare = (lambda: _scan_deferred(tensors, deferred)) if deferred else None
     try:
         lowered = lower_cached(plan, tensors, prepare, key)
     except UnrealizableMask:
@@ -292,7 +292,7 @@ def _result_elements(plan: Plan) -> int:
     return n
 
 
-def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, binding) -> None:
+def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple) -> None:
     """Scan the deferred operands' indices before anything reads them; raise
     :class:`IndexCheckFailed` (the caller then takes the validating path)
     unless every one is valid and canonical.  The executor reads int32 and

@@ -2319,115 +2319,105 @@ def _stmt_buffer_reads(keep, s):
     return out
 
 
-def _dot_leaf(keep, node):
-    """The statement of loop ``node`` when it is a dense dot leaf -- a DENSE
-    loop over dense levels whose only child is ``T += a * b`` into a 0-d
-    buffer, ``a`` and ``b`` reading the loop's levels as their last levels --
-    else -1.  Sweeps run it as one dot per fiber position."""
+def _leaf_parts(keep, node, mode):
+    """``(loop levels, statement, code)`` of loop ``node`` when it can be a
+    sweep's leaf -- a loop of ``mode`` whose only child is one statement
+    ``target += x * y`` (two loads multiplied, summed into a buffer or a row
+    workspace) -- else None.  The leaf kinds below
+    (:func:`_dot_leaf` ...) check what else they need."""
     lid = keep["node_arg"][node]
-    if keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_DENSE:
-        return -1
+    if keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != mode:
+        return None
     if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
-        return -1
-    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
-    if any(keep["lev_kind"][L] != L_DENSE for L in mine):
-        return -1
-    s = keep["node_arg"][node + 1]
+        return None
+    st = keep["loop_lev_start"][lid]
+    mine = keep["loop_levs"][st:st + keep["loop_nlev"][lid]]
+    s = int(keep["node_arg"][node + 1])
     code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
-    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
-            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
+    if (keep["stmt_tkind"][s] not in (T_BUF, T_WS) or keep["stmt_op"][s] != A_SUM or len(code) != 5
+            or code[0] > OP_CONST or code[2] > OP_CONST or code[4] != OP_MUL):
+        return None
+    return mine, s, code
+
+
+def _target_size(keep, s):
+    return keep["buf_size"][keep["bref_buf"][keep["stmt_target"][s]]]
+
+
+def _dot_leaf(keep, node, parent):
+    """A dense dot leaf: a DENSE loop over dense levels into ``T += a * b``
+    with ``T`` 0-d and ``a``, ``b`` reading the loop's levels as their last
+    levels.  Sweeps run it as one dot of two dense rows per fiber position."""
+    parts = _leaf_parts(keep, node, M_DENSE)
+    if parts is None:
         return -1
-    t = keep["stmt_target"][s]
-    if keep["buf_size"][keep["bref_buf"][t]] != 1:
+    mine, s, code = parts
+    if (any(keep["lev_kind"][L] != L_DENSE for L in mine) or keep["stmt_tkind"][s] != T_BUF
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or _target_size(keep, s) != 1):
         return -1
     for r in (code[1], code[3]):
         L = keep["acc_last"][r]
         if L not in mine or keep["lev_parent"][L] < 0:
             return -1
-    return int(s)
+    return s
 
 
 def _gdot_leaf(keep, node, parent):
-    """The statement of loop ``node`` when it is a sparse gather-dot leaf --
-    one compressed driver whose parent level is ``parent`` (the enclosing
-    fiber loop's driver), any other level it locates dense, and only child
-    ``T[...] += a * v`` with ``a`` the driver's values, ``v`` a dense vector
-    read at the coordinates and ``T`` a buffer or row workspace not indexed
-    by the loop -- else -1.  Sweeps run it as one gather-dot per position of
-    the enclosing fiber (TTV's leaf)."""
-    lid = keep["node_arg"][node]
-    if (keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_INTERSECT
-            or keep["loop_ndrv"][lid] != 1):
+    """A sparse gather-dot leaf: one compressed driver whose parent level is
+    ``parent`` (the enclosing fiber loop's driver), any other level it
+    locates dense, into ``T[...] += a * v`` with ``a`` the driver's values,
+    ``v`` a dense vector read at the coordinates and ``T`` a buffer or row
+    workspace not indexed by the loop.  Sweeps run it as one gather-dot per
+    position of the enclosing fiber (TTV's leaf)."""
+    parts = _leaf_parts(keep, node, M_INTERSECT)
+    if parts is None or keep["loop_ndrv"][keep["node_arg"][node]] != 1:
         return -1
-    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
-        return -1
-    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
+    mine, s, code = parts
     Ld = mine[0]
     if (keep["lev_kind"][Ld] != L_COMPRESSED or keep["lev_parent"][Ld] != parent
-            or any(keep["lev_kind"][L] != L_DENSE for L in mine[1:])):
-        return -1
-    s = keep["node_arg"][node + 1]
-    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
-    if (keep["stmt_tkind"][s] not in (T_BUF, T_WS) or keep["stmt_op"][s] != A_SUM or len(code) != 5
-            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
+            or any(keep["lev_kind"][L] != L_DENSE for L in mine[1:])
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC):
         return -1
     t = keep["stmt_target"][s]
     t0 = keep["bref_tstart"][t]
-    if keep["loop_var"][lid] in keep["term_var"][t0:t0 + keep["bref_nterm"][t]]:
+    if keep["loop_var"][keep["node_arg"][node]] in keep["term_var"][t0:t0 + keep["bref_nterm"][t]]:
         return -1
     lasts = sorted([keep["acc_last"][code[1]], keep["acc_last"][code[3]]], key=lambda L: L != Ld)
     if lasts[0] != Ld or lasts[1] == Ld or lasts[1] not in mine or keep["lev_parent"][lasts[1]] >= 0:
         return -1
-    return int(s)
+    return s
 
 
-def _idot_leaf(keep, node):
-    """The statement of loop ``node`` when it is a sparse∩sparse dot leaf --
-    an INTERSECT of exactly two compressed drivers and nothing else, whose
-    only child is ``T += a * b`` into a 0-d buffer with ``a``, ``b`` the two
-    drivers' values -- else -1.  Sweeps run it as one merge of the two
+def _idot_leaf(keep, node, parent):
+    """A sparse∩sparse dot leaf: an INTERSECT of exactly two compressed
+    drivers and nothing else, into ``T += a * b`` with ``T`` 0-d and ``a``,
+    ``b`` the two drivers' values.  Sweeps run it as one merge of the two
     fibers per position (masked SpGEMM by dot products)."""
+    parts = _leaf_parts(keep, node, M_INTERSECT)
     lid = keep["node_arg"][node]
-    if (keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_INTERSECT
-            or keep["loop_ndrv"][lid] != 2 or keep["loop_nlev"][lid] != 2):
+    if parts is None or keep["loop_ndrv"][lid] != 2 or keep["loop_nlev"][lid] != 2:
         return -1
-    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
-        return -1
-    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + 2]
-    if any(keep["lev_kind"][L] != L_COMPRESSED for L in mine):
-        return -1
-    s = keep["node_arg"][node + 1]
-    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
-    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
-            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or code[4] != OP_MUL):
-        return -1
-    if keep["buf_size"][keep["bref_buf"][keep["stmt_target"][s]]] != 1:
+    mine, s, code = parts
+    if (any(keep["lev_kind"][L] != L_COMPRESSED for L in mine) or keep["stmt_tkind"][s] != T_BUF
+            or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or _target_size(keep, s) != 1):
         return -1
     if sorted([keep["acc_last"][code[1]], keep["acc_last"][code[3]]]) != sorted(mine):
         return -1
-    return int(s)
+    return s
 
 
-def _axpy_leaf(keep, node):
-    """The statement of loop ``node`` when it is a dense axpy leaf -- a DENSE
-    loop over dense levels whose only child is ``T[..., k] += x * b[..., k]``
-    with ``b`` reading the loop's level as its last level and ``x`` (a
-    buffer, an access or a constant) not depending on the loop -- else -1.
+def _axpy_leaf(keep, node, parent):
+    """A dense axpy leaf: a DENSE loop over dense levels into ``T[..., k] +=
+    x * b[..., k]`` with ``b`` reading the loop's level as its last level and
+    ``x`` (a buffer, an access or a constant) not depending on the loop.
     Sweeps run it as one row update per fiber position (SpMM's leaf)."""
-    lid = keep["node_arg"][node]
-    if keep["node_kind"][node] != N_LOOP or keep["loop_mode"][lid] != M_DENSE:
+    parts = _leaf_parts(keep, node, M_DENSE)
+    if parts is None:
         return -1
-    if keep["node_end"][node] != node + 2 or keep["node_kind"][node + 1] != N_STMT:
+    mine, s, code = parts
+    if any(keep["lev_kind"][L] != L_DENSE for L in mine) or keep["stmt_tkind"][s] != T_BUF:
         return -1
-    v = keep["loop_var"][lid]
-    mine = keep["loop_levs"][keep["loop_lev_start"][lid]:keep["loop_lev_start"][lid] + keep["loop_nlev"][lid]]
-    if any(keep["lev_kind"][L] != L_DENSE for L in mine):
-        return -1
-    s = keep["node_arg"][node + 1]
-    code = keep["code"][keep["stmt_cstart"][s]:keep["stmt_cstart"][s] + keep["stmt_clen"][s]]
-    if (keep["stmt_tkind"][s] != T_BUF or keep["stmt_op"][s] != A_SUM or len(code) != 5
-            or code[0] > OP_CONST or code[2] > OP_CONST or code[4] != OP_MUL):
-        return -1
+    v = keep["loop_var"][keep["node_arg"][node]]
 
     def uses_v(op, r):
         if op == OP_LOAD_ACC:
@@ -2447,7 +2437,11 @@ def _axpy_leaf(keep, node):
     t0 = keep["bref_tstart"][t]
     if v not in keep["term_var"][t0:t0 + keep["bref_nterm"][t]]:
         return -1
-    return int(s)
+    return s
+
+
+#: The leaf kinds a sweep's fiber loop may hold, tried in this order.
+_LEAVES = ((LEAF_DOT, _dot_leaf), (LEAF_AXPY, _axpy_leaf), (LEAF_GDOT, _gdot_leaf), (LEAF_IDOT, _idot_leaf))
 
 
 def _fiber_children(keep, c, leaf):
@@ -2469,19 +2463,13 @@ def _fiber_children(keep, c, leaf):
     while cc < node_end[c]:
         if node_kind[cc] == N_RESET:       # a position temporary's
             out.append(("preset", cc, node_arg[cc], vf))
-        elif node_kind[cc] == N_LOOP:      # a dense dot or axpy, or a sparse gather-dot, per position
-            s = _dot_leaf(keep, cc)
-            leaf[node_arg[cc]] = LEAF_DOT
-            if s < 0:
-                s = _axpy_leaf(keep, cc)
-                leaf[node_arg[cc]] = LEAF_AXPY
-            if s < 0:
-                s = _gdot_leaf(keep, cc, mine[0])
-                leaf[node_arg[cc]] = LEAF_GDOT
-            if s < 0:
-                s = _idot_leaf(keep, cc)
-                leaf[node_arg[cc]] = LEAF_IDOT
-            if s < 0:
+        elif node_kind[cc] == N_LOOP:      # a leaf, run once per position
+            for kind, detect in _LEAVES:
+                s = detect(keep, cc, mine[0])
+                if s >= 0:
+                    leaf[node_arg[cc]] = kind
+                    break
+            else:
                 return None
             out.append(("fiber", cc + 1, s, vf))
         elif node_kind[cc] == N_STMT:

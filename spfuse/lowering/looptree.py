@@ -551,9 +551,8 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
     """:func:`lower_to_looptree`, done once per plan and operand signature
     (formats, shapes, dtypes) and rebound to each call's arrays after that.
 
-    ``prepare(binding)``, when given, runs before any operand array is read,
-    with the cached :class:`Binding` (None when there is none yet); it
-    (the call path scans unscanned operands there).
+    ``prepare()``, when given, runs before any operand array is read (the
+    call path scans unscanned operands there).
     ``key``: the operands' :func:`lowering_key`, when the caller knows it."""
     cache = plan.__dict__.get("_lowered")
     if cache is None:
@@ -564,10 +563,10 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
     hit = cache.get(key)
     if hit is not None:
         if prepare is not None:
-            prepare(hit.binding)
+            prepare()
         return hit.rebind(operands)
     if prepare is not None:
-        prepare(None)
+        prepare()
     lowered = lower_to_looptree(plan, operands)
     if lowered.binding is not None and len(cache) < 16:
         bare = [replace(o, pattern_of=None) for o in lowered.outputs]
