@@ -1429,8 +1429,7 @@ def rebound(plan: LoopTreePlan, index_arrays: tuple, value_arrays: tuple, buf_si
     # a shallow copy by hand: copy.copy's reduce protocol costs microseconds per call
     new = object.__new__(type(plan))
     fields = new.__dict__
-    fields.update(plan.__dict__)
-    fields.pop("_program", None)
+    fields.update((k, v) for k, v in plan.__dict__.items() if not k.startswith(_PROGRAM_KEY))
     fields["index_arrays"], fields["value_arrays"] = index_arrays, value_arrays
     fields["buf_size"], fields["buf_shapes"] = buf_size, buf_shapes
     if buf_inits is not None:
@@ -1447,6 +1446,10 @@ def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
                    tuple(empty_f for _ in plan.value_arrays), plan.buf_size, plan.buf_shapes)
     bare.__dict__.pop("_structure", None)
     return bare
+
+
+#: where a structure keeps its built executor program, per index type
+_PROGRAM_KEY = "_program_"
 
 
 def _executor(plan: LoopTreePlan):
@@ -1466,7 +1469,7 @@ def _program(plan: LoopTreePlan, blocks: bool):
     if not blocks:
         return ex._Program(plan, False)
     structure = plan.__dict__.get("_structure", plan)
-    key = f"_program_{ex.INDEX_DTYPE.name}"
+    key = _PROGRAM_KEY + ex.INDEX_DTYPE.name
     base = structure.__dict__.get(key)
     if base is None:
         base = ex._Program(structure, True)
