@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from spfuse.errors import InvalidOperandError, ProgramError
 from spfuse.runtime.looptree import (
+    PAR_REDUCE,
     LoopTreeBuilder,
     access_from_arrays,
     compare,
@@ -349,8 +350,9 @@ def test_csc_access_mode_order_loops():
         with b.loop(i, intersect=[a]):
             b.statement(y[i], "sum", a * xa)
     plan = b.build()
-    assert not is_parallel(plan)           # y is not split by j
-    assert "serial" in plan.describe()
+    # y is not split by j: summed per fixed block of j, the blocks added in order
+    assert list(plan.top_parallel[plan.top_parallel > 0]) == [PAR_REDUCE]
+    assert "reduction blocks" in plan.describe()
     np.testing.assert_allclose(both_threads(plan)["y"], A @ x, rtol=1e-12, atol=1e-12)
     # the wrong loop order is rejected (not concordant)
     b2 = LoopTreeBuilder()

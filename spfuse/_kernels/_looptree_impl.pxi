@@ -76,6 +76,10 @@ cdef enum:
     LEAF_GDOT = 3
     LEAF_IDOT = 4
 
+    # how a top-level loop runs over threads (top_parallel)
+    PAR_ROWS = 1      # static blocks of iterations, one per thread
+    PAR_REDUCE = 2    # fixed reduction blocks into private partial sums (buf_reduce)
+
     # how a loop runs as a sweep (loop_sweep)
     SWEEP_ROWS = 1
     SWEEP_FIBER = 2
@@ -103,7 +107,7 @@ PLAN_CODES = {
     "OP_GE": OP_GE, "OP_EQ": OP_EQ, "OP_NE": OP_NE, "OP_WHERE": OP_WHERE,
     "OP_NEG": OP_NEG, "OP_ABS": OP_ABS, "OP_SQRT": OP_SQRT, "OP_EXP": OP_EXP, "OP_LOG": OP_LOG,
     "OP_TANH": OP_TANH, "OP_SIGMOID": OP_SIGMOID, "OP_RELU": OP_RELU,
-    "STACK_SIZE": STACK_SIZE,
+    "STACK_SIZE": STACK_SIZE, "PAR_ROWS": PAR_ROWS, "PAR_REDUCE": PAR_REDUCE,
 }
 
 
@@ -1148,6 +1152,7 @@ ctypedef struct Sweep:
     int64_t q0          # first driver position of the chunk
     const idx_t* crd    # driver coordinates from q0
     const int64_t* posv # driver positions when the fiber is not contiguous (NULL: q0, q0+1, ...)
+    const int64_t* posv2  # a merge fiber's second driver's positions (NULL: no second driver)
     const int64_t* seg  # the chunk's row segments: starts (nseg + 1 entries, the last = n) ...
     const int64_t* segrow  # ... and batch rows (empty rows have no segment)
     int64_t nseg
@@ -1250,6 +1255,10 @@ cdef VDesc _sw_load(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t op, int64_t r
         else:
             for e in range(n):
                 row[e] = vals[W.posv[e]]
+        return d
+    if k > 0 and W.posv2 != NULL:                # a merge fiber's second driver
+        for e in range(n):
+            row[e] = vals[W.posv2[e]]
         return d
     if k > 0:                                    # a dense level located by the fiber loop
         par = P.lev_parent[L]
@@ -1476,7 +1485,10 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
         return
     if P.stmt_tkind[s] == T_PATTERN:            # the fiber driver's pattern
         buf = C.buf[P.pat_buf[r]]
-        if W.posv == NULL:
+        if W.posv2 != NULL and P.pat_level[r] != W.levs_f[0]:   # a merge fiber's second driver
+            for e in range(n):
+                apply_op(buf + W.posv2[e], aop, v.p[e * v.inc])
+        elif W.posv == NULL:
             buf += W.q0
             if aop == A_ASSIGN and v.inc == 1:
                 for e in range(n):
@@ -1528,6 +1540,10 @@ cdef int64_t _sw_level_pos(Plan* P, Ctx* C, Sweep* W, int64_t L, int64_t n, int6
     if k == 0:                              # the fiber's driver
         for e in range(n):
             out[e] = W.q0 + e if W.posv == NULL else W.posv[e]
+        return 1
+    if k > 0 and W.posv2 != NULL:           # a merge fiber's second driver
+        for e in range(n):
+            out[e] = W.posv2[e]
         return 1
     if k > 0:                               # a dense level located by the fiber loop
         par = P.lev_parent[L]
@@ -1781,6 +1797,69 @@ cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, i
         c = P.node_end[c]
 
 
+cdef void _sw_merge_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
+    """A fiber loop co-iterating two compressed drivers (an intersection)
+    over all the batch's rows: each row's two fibers merged, the matches'
+    positions and coordinates listed SW at a time, then the loop's
+    statements run over them (element-wise A∘B, the inner product)."""
+    cdef int64_t La = W.levs_f[0], Lb = W.levs_f[1]
+    cdef int64_t ba = C.base[P.lev_parent[La]], bb = C.base[P.lev_parent[Lb]]
+    cdef const idx_t* pa = P.lev_pos[La]
+    cdef const idx_t* pb = P.lev_pos[Lb]
+    cdef const idx_t* ca = P.lev_crd[La]
+    cdef const idx_t* cb = P.lev_crd[Lb]
+    cdef int64_t* seg = C.sw_rowid
+    cdef int64_t* segrow = C.sw_rowid + SW + 1
+    cdef int64_t* posv = C.sw_rowid + 2 * SW + 1
+    cdef int64_t* posv2 = C.sw_rowid + 3 * SW + 1
+    cdef idx_t* crdv = C.sw_crd
+    cdef int64_t rr, ia, ea, ib, eb, n0, n = 0, ns = 0
+    cdef idx_t x, y
+    if ba < 0 or bb < 0:
+        return
+    ba += W.r0
+    bb += W.r0
+    W.seg = seg
+    W.segrow = segrow
+    W.posv = posv
+    W.posv2 = posv2
+    W.crd = crdv
+    W.q0 = 0
+    for rr in range(W.nr):
+        ia = pa[ba + rr]
+        ea = pa[ba + rr + 1]
+        ib = pb[bb + rr]
+        eb = pb[bb + rr + 1]
+        n0 = n
+        while ia < ea and ib < eb:
+            # branch-free: a match is listed by keeping its slot (n advances)
+            x = ca[ia]
+            y = cb[ib]
+            posv[n] = ia
+            posv2[n] = ib
+            crdv[n] = x
+            n += x == y
+            ia += x <= y
+            ib += y <= x
+            if n == SW:
+                seg[ns] = n0
+                segrow[ns] = rr
+                seg[ns + 1] = n
+                W.nseg = ns + 1
+                _sw_fiber_statements(P, C, W, node, n)
+                n = n0 = ns = 0
+        if n > n0:
+            seg[ns] = n0
+            segrow[ns] = rr
+            ns += 1
+    if n > 0:
+        seg[ns] = n
+        W.nseg = ns
+        _sw_fiber_statements(P, C, W, node, n)
+    W.posv = NULL
+    W.posv2 = NULL
+
+
 cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
     """A fiber loop over all the batch's rows, SW positions at a time.
 
@@ -1802,6 +1881,10 @@ cdef void _sw_fiber(Plan* P, Ctx* C, Sweep* W, int64_t node) noexcept nogil:
     W.seg = seg
     W.segrow = segrow
     W.posv = NULL
+    W.posv2 = NULL
+    if P.loop_ndrv[lid] == 2:
+        _sw_merge_fiber(P, C, W, node)
+        return
     Ld = W.levs_f[0]
     par = P.lev_parent[Ld]
     pos = P.lev_pos[Ld]
@@ -1882,6 +1965,7 @@ cdef void _sweep(Plan* P, Ctx* C, int64_t node, int64_t lo, int64_t hi) noexcept
     W.nl_f = 0
     W.levs_f = NULL
     W.posv = NULL
+    W.posv2 = NULL
     for k in range(W.nl_o):
         seek_setup(P, C, W.levs_o[k])
     c = node + 1
@@ -1942,6 +2026,7 @@ cdef void _fiber_sweep(Plan* P, Ctx* C, int64_t node, int64_t qlo, int64_t qhi) 
     W.nl_f = P.loop_nlev[lid]
     W.levs_f = P.loop_levs + P.loop_lev_start[lid]
     W.posv = NULL
+    W.posv2 = NULL
     W.seg = C.sw_rowid
     W.segrow = C.sw_rowid + SW + 1
     W.nseg = 1
@@ -2176,6 +2261,89 @@ cdef int64_t _run_parallel_chunk(Plan* P, Ctx* ctxs, Ctx* S, int64_t node, int64
             if _wso_append(&S.wso[w], &C.wso[w], P.coo_nvar[P.ws_coo[w]]) != 0:
                 return -1
     return work
+
+
+cdef inline void _reduce_block(Plan* P, Ctx* C, int64_t node, int64_t k, int64_t* cur,
+                               const int64_t* stop, int64_t step, int64_t nred,
+                               const int64_t* rb, double** parts, int64_t nr) noexcept nogil:
+    """Block ``k``'s next ``step`` iterations of a reduction loop, summing
+    into its partial copies (block 0 into the buffers themselves); a copy
+    is filled with -0.0, the identity of ``+``, by its first round."""
+    cdef int64_t i, j, a = cur[k]
+    cdef int64_t e = stop[k] if stop[k] - a <= step else a + step
+    cdef double* d
+    if a >= e:
+        return
+    for i in range(nr):
+        if k > 0:
+            d = parts[i * nred + k]
+            if a == stop[k - 1]:        # its first round
+                for j in range(P.buf_size[rb[i]]):
+                    d[j] = -0.0
+            C.buf[rb[i]] = d
+        else:
+            C.buf[rb[i]] = parts[i * nred]
+    C.work = C.work + e - a
+    exec_loop_range(P, C, node, a, e)
+    cur[k] = e
+
+
+cdef int64_t _run_reduce_round(Plan* P, Ctx* ctxs, Ctx* S, int64_t node, int64_t* cur,
+                               const int64_t* stop, int64_t step, int64_t nred, int nthreads,
+                               const int64_t* rb, double** parts, int64_t nr,
+                               int64_t nvars) noexcept nogil:
+    """One round of a reduction loop (``PAR_REDUCE``): each of its ``nred``
+    fixed blocks runs its next ``step`` iterations (:func:`_reduce_block`);
+    block k goes to thread ``k % nthreads``.  Which thread runs a block
+    never changes what it adds, or in which order.  Returns the work done,
+    -1 on error."""
+    cdef int64_t k, work = 0
+    cdef int tid = 0, nt = 1
+    cdef Ctx* C
+    if nthreads <= 1:
+        S.work = 0
+        for k in range(nred):
+            _reduce_block(P, S, node, k, cur, stop, step, nred, rb, parts, nr)
+        return -1 if S.err else S.work
+    for k in range(nthreads):
+        ctxs[k].work = 0
+    with parallel(num_threads=nthreads):
+        tid = omp_get_thread_num()
+        nt = omp_get_num_threads()
+        C = &ctxs[tid]
+        memcpy(C.ival, S.ival, nvars * sizeof(int64_t))
+        k = tid
+        while k < nred:
+            _reduce_block(P, C, node, k, cur, stop, step, nred, rb, parts, nr)
+            k = k + nt
+    for k in range(nthreads):
+        if ctxs[k].err:
+            return -1
+        work += ctxs[k].work
+    return work
+
+
+cdef void _reduce_combine(const int64_t* rb, double** parts, int64_t nr, int64_t nred,
+                          const int64_t* size, int nthreads) noexcept nogil:
+    """Add each reduced buffer's partial copies (blocks 1..nred-1) into it,
+    in block order for every element: the same sums on any thread count."""
+    cdef int64_t i, k, j, lo, hi, n
+    cdef int tid = 0, nt = 1
+    cdef double* d
+    cdef double x
+    for i in range(nr):
+        n = size[rb[i]]
+        d = parts[i * nred]
+        with parallel(num_threads=nthreads if nthreads > 1 and n >= 65536 else 1):
+            tid = omp_get_thread_num()
+            nt = omp_get_num_threads()
+            lo = n * tid // nt
+            hi = n * (tid + 1) // nt
+            for j in range(lo, hi):
+                x = d[j]
+                for k in range(1, nred):
+                    x = x + parts[i * nred + k][j]
+                d[j] = x
 
 
 cdef int _wso_append(WsOut* dst, WsOut* src, int64_t width) noexcept nogil:
@@ -2444,18 +2612,23 @@ def _axpy_leaf(keep, node, parent):
 _LEAVES = ((LEAF_DOT, _dot_leaf), (LEAF_AXPY, _axpy_leaf), (LEAF_GDOT, _gdot_leaf), (LEAF_IDOT, _idot_leaf))
 
 
-def _fiber_children(keep, c, leaf):
+def _fiber_children(keep, c, leaf, row_levels=()):
     """The children of fiber loop ``c`` as sweep entries ``(role, node,
     statement or reset, fiber var)``, or None when the loop cannot be swept:
     one compressed driver with every other level it locates dense, and only
     statements, position-temporary resets and dense dot/axpy leaves below it
-    (their kinds go to ``leaf``)."""
+    (their kinds go to ``leaf``); or, under a row sweep whose loop locates
+    ``row_levels``, a merge of two compressed drivers of the row's fibers
+    with only statements and resets below it."""
     kind, node_kind, node_arg, node_end = keep["lev_kind"], keep["node_kind"], keep["node_arg"], keep["node_end"]
     fl = node_arg[c]
     st = keep["loop_lev_start"][fl]
     mine = [int(L) for L in keep["loop_levs"][st:st + keep["loop_nlev"][fl]]]
-    if not (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 1
-            and kind[mine[0]] == L_COMPRESSED and all(kind[L] == L_DENSE for L in mine[1:])):
+    merge = (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 2 and len(mine) == 2
+             and all(kind[L] == L_COMPRESSED and keep["lev_parent"][L] in row_levels for L in mine)
+             and not any(node_kind[cc] == N_LOOP for cc in range(c + 1, node_end[c])))
+    if not merge and not (keep["loop_mode"][fl] == M_INTERSECT and keep["loop_ndrv"][fl] == 1
+                          and kind[mine[0]] == L_COMPRESSED and all(kind[L] == L_DENSE for L in mine[1:])):
         return None
     vf = keep["loop_var"][fl]
     out = []
@@ -2476,7 +2649,7 @@ def _fiber_children(keep, c, leaf):
             s = node_arg[cc]
             tk = keep["stmt_tkind"][s]
             if not (tk == T_BUF or tk == T_WS
-                    or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] == mine[0])):
+                    or (tk == T_PATTERN and keep["pat_level"][keep["stmt_target"][s]] in mine[:1 + merge])):
                 return None
             out.append(("fiber", cc, s, vf))
         else:
@@ -2633,7 +2806,7 @@ def _sweep_loops(keep, private):
             elif k != N_LOOP:
                 ok = False
             else:
-                entries = _fiber_children(keep, c, leaf)
+                entries = _fiber_children(keep, c, leaf, [int(L) for L in levs[start[lid]:start[lid] + nlev[lid]]])
                 ok = entries is not None
                 order.extend(entries or ())
                 fibers += 1
@@ -2672,7 +2845,7 @@ _INT_FIELDS = (
     "pat_buf", "pat_level", "coo_nvar", "coo_vstart", "coo_vars",
     "ws_buf", "ws_coo", "ws_extent", "ws_pos", "buf_ws",
     "reset_buf", "reset_whole", "reset_tstart", "reset_nbound", "reset_nfree",
-    "rterm_a", "rterm_b", "buf_size", "code", "top_parallel",
+    "rterm_a", "rterm_b", "buf_size", "code", "top_parallel", "buf_reduce",
 )
 
 
@@ -2814,12 +2987,67 @@ cdef class _Program:
         free(self.P.lev_crd)
         free(self.P.acc_vals)
 
-    def execute(self, list buffers, list private_flags, int nthreads):
+    cdef _reduce_loop(self, Ctx* ctxs, Ctx* S, int64_t node, int64_t lo, int64_t hi,
+                      int nthreads, int64_t nred, list bufs):
+        """Top-level loop ``node`` over ``[lo, hi)`` as ``nred`` fixed blocks
+        of iterations run in interruptible rounds: block 0 sums into the
+        buffers reduced there, each other block into its own partial copy
+        (:func:`_reduce_block`), and the copies are added in block order."""
+        cdef Plan* P = &self.P
+        cdef int64_t* red = _ip(self.keep["buf_reduce"])
+        cdef int64_t b, i, k, nr, step, work, n = hi - lo
+        reduced = [b for b in range(self.nbuf) if red[b] == node]
+        nr = len(reduced)
+        parts = [np.empty((nred - 1, P.buf_size[b])) for b in reduced]
+        cdef int64_t* rb = <int64_t*>malloc((nr + 1) * sizeof(int64_t))
+        cdef int64_t* cur = <int64_t*>malloc(2 * nred * sizeof(int64_t))
+        cdef double** pp = <double**>malloc((nr * nred + 1) * sizeof(double*))
+        if rb == NULL or cur == NULL or pp == NULL:
+            free(rb); free(cur); free(pp)
+            raise MemoryError()
+        cdef int64_t* stop = cur + nred
+        cdef int nt = nthreads if nthreads > 1 else 1
+        try:
+            for i in range(nr):
+                rb[i] = reduced[i]
+                pp[i * nred] = _dp(bufs[rb[i]])
+                for k in range(1, nred):
+                    pp[i * nred + k] = _dp(parts[i][k - 1])
+            for k in range(nred):
+                cur[k] = lo + n * k // nred
+                stop[k] = lo + n * (k + 1) // nred
+            step = nt
+            while True:
+                with nogil:
+                    work = _run_reduce_round(P, ctxs, S, node, cur, stop, step, nred, nthreads,
+                                             rb, pp, nr, self.nvars)
+                if work < 0:
+                    raise MemoryError("loop-tree executor: out of memory in a reduction loop")
+                k = 0
+                while k < nred and cur[k] >= stop[k]:
+                    k += 1
+                if k == nred:
+                    break
+                PyErr_CheckSignals()
+                step = _next_step(step, step * nred, work, nt)
+            with nogil:
+                _reduce_combine(rb, pp, nr, nred, P.buf_size, nthreads)
+        finally:
+            for i in range(nr):     # the contexts point at the shared buffers again
+                S.buf[rb[i]] = _dp(bufs[rb[i]])
+                for k in range(nthreads):
+                    ctxs[k].buf[rb[i]] = _dp(bufs[rb[i]])
+            free(rb); free(cur); free(pp)
+
+    def execute(self, list buffers, list private_flags, int nthreads, int64_t reduce_blocks=1):
         """Run every top-level node in order.
 
         ``buffers``: one flat float64 array per plan buffer, initialised by the
-        caller and written in place.  Returns, per COO output, a pair
-        ``(coords (n, nvar) int64, values (n,) float64)`` in emission order.
+        caller and written in place.  ``reduce_blocks``: how many fixed
+        blocks a reduction loop (``PAR_REDUCE``) is cut into, whatever the
+        thread count, so that its sums are the same on any number of
+        threads.  Returns, per COO output, a pair ``(coords (n, nvar)
+        int64, values (n,) float64)`` in emission order.
         """
         cdef int64_t nctx = nthreads + 1           # ctx[nthreads] = serial
         cdef int64_t t, b, c, node, lo, hi, nvar, n, q, e, step, work
@@ -2937,8 +3165,11 @@ cdef class _Program:
                         if err:
                             break
                         c += 1
+                elif loop_range(P, S, node, &lo, &hi) and toppar[node] == PAR_REDUCE \
+                        and reduce_blocks > 1 and hi - lo >= reduce_blocks:
+                    self._reduce_loop(ctxs, S, node, lo, hi, nthreads, reduce_blocks, bufs)
                 elif loop_range(P, S, node, &lo, &hi):
-                    par = nthreads > 1 and toppar[node] != 0 and hi - lo > 1
+                    par = nthreads > 1 and toppar[node] == PAR_ROWS and hi - lo > 1
                     nt = nthreads if par else 1
                     if par:
                         for b in range(nb):

@@ -88,6 +88,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -110,6 +111,7 @@ N_LOOP, N_STMT, N_RESET, N_FLUSH = (_CODE[k] for k in ("N_LOOP", "N_STMT", "N_RE
 M_DENSE, M_INTERSECT, M_UNION = (_CODE[k] for k in ("M_DENSE", "M_INTERSECT", "M_UNION"))
 L_DENSE, L_COMPRESSED = _CODE["L_DENSE"], _CODE["L_COMPRESSED"]
 T_BUF, T_PATTERN, T_COO, T_WS = (_CODE[k] for k in ("T_BUF", "T_PATTERN", "T_COO", "T_WS"))
+PAR_ROWS, PAR_REDUCE = _CODE["PAR_ROWS"], _CODE["PAR_REDUCE"]
 ASSIGN_OPS = {name: _CODE[f"A_{name.upper()}"] for name in ("assign", "sum", "max", "min")}
 _ASSIGN_SYM = {"assign": "=", "sum": "+=", "max": "max=", "min": "min="}
 OP_LOAD_ACC, OP_LOAD_BUF, OP_CONST = _CODE["OP_LOAD_ACC"], _CODE["OP_LOAD_BUF"], _CODE["OP_CONST"]
@@ -618,6 +620,7 @@ class LoopTreePlan:
     ws_extent: np.ndarray
     ws_pos: np.ndarray
     buf_ws: np.ndarray
+    buf_reduce: np.ndarray   # per buffer: the top loop node summing into it by reduction blocks, or -1
     reset_buf: np.ndarray
     reset_whole: np.ndarray
     reset_tstart: np.ndarray
@@ -1064,6 +1067,7 @@ class _Lowerer:
                 raise ProgramError(f"access {a}: 0-d tensors are not supported; use a constant")
         self.coo_orders, self.workspaces = _coo_orders(b)
         self.bufs = list(b._buffers) + [w.buffer for w in self.workspaces]
+        buf_reduce = np.full(len(self.bufs), -1, dtype=np.int64)
         self.ws_of_coo = {w.coo.id: w for w in self.workspaces}
         self.flush_at: dict[int, list] = {}
         for w in self.workspaces:
@@ -1072,8 +1076,9 @@ class _Lowerer:
             start = len(self.nodes)
             self.walk(node, depth, [], 0)
             if isinstance(node, _LoopNode):
-                par, why = self.parallel_ok(node)
+                par, why, reduced = self.parallel_ok(node)
                 self.top_parallel_marks[start] = (par, why)
+                buf_reduce[reduced] = start
         top_par = np.zeros(len(self.nodes), dtype=np.int64)
         for n, (par, _) in self.top_parallel_marks.items():
             top_par[n] = int(par)
@@ -1120,7 +1125,7 @@ class _Lowerer:
             ws_coo=i64([w.coo.id for w in self.workspaces]),
             ws_extent=i64([w.buffer.size for w in self.workspaces]),
             ws_pos=i64([w.coo.vars.index(w.var) for w in self.workspaces]),
-            buf_ws=i64(buf_ws),
+            buf_ws=i64(buf_ws), buf_reduce=i64(buf_reduce),
             reset_buf=i64(resets[:, 0]), reset_whole=i64(resets[:, 1]),
             reset_tstart=i64(resets[:, 2]), reset_nbound=i64(resets[:, 3]),
             reset_nfree=i64(resets[:, 4]), rterm_a=i64(self.rterm_a), rterm_b=i64(self.rterm_b),
@@ -1298,14 +1303,20 @@ class _Lowerer:
 
     # ------------------------------------------------------------------
     def parallel_ok(self, node: _LoopNode) -> tuple:
-        """Can this top-level loop run as static blocks over threads?"""
+        """How this top-level loop may run over threads, as ``(mode, why
+        not, reduced buffers)``: ``PAR_ROWS`` as static blocks of
+        iterations; ``PAR_REDUCE`` as fixed reduction blocks, each summing
+        into private copies of the buffers it accumulates across iterations
+        (:meth:`reduced_buffers`); 0 serially."""
         mode = node.mode
         v = node.var
         if mode == M_UNION and len(node.drivers) > 0:
-            return False, "union loop"
+            return 0, "union loop", []
         if mode == M_INTERSECT and len({d.id for d in node.drivers}) > 1:
-            return False, "intersection of several drivers"
-        bad = []
+            return 0, "intersection of several drivers", []
+        bad: list = []
+        unsplit: set = set()
+        unsplit_why: list = []
 
         def visit(n):
             if isinstance(n, _LoopNode):
@@ -1342,11 +1353,50 @@ class _Lowerer:
                 continue
             for r in all_refs[bid]:
                 if v not in r.strides():
-                    bad.append(f"{r} is written below the loop but not split by {v}")
+                    unsplit.add(bid)
+                    unsplit_why.append(f"{r} is written below the loop but not split by {v}")
                     break
-        if bad:
-            return False, bad[0]
-        return True, ""
+        if bad or (unsplit_why and self.workspaces):
+            return 0, (bad + unsplit_why)[0], []
+        if unsplit:
+            reduced = self.reduced_buffers(node, unsplit)
+            if not reduced:
+                return 0, unsplit_why[0], []
+            return PAR_REDUCE, "", reduced
+        return PAR_ROWS, "", []
+
+    def reduced_buffers(self, node: _LoopNode, unsplit: set) -> list:
+        """The buffers ``unsplit`` (written below ``node`` but not split by
+        its variable) when every one is only summed into there -- never
+        assigned, reset or read by an expression -- and the loop emits
+        nothing else (no COO or pattern output), so that
+        per-block partial sums added in block order give the result; else
+        an empty list."""
+        ok = True
+
+        def visit(n):
+            nonlocal ok
+            if isinstance(n, _LoopNode):
+                for c in n.children:
+                    visit(c)
+            elif isinstance(n, _StmtNode):
+                t = n.target
+                if not isinstance(t, BufferRef):
+                    ok = False
+                elif t.buffer.id in unsplit and n.op != "sum":
+                    ok = False
+                if any(isinstance(leaf, BufferRef) and leaf.buffer.id in unsplit
+                       for leaf in _expr_leaves(n.expr, [])):
+                    ok = False
+            elif isinstance(n, _ResetNode):
+                t = n.target
+                if (t.buffer if isinstance(t, BufferRef) else t).id in unsplit:
+                    ok = False
+            else:
+                ok = False
+
+        visit(node)
+        return sorted(unsplit) if ok else []
 
     def describe_lines(self, top_par) -> None:
         b = self.b
@@ -1365,7 +1415,8 @@ class _Lowerer:
             mark = ""
             if n in self.top_parallel_marks:
                 par, why = self.top_parallel_marks[n]
-                mark = "   [parallel]" if par else f"   [serial: {why}]"
+                mark = {PAR_ROWS: "   [parallel]", PAR_REDUCE: "   [parallel: reduction blocks]"}.get(
+                    par, f"   [serial: {why}]")
             out.append("  " + "  " * level + text + mark)
         self.lines = out
 
@@ -1479,6 +1530,31 @@ def _program(plan: LoopTreePlan, blocks: bool):
     return base.with_arrays(plan.index_arrays, plan.value_arrays, plan.buf_size)
 
 
+#: most blocks a reduction loop is cut into (each holds a partial copy of
+#: the buffers it sums into)
+MAX_REDUCE_BLOCKS = 8
+#: the machine's cores (not the process's affinity or the call's threads:
+#: the blocks, and so the rounding, must not change with either)
+_CORES = os.cpu_count() or 1
+#: stored entries per element of a reduction's partial copies below which
+#: cutting it into blocks costs more (filling and adding the copies) than
+#: running a block per core saves
+REDUCE_WORK_PER_ELEMENT = 4
+
+
+def reduce_blocks(plan: LoopTreePlan) -> int:
+    """How many fixed blocks the plan's reduction loops (``PAR_REDUCE``)
+    are cut into: one per core of this machine (not per thread of the
+    call, so that results are the same on any thread count), at most
+    :data:`MAX_REDUCE_BLOCKS`, and fewer when the operands' stored entries
+    would not pay for the partial copies of the reduced buffers."""
+    if not (plan.buf_reduce >= 0).any():
+        return 1
+    cells = int(plan.buf_size[plan.buf_reduce >= 0].sum())
+    work = sum(len(v) for v in plan.value_arrays)
+    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * max(cells, 1))))
+
+
 def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
     """Execute ``plan``; return ``{name: array}`` for non-private buffers
     (reshaped), ``{name: 1-d array}`` for pattern outputs, and
@@ -1494,7 +1570,7 @@ def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = Tr
         else:
             bufs.append(np.full(size, init, dtype=np.float64))
     prog = _program(plan, blocks)
-    coos = prog.execute(bufs, list(plan.buf_private), nthreads)
+    coos = prog.execute(bufs, list(plan.buf_private), nthreads, reduce_blocks(plan))
     out: dict = {}
     for buf, name, shape, priv in zip(bufs, plan.buf_names, plan.buf_shapes, plan.buf_private, strict=True):
         if not priv:
