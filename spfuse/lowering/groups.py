@@ -219,6 +219,13 @@ _DENSE_RESULT = frozenset({"gemm", "spmv", "spmm", "spmm_gemm", "gnn2", "sddmm_s
                            "mttkrp", "mttkrp_gemm"})
 
 
+#: Kernels assembling a new sparse result (not one on an operand's pattern):
+#: their inputs may be read transposed, and a result computed transposed is
+#: returned in the other mode order (CSR of Cᵀ is CSC of C, no copy): AᵀA
+#: and A·Bᵀ run as Gustavson SpGEMM.
+_FRESH_SPARSE_RESULT = frozenset({"spgemm"})
+
+
 #: Kernels doing one multiply-add per stored entry: handing them a sparse
 #: operand transposed (a pass over its pattern and a gather of its values per
 #: call) costs more than the generic executor's scatter leaf (Aᵀx).
@@ -362,8 +369,8 @@ def _route(ein, local, ops) -> Route | None:
             found = _unify(sig, o_ix, summed, facs, names_local)
             if found is None or not follows_template(name, found, ops):
                 continue
-            if (swaps or out_swapped) and name not in _DENSE_RESULT:
-                continue  # a sparse result would need its pattern transposed back
+            if (swaps or out_swapped) and name not in _DENSE_RESULT | _FRESH_SPARSE_RESULT:
+                continue  # its result would live on a transposed operand's pattern
             if name in _SCALAR_PER_ENTRY and any(local[factors[n][0]].is_sparse for n in swaps):
                 continue  # transposing costs more than the kernel: the generic scatter leaf runs it
             return Route(name, tuple(found), tuple(sorted({factors[n][0] for n in swaps})), out_swapped)
@@ -670,7 +677,7 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         value = _run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
                             nt)
     if r.out_swapped:
-        value = np.ascontiguousarray(value.T)
+        value = np.ascontiguousarray(value.T) if isinstance(value, np.ndarray) else value.T
     if r.scalars:
         if isinstance(value, np.ndarray):
             value = np.multiply(value, scale, dtype=dtype)
