@@ -384,10 +384,16 @@ class Tensor:
 
     @classmethod
     def _fast_dense(cls, arr: np.ndarray) -> Tensor | None:
-        """The common dense operand (C-contiguous native float32/float64 ndarray)
-        wrapped in a few microseconds, or None: the general path decides."""
+        """The common dense operand (C- or Fortran-contiguous native
+        float32/float64 ndarray) wrapped in a few microseconds, or None: the
+        general path decides.  A Fortran-ordered array (``D.T`` of a C
+        array, ``np.asfortranarray``) is dense levels in the reversed mode
+        order over the same buffer: no transposing copy."""
         dt = arr.dtype
-        if not (dt is _FLOAT64 or dt is _FLOAT32 or dt in V.VALUE_DTYPES) or not arr.flags.c_contiguous:
+        if not (dt is _FLOAT64 or dt is _FLOAT32 or dt in V.VALUE_DTYPES):
+            return None
+        fortran = not arr.flags.c_contiguous
+        if fortran and not arr.flags.f_contiguous:
             return None
         shape = arr.shape
         parts = _dense_parts(shape)
@@ -396,6 +402,11 @@ class Tensor:
         obj = cls.__new__(cls)
         obj._shape = shape
         obj._format, obj._levels = parts
+        if fortran:
+            order = tuple(range(arr.ndim))[::-1]
+            obj._format = Format(obj._format.levels, order)
+            obj._levels = tuple(DenseLevel(shape[m]) for m in order)
+            arr = arr.T
         # a new read-only view of the caller's buffer
         obj._values = _readonly_flat(arr) if _readonly_flat is not None else _readonly(arr.reshape(-1))
         obj._index_dtype = _INT32

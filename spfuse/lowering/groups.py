@@ -144,12 +144,11 @@ def _gemm_roles(einsum, infos) -> tuple | None:
 
 def _run_gemm(roles, out_shape, tensors, nt):
     from spfuse._kernels import _dense_kernels as dense
-    from spfuse.lowering.templates import _dense, _types
+    from spfuse.lowering.templates import _dense, _dense_t, _types
     x, y, xt, yt, ot = roles
     _, dtype = _types([tensors[x], tensors[y]])
-    X, Y = _dense(tensors[x], dtype), _dense(tensors[y], dtype)
-    X = np.ascontiguousarray(X.T) if xt else X
-    Y = np.ascontiguousarray(Y.T) if yt else Y
+    X = _dense_t(tensors[x], dtype) if xt else _dense(tensors[x], dtype)
+    Y = _dense_t(tensors[y], dtype) if yt else _dense(tensors[y], dtype)
     out = np.empty((X.shape[0], Y.shape[1]), dtype)
     dense.gemm(X, Y, out, nt)
     return np.ascontiguousarray(out.T) if ot else out

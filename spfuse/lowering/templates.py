@@ -164,10 +164,26 @@ def follows_template(kernel: str, names, ops) -> bool:
 
 # -- array helpers ----------------------------------------------------------
 
+def _dense_view(t, dtype) -> np.ndarray:
+    """A dense tensor as an ndarray in its logical mode order: a view of its
+    storage (transposed when stored in another mode order, as a Fortran
+    array is), copied only to change the dtype."""
+    if not t.format.is_dense:
+        return np.asarray(t.todense(), dtype=dtype)
+    order = t.format.mode_order
+    a = _as(t.values, dtype).reshape(tuple(t.shape[m] for m in order))
+    return a if t.format.is_identity_order else a.transpose(np.argsort(order))
+
+
 def _dense(t, dtype) -> np.ndarray:
-    if t.format.is_identity_order and t.values.dtype == dtype:
-        return t.values.reshape(t.shape)  # dense storage is already C order: no copy
-    return np.ascontiguousarray(np.asarray(t.todense(), dtype=dtype))
+    """A dense tensor as a C-ordered ndarray (no copy when stored so)."""
+    return np.ascontiguousarray(_dense_view(t, dtype))
+
+
+def _dense_t(t, dtype) -> np.ndarray:
+    """A dense matrix's transpose as a C-ordered ndarray: no copy when the
+    matrix is stored in column order (``D.T`` of a C array)."""
+    return np.ascontiguousarray(_dense_view(t, dtype).T)
 
 
 def _as(a, dtype):
@@ -211,7 +227,10 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     S = ts[0]
     if kernel in ("spmv", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
         ip, ix, vals = _csr(S, itype, dtype)
-        d = [_dense(t, dtype) for t in ts[1:]]
+        # the dense factors, C-ordered; those a kernel reads transposed are
+        # made from the views (no copy for a column-ordered factor)
+        transposed = {"sddmm": (1,), "gnn2": (1, 2)}.get(kernel, ())
+        d = [_dense_t(t, dtype) if n in transposed else _dense(t, dtype) for n, t in enumerate(ts[1:])]
         if kernel in ("spmv", "spmm"):  # these two check A's indices as they read them
             out = np.empty(out_shape, dtype)
             bad = csr.spmv(ip, ix, vals, d[0], out, nt) if kernel == "spmv" else \
@@ -219,9 +238,8 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             if bad >= 0:
                 raise IndexCheckFailed(names[0], bad)
         elif kernel in ("sddmm", "sddmm_t"):
-            Dt = np.ascontiguousarray(d[1].T) if kernel == "sddmm" else d[1]
             outv = np.empty_like(vals)
-            csr.sddmm(ip, ix, vals, d[0], Dt, outv, 0, nt)
+            csr.sddmm(ip, ix, vals, d[0], d[1], outv, 0, nt)
             return S._with_kernel_values(outv)
         elif kernel == "spmm_gemm":
             # (A·C)·D fused with a row temporary.  The association and the
@@ -231,8 +249,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             out = np.empty(out_shape, dtype)
             csr.spmm_gemm(ip, ix, vals, C, D, out, nt)
         elif kernel == "gnn2":
-            X, Ykh, Yjh = d
-            Dt, E = np.ascontiguousarray(Ykh.T), np.ascontiguousarray(Yjh.T)
+            X, Dt, E = d
             out = np.empty(out_shape, dtype)
             csr.sddmm_spmm(ip, ix, vals, X, Dt, E, out, 0, nt)
         elif kernel == "sddmm_spmm":
@@ -455,8 +472,8 @@ def _match(plan) -> TemplateMatch | None:
             itype, dtype = _types(ts)
             nt = _threads(ts, nt)
             ip, ix, vals = _csr(ts[0], itype, dtype)
-            C, D = _dense(ts[1], dtype), _dense(ts[2], dtype)
-            Dt = D if transposed else np.ascontiguousarray(D.T)
+            C = _dense(ts[1], dtype)
+            Dt = _dense(ts[2], dtype) if transposed else _dense_t(ts[2], dtype)
             outv = np.empty_like(vals)
             csr.sddmm(ip, ix, vals, C, Dt, outv, 1, nt)
             return {result: ts[0]._with_kernel_values(outv)}
