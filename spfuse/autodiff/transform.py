@@ -593,9 +593,10 @@ class _Builder:
                 gradients[name] = self.grad[name]
         if not gradients:
             return Adjoint(forward, self.wrt, None, {}, self.cotangents, self.patterns, {})
-        kept, recomputed, reasons = self.temporary_choices(self.hoisted_statements + grads)
+        hoisted = _read_by(self.hoisted_statements, grads)
+        kept, recomputed, reasons = self.temporary_choices(hoisted + grads)
         recompute = [s for s in statements if s.target.name in recomputed]
-        body = Program(tuple(recompute + self.hoisted_statements + grads))
+        body = Program(tuple(recompute + hoisted + grads))
         program = parse_program(to_text(body))
         if set(program.results) != set(gradients.values()):  # pragma: no cover - a bug guard
             raise AssertionError(f"adjoint program returns {program.results}, expected {gradients}")
@@ -633,6 +634,20 @@ class _Builder:
                 wanted.extend(a.name for a in iter_accesses(value) if a.name in self.temporaries)
         order = [s.target.name for s in self.forward.statements]
         return (sorted(kept, key=order.index), sorted(recomputed, key=order.index), reasons)
+
+
+def _read_by(hoisted: list[Assignment], grads: list[Assignment]) -> list[Assignment]:
+    """The hoisted statements the gradient statements read, directly or
+    through one another (a hoisted reduction whose every use simplified
+    away -- a gradient through a constant branch of ``where`` -- is dropped,
+    not left as a stray result of the adjoint program)."""
+    live = {a.name for g in grads for a in iter_accesses(g.value)}
+    out = []
+    for h in reversed(hoisted):
+        if h.target.name in live:
+            out.append(h)
+            live.update(a.name for a in iter_accesses(h.value))
+    return out[::-1]
 
 
 def adjoint(program: str | Program, wrt: Iterable[str] | None = None,
