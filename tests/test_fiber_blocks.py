@@ -13,7 +13,7 @@ lowering obeys it: no coordinate list is emitted and sorted.
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_looptree import both_threads, rand_csr
 
@@ -639,3 +639,44 @@ def test_row_max_is_planned_over_the_pattern():
     A = sp.random_array((500, 400), density=0.01, format="csr", rng=0)
     text = spfuse.compile("y[i] = max(j, A[i,j])").explain(A=A)
     assert "for j < 400 (∈ A_j)" in text
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.sampled_from([(7, 6, 9), (1, 1, 1), (4, 0, 3), (9, 12, 5), (3, 4, 5, 6)]),
+       density=st.sampled_from([0.0, 0.2, 0.7]), scaled=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_middle_mode_products_sweep_a_scatter_per_position(shape, density, scaled, seed):
+    """A vector on a middle mode of a CSF tensor (``A[i,k] = X[i,j,k] *
+    c[j]``): the loop over j is swept and the fiber below each position is
+    scattered into A's row (the scatter-axpy leaf); values against numpy,
+    1 and 2 threads bitwise, the per-element walk to rounding."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal(shape) * (rng.random(shape) < density)
+    if shape[0] > 2:
+        dense[1] = 0.0          # an empty slice
+    X = spfuse.Tensor.from_numpy(dense, format="csf")
+    c = rng.standard_normal(shape[1])
+    rest = "k" if len(shape) == 3 else "k,l"
+    text = f"A[i,{rest}] = X[i,j,{rest}] * c[j]" + (" * 1.5" if scaled else "")
+    plans: list = []
+
+    def capture(plan, real=looptree_runtime.run, **k):
+        plans.append(plan)
+        return real(plan, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(looptree_runtime, "run", capture)
+        got = spfuse.evaluate(text, X=X, c=c, num_threads=1)
+        again = spfuse.evaluate(text, X=X, c=c, num_threads=2)
+    got, again = (g.todense() if hasattr(g, "todense") else np.asarray(g) for g in (got, again))
+    np.testing.assert_array_equal(got, again)
+    want = np.einsum("ij...,j->i...", dense, c) * (1.5 if scaled else 1.0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    if len(shape) == 3 and X.nnz and plans and not scaled:   # (a * x * 1.5 is no two-factor leaf)
+        sweep, leaf = _sweep_kinds(plans[0])[:2]
+        assert 2 in sweep and 5 in leaf, plans[0].describe()   # a fiber sweep, scatter-axpy leaf
+    for plan in plans:
+        walk = looptree_runtime.run(plan, num_threads=1, blocks=False)
+        fast = looptree_runtime.run(plan, num_threads=1)
+        for key in fast:
+            a, b = fast[key], walk[key]
+            np.testing.assert_allclose(getattr(a, "values", a), getattr(b, "values", b), rtol=1e-12, atol=1e-12)

@@ -75,6 +75,7 @@ cdef enum:
     LEAF_AXPY = 2
     LEAF_GDOT = 3
     LEAF_IDOT = 4
+    LEAF_SAXPY = 5
 
     # how a top-level loop runs over threads (top_parallel)
     PAR_ROWS = 1      # static blocks of iterations, one per thread
@@ -1720,6 +1721,45 @@ cdef void _sw_gdot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept 
             dst[0] = x
 
 
+cdef void _sw_saxpy(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
+    """A sparse scatter-axpy leaf (:func:`_saxpy_leaf`) at every position of
+    the chunk, in position order: ``T[..., crd[q]] += a[q] * x(e)`` over the
+    fiber under position e (TTV on a middle mode: the element walk's
+    updates, in its order: bitwise the same)."""
+    cdef int64_t lid = P.node_arg[node]
+    cdef int64_t s = P.node_arg[node + 1]
+    cdef int64_t pc = P.stmt_cstart[s]
+    cdef int64_t r = P.stmt_target[s]
+    cdef int64_t Ld = P.loop_levs[P.loop_lev_start[lid]]
+    cdef const idx_t* pos = P.lev_pos[Ld]
+    cdef const idx_t* crd = P.lev_crd[Ld]
+    cdef int64_t xs, ra, g, e, p, q, q0, q1, base, so, sf, sk
+    cdef double sc
+    cdef double x
+    cdef VDesc xv
+    cdef const double* a
+    cdef double* rowdst
+    cdef double* dst
+    if P.code[pc] == OP_LOAD_ACC and P.acc_last[P.code[pc + 1]] == Ld:
+        ra, xs = P.code[pc + 1], pc + 2
+    else:
+        ra, xs = P.code[pc + 3], pc
+    a = P.acc_vals[ra]
+    xv = _sw_load(P, C, W, True, P.code[xs], P.code[xs + 1], n, C.sw_q, &sc)
+    base = _sw_terms3(P, C, r, W.vo, W.vf, P.loop_var[lid], &so, &sf, &sk)
+    rowdst = C.buf[P.bref_buf[r]] + base + so * W.r0
+    for g in range(W.nseg):
+        for e in range(W.seg[g], W.seg[g + 1]):
+            p = W.q0 + e if W.posv == NULL else W.posv[e]
+            q0 = pos[p]
+            q1 = pos[p + 1]
+            C.work += q1 - q0
+            x = xv.p[e * xv.inc]
+            dst = rowdst + so * W.segrow[g] + sf * W.crd[e]
+            for q in range(q0, q1):
+                dst[sk * crd[q]] += a[q] * x
+
+
 cdef void _sw_idot(Plan* P, Ctx* C, Sweep* W, int64_t node, int64_t n) noexcept nogil:
     """A sparse∩sparse dot leaf (:func:`_idot_leaf`) at every position of
     the chunk: the two drivers' fibers under position e merged, ``t[e] +=
@@ -1792,6 +1832,8 @@ cdef inline void _sw_fiber_statements(Plan* P, Ctx* C, Sweep* W, int64_t node, i
             _sw_axpy(P, C, W, c, n)
         elif P.loop_leaf[P.node_arg[c]] == LEAF_GDOT:
             _sw_gdot(P, C, W, c, n)
+        elif P.loop_leaf[P.node_arg[c]] == LEAF_SAXPY:
+            _sw_saxpy(P, C, W, c, n)
         else:
             _sw_idot(P, C, W, c, n)
         c = P.node_end[c]
@@ -2608,8 +2650,40 @@ def _axpy_leaf(keep, node, parent):
     return s
 
 
+def _saxpy_leaf(keep, node, parent):
+    """A sparse scatter-axpy leaf: one compressed driver whose parent level
+    is ``parent`` (the enclosing fiber loop's driver) and nothing else
+    located, into ``T[..., k] += a * x`` with ``a`` the driver's values,
+    ``x`` anything not read at the loop's coordinate and ``T`` a buffer
+    indexed by the loop.  Sweeps run it as one scatter of the fiber under
+    each position (TTV on a middle mode: ``A[i,k] += X[i,j,k] * c[j]``)."""
+    parts = _leaf_parts(keep, node, M_INTERSECT)
+    lid = keep["node_arg"][node]
+    if parts is None or keep["loop_ndrv"][lid] != 1 or keep["loop_nlev"][lid] != 1:
+        return -1
+    mine, s, code = parts
+    Ld = mine[0]
+    if keep["lev_kind"][Ld] != L_COMPRESSED or keep["lev_parent"][Ld] != parent or keep["stmt_tkind"][s] != T_BUF:
+        return -1
+    v = keep["loop_var"][lid]
+
+    def has_v(r):
+        t0 = keep["bref_tstart"][r]
+        return v in keep["term_var"][t0:t0 + keep["bref_nterm"][r]]
+
+    loads = [(code[0], code[1]), (code[2], code[3])]
+    driver = [op == OP_LOAD_ACC and keep["acc_last"][r] == Ld for op, r in loads]
+    if sorted(driver) != [False, True]:
+        return -1
+    op, r = loads[driver.index(False)]
+    if (op == OP_LOAD_BUF and has_v(r)) or not has_v(keep["stmt_target"][s]):
+        return -1
+    return s
+
+
 #: The leaf kinds a sweep's fiber loop may hold, tried in this order.
-_LEAVES = ((LEAF_DOT, _dot_leaf), (LEAF_AXPY, _axpy_leaf), (LEAF_GDOT, _gdot_leaf), (LEAF_IDOT, _idot_leaf))
+_LEAVES = ((LEAF_DOT, _dot_leaf), (LEAF_AXPY, _axpy_leaf), (LEAF_GDOT, _gdot_leaf), (LEAF_IDOT, _idot_leaf),
+           (LEAF_SAXPY, _saxpy_leaf))
 
 
 def _fiber_children(keep, c, leaf, row_levels=()):
