@@ -1548,11 +1548,14 @@ def reduce_blocks(plan: LoopTreePlan) -> int:
     call, so that results are the same on any thread count), at most
     :data:`MAX_REDUCE_BLOCKS`, and fewer when the operands' stored entries
     would not pay for the partial copies of the reduced buffers."""
-    if not (plan.buf_reduce >= 0).any():
+    cells = plan.__dict__.get("_reduce_cells")   # worked out once per plan (copies carry it)
+    if cells is None:
+        cells = int(plan.buf_size[plan.buf_reduce >= 0].sum()) if (plan.buf_reduce >= 0).any() else 0
+        object.__setattr__(plan, "_reduce_cells", cells)
+    if not cells:
         return 1
-    cells = int(plan.buf_size[plan.buf_reduce >= 0].sum())
-    work = sum(len(v) for v in plan.value_arrays)
-    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * max(cells, 1))))
+    work = sum(map(len, plan.value_arrays))
+    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * cells)))
 
 
 def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
