@@ -28,6 +28,7 @@ import numpy as np
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
+from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
 
@@ -52,11 +53,15 @@ class Group:
     route: Route | None = None
     #: the group's own temporaries when not the plan's (a split group's tail)
     temporaries: Mapping | None = None
+    #: element-wise work on one sparse pattern run on its values (kernel "pattern")
+    on_pattern: PatternGroup | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
+        if self.on_pattern is not None:
+            how = f"numpy {self.on_pattern.describe()}"
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
@@ -641,7 +646,9 @@ def split_groups(plan) -> tuple[Group, ...]:
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
             found = _head_route(plan, ops, outs[0], set(infos) | set(produced_in))
         if found is None:
-            groups.append(Group(node, ops, outs, "generic", temporaries=temps))
+            on_pattern = pattern_group(plan, ops, outs)
+            groups.append(Group(node, ops, outs, "generic" if on_pattern is None else "pattern", temporaries=temps,
+                                on_pattern=on_pattern))
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
@@ -662,6 +669,8 @@ def lower_groups(plan):
             roles.update({g.names[0]: "dense", g.names[1]: "dense"})
         elif g.kernel == "values":
             roles[g.names[0]] = "csr"
+        elif g.on_pattern is not None:
+            roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
         elif g.kernel != "generic":
             from spfuse.lowering.templates import SIGNATURES
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
@@ -678,7 +687,10 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     out = {}
     for g in groups:
         try:
-            values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
+            if g.on_pattern is not None:
+                values = run_pattern_group(g.on_pattern, env, plan.shapes)
+            else:
+                values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
             if values is None:
                 values = _run_generic(_subplan(plan, g), env, nt)
         except UnrealizableMask:
