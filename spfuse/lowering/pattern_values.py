@@ -62,6 +62,7 @@ class PatternGroup:
     row_restricted: frozenset
 
     def describe(self) -> str:
+        """How the group runs, for ``explain()`` (see :func:`pattern_group`)."""
         return f"on the values of the one pattern of {', '.join(self.sparse)} (checked per call)"
 
 
@@ -86,7 +87,15 @@ def _mask(plan, op: UnitOp, ix: str):
 
 def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     """The :class:`PatternGroup` running ``ops`` (a fused group of ``plan``
-    with these outputs), or None when the group does not qualify."""
+    with these outputs), or None when the group does not qualify.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> A = sp.random_array((50, 50), density=0.1, format="csr", rng=0)
+    >>> S, m = A.copy(), np.zeros(50)
+    >>> plan = spfuse.compile("E[i,j] = A[i,j] * exp(S[i,j] - m[i])").plans(A=A, S=S, m=m)["auto"]
+    >>> pattern_group(plan, plan.ops, ("E",)).describe()
+    'on the values of the one pattern of A, S (checked per call)'
+    """
     produced = {op.out: op for op in ops}
     sparse = {a.name for op in ops for a in op.args
               if isinstance(a, Ref) and a.name not in produced and plan.inputs.get(a.name) is not None
@@ -161,7 +170,17 @@ def _divide(a, b):
 def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | None:
     """Run ``pg`` on ``env``'s operands: ``{output: value}`` (an ``[r,c]``
     output on the pattern, a row-wise one dense), or None (patterns differ,
-    or a non-finite result): the caller then runs the generic executor."""
+    or a non-finite result): the caller then runs the generic executor.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> from spfuse.tensor import as_tensor
+    >>> A = sp.random_array((50, 50), density=0.1, format="csr", rng=0); S = A.copy()
+    >>> plan = spfuse.compile("r[i] = sum(j, A[i,j] * exp(S[i,j]))").plans(A=A, S=S)["auto"]
+    >>> pg = pattern_group(plan, plan.ops, ("r",))
+    >>> r = run_pattern_group(pg, {"A": as_tensor(A), "S": as_tensor(S)}, plan.shapes)["r"]
+    >>> bool(np.allclose(r, (A.toarray() * np.where(A.toarray() != 0, np.exp(A.toarray()), 0)).sum(1)))
+    True
+    """
     first = env[pg.sparse[0]]
     if first.format.name != "csr" or any(not _same_pattern(first, env[n]) for n in pg.sparse[1:]):
         return None
