@@ -33,6 +33,7 @@ handed back (None): the caller runs the generic executor.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,8 @@ class PatternGroup:
     op_cols: tuple[str | None, ...]
     outputs: tuple[str, ...]
     row_restricted: frozenset
+    #: per op, an earlier op computing the same values (None: computed here)
+    same_as: tuple[str | None, ...] = ()
 
     def describe(self) -> str:
         """How the group runs, for ``explain()`` (see :func:`pattern_group`)."""
@@ -153,7 +156,27 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     if len(sparse) < 2:
         return None  # nothing to co-iterate: the executor's sweeps over one operand are as fast
     return PatternGroup(rows, tuple(sorted(sparse)), tuple(ops), tuple(op_cols), tuple(outputs),
-                        frozenset(row_restricted))
+                        frozenset(row_restricted), _repeats(ops, op_cols, rows, row_restricted))
+
+
+def _repeats(ops, op_cols, rows: str, row_restricted) -> tuple[str | None, ...]:
+    """Per op, an earlier op computing the same values, or None: a statement's
+    terms repeat sub-expressions (``A/A``, ``m_r_1 - m_r_2`` read at ``j``
+    and at ``j_1`` -- every column index walks the same entries)."""
+    seen: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    out = []
+    for op, c in zip(ops, op_cols, strict=True):
+        key = (op.operator, op.reduction, c is not None, op.coefs, op.out in row_restricted, tuple(
+            ("const", a.value) if isinstance(a, Const) else
+            (alias.get(a.name, a.name), tuple("r" if ix == rows else "c" for ix in a.indices)) for a in op.args))
+        same = seen.get(key)
+        if same is None:
+            seen[key] = op.out
+        else:
+            alias[op.out] = same
+        out.append(same)
+    return tuple(out)
 
 
 def _same_pattern(a, b) -> bool:
@@ -162,9 +185,21 @@ def _same_pattern(a, b) -> bool:
         la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
 
 
-def _divide(a, b):
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(a == 0, 0.0, np.divide(a, b))
+#: entries evaluated per block: numpy's temporaries then stay in cache (and
+#: below malloc's mmap threshold -- a fresh 18k-entry temporary per operation
+#: cost page faults, 100+ µs each, more than the arithmetic)
+BLOCK = 8192
+
+
+def _row_blocks(indptr: np.ndarray, nrows: int) -> list[tuple[int, int]]:
+    """Row ranges of about :data:`BLOCK` entries each (a longer row alone)."""
+    bounds, lo = [], 0
+    while lo < nrows:
+        hi = int(np.searchsorted(indptr, indptr[lo] + BLOCK, side="right")) - 1
+        hi = min(max(hi, lo + 1), nrows)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds or [(0, 0)]
 
 
 def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | None:
@@ -185,22 +220,18 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | N
     if first.format.name != "csr" or any(not _same_pattern(first, env[n]) for n in pg.sparse[1:]):
         return None
     level = first.levels[1]
-    indptr, cols = level.pos, level.crd
+    indptr, cols = np.asarray(level.pos, dtype=np.int64), level.crd
     nrows, ncols = first.shape
     counts = np.diff(indptr)
-    rowidx = np.repeat(np.arange(nrows), counts)
-    vals: dict[str, np.ndarray] = {n: env[n].values for n in pg.sparse}
+    on_pattern: dict[str, np.ndarray] = {n: env[n].values for n in pg.sparse}
     for op, c in zip(pg.ops, pg.op_cols, strict=True):
         # a sparse temporary of an earlier group (SDDMM kept on the pattern) on the same pattern
         for a in op.args:
             t = env.get(a.name) if isinstance(a, Ref) and tuple(a.indices) == (pg.rows, c) else None
-            if t is not None and a.name not in vals and not t.format.is_dense and t.format.name == "csr" \
+            if t is not None and a.name not in on_pattern and not t.format.is_dense and t.format.name == "csr" \
                     and _same_pattern(first, t):
-                vals[a.name] = t.values
-    rowwise: dict[str, np.ndarray] = {}
+                on_pattern[a.name] = t.values
     dense_cache: dict[str, np.ndarray] = {}
-    gathered: dict[str, np.ndarray] = {}
-    done: dict[tuple, str] = {}  # an operation already computed (A/A once per statement, not per term)
 
     def dense(name):
         d = dense_cache.get(name)
@@ -210,6 +241,106 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | N
                                                else t.values.reshape(t.shape))
         return d
 
+    results: dict[str, Any] = {}
+    for name in pg.outputs:
+        op = next(o for o in pg.ops if o.out == name)
+        wide = op.reduction is None and len(op.out_indices) == 2
+        results[name] = np.empty(len(cols) if wide else (nrows if op.out_indices else ()))
+    for lo, hi in _row_blocks(indptr, nrows):
+        _run_block(pg, lo, hi, indptr, cols, counts, ncols, on_pattern, dense, results)
+    out: dict[str, Any] = {}
+    for name, v in results.items():
+        if not np.all(np.isfinite(v)):
+            return None
+        if v.ndim == 1 and len(v) == len(cols) and name in {o.out for o in pg.ops if len(o.out_indices) == 2}:
+            out[name] = first._with_kernel_values(v)  # (float64, as the executor's; the call path casts results)
+        else:
+            out[name] = v.reshape(shapes[name])
+    return out
+
+
+_pools = threading.local()
+#: row vectors gathered per block into kept buffers (more are gathered into fresh arrays)
+_GATHERS = 8
+
+
+def _buffers(pg: PatternGroup, n: int) -> list[np.ndarray]:
+    """Per op of ``pg``, a work buffer of at least ``n`` entries, kept per
+    thread across calls: numpy's fresh temporaries, freed and allocated
+    again block after block, cost page faults (malloc hands the freed top
+    of the heap back to the system) that came to more than the arithmetic."""
+    pools = getattr(_pools, "by_group", None)
+    if pools is None:
+        pools = _pools.by_group = {}
+    found = pools.get(id(pg))
+    if found is None or found[0] is not pg or len(found[1][0]) < n:
+        if len(pools) >= 64:
+            pools.clear()
+        found = pools[id(pg)] = (pg, [np.empty(max(n, BLOCK)) for _ in range(len(pg.ops) + _GATHERS)])
+    return found[1]
+
+
+def _unary(fn: str, x, out: np.ndarray) -> np.ndarray:
+    """``_UNARY_NP[fn](x)`` written into ``out``."""
+    with np.errstate(all="ignore"):
+        if fn == "relu":
+            return np.maximum(x, 0.0, out=out)
+        if fn == "sigmoid":  # 0.5 * (1 + tanh(x / 2)), as the oracle
+            np.multiply(x, 0.5, out=out)
+            np.tanh(out, out=out)
+            np.add(out, 1.0, out=out)
+            return np.multiply(out, 0.5, out=out)
+        ufunc = {"tanh": np.tanh, "exp": np.exp, "log": np.log, "abs": np.abs, "sqrt": np.sqrt,
+                 "neg": np.negative}[fn]
+        return ufunc(x, out=out)
+
+
+def _entrywise(op: UnitOp, xs: list, out: np.ndarray) -> np.ndarray:
+    """One entry-wise operation over ``xs`` (arrays of the block's entries,
+    or scalars) written into ``out``."""
+    o = op.operator
+    if o is None:
+        np.copyto(out, xs[0])
+    elif o in ("+", "-"):
+        coefs = op.coefficients
+        np.multiply(xs[0], coefs[0], out=out)
+        for k, x in zip(coefs[1:], xs[1:], strict=True):
+            term = x if k == 1.0 else np.multiply(x, k)
+            (np.subtract if o == "-" else np.add)(out, term, out=out)
+    elif o == "*":
+        np.multiply(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            np.multiply(out, x, out=out)
+    elif o == "/":  # a / b, and 0 where a is 0 (0/0 too)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(xs[0], xs[1], out=out)
+        zero = np.asarray(xs[0]) == 0
+        if zero.ndim:
+            out[zero] = 0.0
+        elif zero:
+            out[...] = 0.0
+    elif o == "where":
+        np.copyto(out, xs[2])
+        np.copyto(out, xs[1], where=np.asarray(xs[0]) != 0)
+    else:
+        _unary(o, xs[0], out)
+    return out
+
+
+def _run_block(pg: PatternGroup, lo: int, hi: int, indptr, cols, counts, ncols: int, on_pattern, dense,
+               results: dict) -> None:
+    """Every op of ``pg`` on rows ``lo:hi`` (every op is row-local); the
+    outputs' parts written into ``results``."""
+    elo, ehi = int(indptr[lo]), int(indptr[hi])
+    n = ehi - elo
+    bufs = _buffers(pg, n)
+    local_counts = counts[lo:hi]
+    local_rows = np.repeat(np.arange(hi - lo), local_counts)  # each entry's row, from lo
+    c_idx = cols[elo:ehi]
+    vals = {name: v[elo:ehi] for name, v in on_pattern.items()}
+    rowwise: dict[str, Any] = {}
+    gathered: dict[str, np.ndarray] = {}
+
     def arg(a, c: str | None):
         if isinstance(a, Const):
             return a.value
@@ -217,91 +348,59 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | N
         if a.name in vals and ix == (pg.rows, c):
             return vals[a.name]
         if ix == ():
-            return float(dense(a.name).reshape(-1)[0]) if a.name not in rowwise else rowwise[a.name]
+            return rowwise[a.name] if a.name in rowwise else float(dense(a.name).reshape(-1)[0])
         if ix == (pg.rows,):
-            v = rowwise[a.name] if a.name in rowwise else dense(a.name).reshape(-1)
+            v = rowwise[a.name] if a.name in rowwise else dense(a.name).reshape(-1)[lo:hi]
             if not wide:
                 return v
             g = gathered.get(a.name)
-            if g is None:
-                g = gathered[a.name] = v[rowidx]  # a row vector at each entry, gathered once
+            if g is None:  # a row vector at each entry, gathered once
+                slot = len(pg.ops) + len(gathered)
+                g = gathered[a.name] = (np.take(v, local_rows, out=bufs[slot][:n]) if slot < len(bufs)
+                                        else v[local_rows])
             return g
         if ix == (c,):
-            return dense(a.name).reshape(-1)[cols]
-        return dense(a.name)[rowidx, cols]
+            return dense(a.name).reshape(-1)[c_idx]
+        return dense(a.name)[local_rows + lo, c_idx]
 
-    for op, c in zip(pg.ops, pg.op_cols, strict=True):
-        wide = c is not None
-        # the column index's name does not matter: every one walks the same entries
-        key = (op.operator, op.reduction, wide, op.coefs, op.out in pg.row_restricted, tuple(
-            a.value if isinstance(a, Const) else
-            (done.get(a.name, a.name), tuple("r" if ix == pg.rows else "c" for ix in a.indices)) for a in op.args))
-        same = done.get(key)
-        if same is not None:
-            done[op.out] = same
+    for k, (op, c, same) in enumerate(zip(pg.ops, pg.op_cols, pg.same_as, strict=True)):
+        if same is not None:  # computed already (A/A once per statement, not once per term)
             for table in (vals, rowwise):
                 if same in table:
                     table[op.out] = table[same]
             continue
-        done[key] = op.out
         xs = [arg(a, c) for a in op.args]
-        if op.operator is None:
-            r = xs[0]
-        elif op.operator in ("+", "-"):
-            coefs = op.coefficients
-            r = coefs[0] * xs[0] if coefs[0] != 1.0 else xs[0]
-            for c, x in zip(coefs[1:], xs[1:], strict=True):
-                term = x if c == 1.0 else c * x
-                r = r - term if op.operator == "-" else r + term
-        elif op.operator == "*":
-            r = xs[0]
-            for x in xs[1:]:
-                r = r * x
-        elif op.operator == "/":
-            r = _divide(xs[0], xs[1])
-        elif op.operator == "where":
-            r = np.where(np.asarray(xs[0]) != 0, xs[1], xs[2])
-        else:
-            with np.errstate(all="ignore"):
-                r = _UNARY_NP[op.operator](np.asarray(xs[0], dtype=np.float64))
-        if wide:
-            r = np.broadcast_to(np.asarray(r, dtype=np.float64), rowidx.shape)
-        if op.reduction is not None:
-            r = _reduce(op.reduction, r, indptr, counts, ncols)
-            rowwise[op.out] = r
-        elif wide:
-            vals[op.out] = np.ascontiguousarray(r, dtype=np.float64)
-        else:
-            r = np.broadcast_to(np.asarray(r, dtype=np.float64), (nrows,) if op.out_indices else ())
-            if op.out in pg.row_restricted:
-                r = np.where(counts > 0, r, 0.0)
-            rowwise[op.out] = r
-    out: dict[str, Any] = {}
-    for name in pg.outputs:
+        if c is not None:  # entry-wise (or the operand of a row reduction)
+            r = _entrywise(op, xs, bufs[k][:n])
+            if op.reduction is not None:
+                rowwise[op.out] = _reduce(op.reduction, r, indptr[lo:hi] - elo, local_counts, ncols)
+            else:
+                vals[op.out] = r
+            continue
+        shape = (hi - lo,) if op.out_indices else ()
+        r = _entrywise(op, [np.broadcast_to(x, shape) for x in xs], np.empty(shape))  # row-wise: small
+        if op.out in pg.row_restricted:
+            r = np.where(local_counts > 0, r, 0.0)
+        rowwise[op.out] = r
+    for name, whole in results.items():
         if name in vals:
-            v = vals[name]  # (float64, as the executor's results; the call path casts results)
-            if not np.all(np.isfinite(v)):
-                return None
-            out[name] = first._with_kernel_values(np.ascontiguousarray(v))
+            whole[elo:ehi] = vals[name]
+        elif whole.ndim:
+            whole[lo:hi] = rowwise[name]
         else:
-            v = np.array(rowwise[name], dtype=np.float64).reshape(shapes[name])
-            if not np.all(np.isfinite(v)):
-                return None
-            out[name] = v
-    return out
+            whole[()] = rowwise[name]
 
 
-def _reduce(kind: str, x: np.ndarray, indptr: np.ndarray, counts: np.ndarray, ncols: int) -> np.ndarray:
-    """A row reduction of entry values ``x`` (pattern order); max and min also
-    see a row's implicit zeros (a row not full), and give 0 on an empty row."""
-    nrows = len(counts)
-    if kind == "sum":
-        return np.bincount(np.repeat(np.arange(nrows), counts), weights=x, minlength=nrows)
-    out = np.zeros(nrows)
+def _reduce(kind: str, x: np.ndarray, starts: np.ndarray, counts: np.ndarray, ncols: int) -> np.ndarray:
+    """A row reduction of entry values ``x`` (rows starting at ``starts``);
+    max and min also see a row's implicit zeros (a row not full), and give 0
+    on an empty row."""
+    out = np.zeros(len(counts))
     full = counts > 0
     if full.any():
-        starts = np.asarray(indptr[:-1])[full]
-        out[full] = _REDUCE[kind].reduceat(x, starts)
-        partial = full & (counts < ncols)
-        out[partial] = _REDUCE[kind](out[partial], 0.0)
+        ufunc = np.add if kind == "sum" else _REDUCE[kind]
+        out[full] = ufunc.reduceat(x, starts[full])
+        if kind != "sum":
+            partial = full & (counts < ncols)
+            out[partial] = ufunc(out[partial], 0.0)
     return out
