@@ -74,15 +74,18 @@ def _generic(program, ops, monkeypatch):
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(k=st.integers(0, len(PROGRAMS) - 1), n=st.integers(0, 12), m=st.integers(1, 12),
-       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), seed=st.integers(0, 2**16))
-def test_pattern_programs_match_numpy_and_the_generic_executor(monkeypatch, k, n, m, density, seed):
+       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), dtype=st.sampled_from([np.float64, np.float32]),
+       seed=st.integers(0, 2**16))
+def test_pattern_programs_match_numpy_and_the_generic_executor(monkeypatch, k, n, m, density, dtype, seed):
     program = PROGRAMS[k]
     ops = _operands(np.random.default_rng(seed), n, m, density)
-    ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
+    ops = {name: ops[name].astype(dtype) for name in spfuse.compile(program).program.inputs}
     got = spfuse.evaluate(program, **ops)
-    want = dense_reference(program, ops)
-    np.testing.assert_allclose(_dense(got), want, rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(_dense(got), _dense(_generic(program, ops, monkeypatch)), rtol=1e-12, atol=1e-12)
+    assert _dense(got).dtype == _dense(_generic(program, ops, monkeypatch)).dtype
+    want = dense_reference(program, {name: v.astype(np.float64) for name, v in ops.items()})
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(_dense(got), want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(_dense(got), _dense(_generic(program, ops, monkeypatch)), rtol=tol, atol=tol)
     np.testing.assert_array_equal(_dense(got), _dense(spfuse.evaluate(program, **ops)))  # repeat: same bits
 
 
