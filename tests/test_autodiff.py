@@ -87,6 +87,16 @@ def test_sub_reductions_are_hoisted_once():
     assert sum("sum(k, C[i, k]" in line for line in lines) == 1
 
 
+def test_element_wise_temporary_on_a_sparse_pattern_is_kept():
+    """E lives on A's pattern (a factor A[i,j]): kept, not recomputed; one
+    element-wise on dense operands only is still recomputed."""
+    text = "E[i,j] = A[i,j] * exp(S[i,j]); F[i,j] = exp(S[i,j]); Z[i,h] = E[i,j] * F[i,j] * W[j,h]"
+    adj = adjoint(text, wrt=("S", "W"), sparse=("A",))
+    assert "E" in adj.kept and "F" in adj.recomputed
+    assert "stored on a sparse operand's pattern" in adj.reasons["E"]
+    assert adjoint(text, wrt=("S", "W")).recomputed == ("E", "F")  # A dense: nothing to store it on
+
+
 def test_temporaries_keep_or_recompute_is_shown():
     text = "T[i,k] = A[i,j] * B[j,k]; E[i,k] = exp(T[i,k]); Z[i,h] = E[i,k] * W[k,h]"
     adj = adjoint(text, wrt=("A", "W"))

@@ -41,8 +41,9 @@ CASES = {
                           lambda A, B, X, W, Q, b, s, D: (A * B * s) @ X),
     "pattern_product": ("Y[i,j] = A[i,j] * B[i,j] * s", ("values",),
                         lambda A, B, X, W, Q, b, s, D: A * B * s),
-    # a dense factor at the merged factors' indices is no scalar: no "values" route
-    "pattern_times_dense": ("Y[i,j] = A[i,j] * B[i,j] * D[i,j]", ("generic",),
+    # a dense factor at the merged factors' indices is no scalar: no "values" route (the
+    # values of the one pattern, D gathered at its entries: spfuse/lowering/pattern_values.py)
+    "pattern_times_dense": ("Y[i,j] = A[i,j] * B[i,j] * D[i,j]", ("pattern",),
                             lambda A, B, X, W, Q, b, s, D: A * B * D),
     # A/A is A's pattern (checked per call: finite non-zero values), 2.0 a constant factor
     "pattern_ratio": ("Y[i,j] = A[i,j] / A[i,j] * (2.0 * (s * B[i,j]))", ("values",),
@@ -50,7 +51,7 @@ CASES = {
     "sddmm_scaled": ("Y[i,j] = sum(h, A[i,j] * Q[i,h] * W[h,j]) * s", ("sddmm",),
                      lambda A, B, X, W, Q, b, s, D: A * (Q @ W) * s),
     # the einsum is needed on A's pattern only: SDDMM there, kept sparse for the tail
-    "sddmm_on_the_mask": ("Y[i,j] = A[i,j] * (sum(h, Q[i,h] * W[h,j]) - B[i,j])", ("sddmm", "generic"),
+    "sddmm_on_the_mask": ("Y[i,j] = A[i,j] * (sum(h, Q[i,h] * W[h,j]) - B[i,j])", ("sddmm", "pattern"),
                           lambda A, B, X, W, Q, b, s, D: A * (Q @ W - B)),
     "normalised": ("Y[i,h] = sum(j, A[i,j] * X[j,h]) / (sum(j, A[i,j] * A[i,j]) + 1.0)", ("spmm", "generic"),
                    lambda A, B, X, W, Q, b, s, D: (A @ X) / ((A * A).sum(1, keepdims=True) + 1.0)),

@@ -20,8 +20,11 @@ Choices made visible by :meth:`Adjoint.describe`:
   is computed once and its bound indices never clash with the scope.
 * **Across statements**, a forward temporary read by the adjoint is *kept*
   (saved by the forward run and passed in) when its statement reduces --
-  recomputing would repeat a contraction -- and *recomputed* inside the
-  adjoint program when it is element-wise, where the planner fuses it.
+  recomputing would repeat a contraction -- or when it is stored on a
+  sparse input's pattern (``E[i,j] = A[i,j] * exp(...)``: as many values as
+  ``A``, where recomputing walks the operands' patterns again), and
+  *recomputed* inside the adjoint program when it is otherwise element-wise,
+  where the planner fuses it.
   ``temporaries="keep"|"recompute"`` forces either.
 * A **sparse operand**'s gradient is restricted to its stored pattern by a
   pattern operand (ones on the pattern), so only stored entries are computed.
@@ -607,6 +610,14 @@ class _Builder:
         return Adjoint(forward, self.wrt, program, gradients, self.cotangents, self.patterns, ones,
                        tuple(kept), tuple(recomputed), reasons, saved, transposed)
 
+    def _on_pattern(self, statement) -> bool:
+        """Is the statement's value a product with a sparse input read at the
+        target's own indices (``E[i,j] = A[i,j] * exp(...)``): zero off that
+        input's pattern, so stored as its values?"""
+        target = tuple(statement.target.indices)
+        return any(isinstance(f, Access) and f.name in self.sparse and tuple(f.indices) == target
+                   for f in _product_terms(statement.value))
+
     def temporary_choices(self, adjoint_statements):
         """Which forward temporaries the adjoint reads are kept, which recomputed."""
         by_name = {s.target.name: s for s in self.forward.statements}
@@ -621,11 +632,14 @@ class _Builder:
                 continue
             value = by_name[name].value
             reduces = _has_reduce(value)
-            if self.policy == "keep" or (self.policy == "auto" and reduces):
+            on_pattern = self._on_pattern(by_name[name])
+            if self.policy == "keep" or (self.policy == "auto" and (reduces or on_pattern)):
                 kept.append(name)
                 reasons[name] = ("kept: saved by the forward run and passed in "
                                  + ("(forced)" if self.policy == "keep" else
-                                    "(its statement reduces; recomputing would repeat that work)"))
+                                    "(its statement reduces; recomputing would repeat that work)" if reduces else
+                                    "(stored on a sparse operand's pattern: as many values as that operand, "
+                                    "where recomputing walks the operands' patterns again)"))
             else:
                 recomputed.append(name)
                 reasons[name] = ("recomputed inside the adjoint program "

@@ -16,6 +16,7 @@ dense, so this costs no extra memory).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -27,6 +28,7 @@ import numpy as np
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
+from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
 
@@ -51,11 +53,15 @@ class Group:
     route: Route | None = None
     #: the group's own temporaries when not the plan's (a split group's tail)
     temporaries: Mapping | None = None
+    #: element-wise work on one sparse pattern run on its values (kernel "pattern")
+    on_pattern: PatternGroup | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
+        if self.on_pattern is not None:
+            how = f"numpy {self.on_pattern.describe()}"
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
@@ -185,7 +191,9 @@ def _constant_name(value: float) -> str:
     return repr(float(value))
 
 
+@functools.lru_cache(maxsize=1024)
 def _constant(name: str) -> float | None:
+    """The number a factor name spells, or None (memoised: asked per factor per call)."""
     try:
         return float(name)
     except ValueError:
@@ -471,6 +479,79 @@ def _template_head(plan, ops, available) -> tuple[list, list] | None:
     return None
 
 
+#: Below this many multiply-adds a contraction stays fused with the
+#: element-wise work feeding it (one more kernel call from Python costs
+#: ~15-30 µs, the generic executor's fused product ~1-6 ns per multiply-add).
+TAIL_MIN_WORK = 1 << 14
+
+
+def _einsum_work(plan, ein, local) -> float:
+    """Multiply-adds of an einsum: the product of its index extents, times the
+    density of each sparse factor."""
+    out, out_ix, summed, factors = ein
+    extents: dict[str, int] = {}
+    density = 1.0
+    for f, ix in factors:
+        info = local[f]
+        for i, n in zip(ix, info.shape, strict=True):
+            extents[i] = n or 0
+        if info.is_sparse and info.nnz is not None:
+            size = prod(n or 0 for n in info.shape)
+            density *= info.nnz / size if size else 0.0
+    return prod(extents.get(i, 1) for i in dict.fromkeys((*out_ix, *summed))) * density
+
+
+def _template_tail(plan, ops, available) -> tuple[list, list] | None:
+    """``(head, tail)`` when a group that no template runs whole ends in an
+    einsum a template runs, fed by element-wise work of the group (a ReLU's
+    gradient ``where(H, grad_H, 0)`` summed against ``H_r``): the generic
+    executor computes the element-wise temporaries whole, the template the
+    contraction.  Fused, the generic executor would run the contraction
+    itself at several ns per multiply-add.  Not when a temporary crossing to
+    the tail is restricted to a pattern (computing it whole would be more
+    work), nor below :data:`TAIL_MIN_WORK` multiply-adds."""
+    read = {r.name for o in ops for r in o.refs}
+    roots = [o for o in ops if o.out not in read]
+    if len(roots) != 1:
+        return None
+    root = roots[0]
+    # the einsum inlining the group's products (element-wise ops are the
+    # head's: it reads their results as factors), else the root op alone
+    products = tuple(o for o in ops if o is root or (o.operator in ("*", None) and o.reduction in ("sum", None)
+                                                     and getattr(o, "expr", None) is None))
+    for candidates in dict.fromkeys((products, (root,))):
+        split = _tail_of(plan, ops, candidates, root.out, available)
+        if split is not None:
+            return split
+    return None
+
+
+def _tail_of(plan, ops, candidates, root: str, available) -> tuple[list, list] | None:
+    """:func:`_template_tail` for the einsum ``root`` is over ``candidates``."""
+    tail: list = []
+    ein = _group_einsum(candidates, root, tail)
+    head = [o for o in ops if o not in tail]
+    if ein is None or not head:
+        return None
+    inner = {o.out for o in tail}
+    if any(r.name in inner for o in head for r in o.refs):
+        return None
+    producers = {o.out: o for o in head}
+    if any(_factor_source(f) in producers and f != _factor_source(f) for f, _ in ein[3]):
+        return None  # a pattern of a temporary (T/T): the generic executor keeps it
+    crossing = {f for f, _ in ein[3] if f in producers}
+    if not crossing or any(not _computed_whole(plan, producers[f]) for f in crossing):
+        return None
+    found = _head_route(plan, tail, root, available | set(producers))
+    # (merged factors and X/X patterns may fall back to the generic executor, which a tail has no tree for)
+    if found is None or found[1].merged or any(_checked_pattern(found[1], f) for f, _ in found[0][3]):
+        return None
+    local = {f: _factor_info(plan, f) for f, _ in ein[3]}
+    if _einsum_work(plan, ein, local) < TAIL_MIN_WORK:
+        return None
+    return head, [o for o in ops if o in tail]
+
+
 def _routes_whole(plan, ops, available) -> bool:
     """Does the whole group (one op whose result nothing in it reads) reach a template?"""
     read = {r.name for o in ops for r in o.refs}
@@ -483,42 +564,56 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     split by :func:`_template_head` replaced by its head and its tail (the
     tail's ops re-fused from their unfused trees and their temporaries
     reduced again: the plan's dimension reduction was made for the whole
-    group's tree)."""
-    from spfuse.passes.fusion import trie_fuse
-    from spfuse.passes.memory import reduce_dimensions
-    from spfuse.passes.parallel import mark_parallel
+    group's tree); one split by :func:`_template_tail` by its re-fused head
+    and its tail."""
     available = set(plan.inputs)
     out: list = []
     todo = [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
     while todo:
         node, ops, temps = todo.pop(0)
-        split = _template_head(plan, ops, available) if len(ops) > 1 and not _routes_whole(
-            plan, ops, available) else None
-        if split is None:
-            out.append((node, ops, temps))
-            available |= {op.out for op in ops}
-            continue
-        head, tail = split
-        fused = trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in tail)))
-        crossing = {r.name for o in plan.ops if o not in tail for r in o.refs}
-        for piece in fused.children:  # read elsewhere: stored whole, passed on by run_groups
-            inside = {o.out for o in ops_under(piece)}
-            crossing |= {r.name for o in ops_under(piece) for r in o.refs if r.name not in inside}
-        if any(isinstance(n, Reset) and n.tensor in crossing for n in iter_nodes(fused)):
-            # an accumulator reset inside a loop cannot become a crossing result: keep the group whole
-            out.append((node, ops, temps))
-            available |= {op.out for op in ops}
-            continue
-        out.append((Root(tuple(plan.unfused.children[o.id] for o in head)), tuple(head), None))
-        available |= {op.out for op in head}
-        # The tail's temporaries reduced to what its own fused tree needs (as the
-        # planner does for a whole plan): a row or a scalar, not the whole matrix.
-        # The tail may itself start with a template's einsum (relu(A·X·W): SpMM, then GEMM + relu).
-        local = {o.out for o in tail} - set(plan.results) - crossing
-        reduced, temps = reduce_dimensions(fused, tail, local, plan.shapes)
-        pieces = mark_parallel(reduced).children
-        todo[:0] = [(piece, tuple(ops_under(piece)), temps) for piece in pieces]
+        whole = len(ops) < 2 or _routes_whole(plan, ops, available)
+        split = None if whole else _template_head(plan, ops, available)
+        if split is not None:
+            head, tail = split
+            pieces = _refused(plan, tail)
+            if pieces is not None:
+                out.append((Root(tuple(plan.unfused.children[o.id] for o in head)), tuple(head), None))
+                available |= {op.out for op in head}
+                # The tail may itself start with a template's einsum (relu(A·X·W): SpMM, then GEMM + relu).
+                todo[:0] = pieces
+                continue
+        split = None if whole else _template_tail(plan, ops, available)
+        if split is not None:
+            head, tail = split
+            pieces = _refused(plan, head)
+            if pieces is not None:
+                todo[:0] = [*pieces, (Root(tuple(plan.unfused.children[o.id] for o in tail)), tuple(tail), None)]
+                continue
+        out.append((node, ops, temps))
+        available |= {op.out for op in ops}
     return out
+
+
+def _refused(plan, part: list) -> list | None:
+    """Part of a split group as pieces ``(node, ops, temporaries)``: its ops
+    re-fused from their unfused trees and their temporaries reduced again
+    (the plan's dimension reduction was made for the whole group's tree) --
+    a row or a scalar, not the whole matrix -- except those read outside
+    the part, stored whole and passed on by :func:`run_groups`.  None when
+    an accumulator reset inside a loop would have to become such a result."""
+    from spfuse.passes.fusion import trie_fuse
+    from spfuse.passes.memory import reduce_dimensions
+    from spfuse.passes.parallel import mark_parallel
+    fused = trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in part)))
+    crossing = {r.name for o in plan.ops if o not in part for r in o.refs}
+    for piece in fused.children:  # read elsewhere: stored whole, passed on by run_groups
+        inside = {o.out for o in ops_under(piece)}
+        crossing |= {r.name for o in ops_under(piece) for r in o.refs if r.name not in inside}
+    if any(isinstance(n, Reset) and n.tensor in crossing for n in iter_nodes(fused)):
+        return None
+    local = {o.out for o in part} - set(plan.results) - crossing
+    reduced, temps = reduce_dimensions(fused, part, local, plan.shapes)
+    return [(piece, tuple(ops_under(piece)), temps) for piece in mark_parallel(reduced).children]
 
 
 def split_groups(plan) -> tuple[Group, ...]:
@@ -557,7 +652,9 @@ def split_groups(plan) -> tuple[Group, ...]:
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
             found = _head_route(plan, ops, outs[0], set(infos) | set(produced_in))
         if found is None:
-            groups.append(Group(node, ops, outs, "generic", temporaries=temps))
+            on_pattern = pattern_group(plan, ops, outs)
+            groups.append(Group(node, ops, outs, "generic" if on_pattern is None else "pattern", temporaries=temps,
+                                on_pattern=on_pattern))
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
@@ -578,6 +675,8 @@ def lower_groups(plan):
             roles.update({g.names[0]: "dense", g.names[1]: "dense"})
         elif g.kernel == "values":
             roles[g.names[0]] = "csr"
+        elif g.on_pattern is not None:
+            roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
         elif g.kernel != "generic":
             from spfuse.lowering.templates import SIGNATURES
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
@@ -594,7 +693,10 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     out = {}
     for g in groups:
         try:
-            values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
+            if g.on_pattern is not None:
+                values = run_pattern_group(g.on_pattern, env, plan.shapes)
+            else:
+                values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
             if values is None:
                 values = _run_generic(_subplan(plan, g), env, nt)
         except UnrealizableMask:
@@ -611,7 +713,9 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 dense = v.todense() if isinstance(v, Tensor) else v
                 dense = np.asarray(dense)
                 # (ascontiguousarray would make a 0-d temporary 1-d)
-                env[name] = Tensor.from_numpy(np.ascontiguousarray(dense).reshape(dense.shape), name=name)
+                dense = np.ascontiguousarray(dense).reshape(dense.shape)
+                fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
+                env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
 
 
@@ -637,16 +741,18 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     r, ein = g.route, g.einsum
     assert r is not None and ein is not None  # a routed group
     name = g.outputs[0]
-    factors = [f for f, _ in ein[3]]
-    dtype = np.result_type(*(env[src].dtype for src in map(_factor_source, factors) if src is not None))
-    local = dict(env)
-    for f in factors:
-        if _checked_pattern(r, f):
-            x = env[_factor_source(f)]
-            # X/X is 1 where X stores a finite non-zero; 0/0 and inf/inf are the generic executor's to give
-            if not bool(np.all(np.isfinite(x.values) & (x.values != 0))):
-                return None
-            local[f] = x._with_kernel_values(np.ones(x.nnz, dtype=x.values.dtype))
+    checked, plain = _route_needs(g)
+    # a plain route hands the kernel the operands as they are: no copy of
+    # ``env`` and no dtype to work out (this runs per group per call)
+    local = env if plain else dict(env)
+    dtype = None if plain else np.result_type(
+        *(env[src].dtype for src in map(_factor_source, (f for f, _ in ein[3])) if src is not None))
+    for f in checked:
+        x = env[_factor_source(f)]
+        # X/X is 1 where X stores a finite non-zero; 0/0 and inf/inf are the generic executor's to give
+        if not bool(np.all(np.isfinite(x.values) & (x.values != 0))):
+            return None
+        local[f] = x._with_kernel_values(np.ones(x.nnz, dtype=x.values.dtype))
     for src in r.flipped:
         local[transposed_name(src)] = _transposed(env[src])
     for merged, parts in r.merged:
@@ -683,6 +789,27 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         else:
             value = value._with_kernel_values(np.multiply(value.values, scale, dtype=dtype))
     return {name: value}
+
+
+_needs: dict = {}
+
+
+def _route_needs(g: Group) -> tuple[tuple[str, ...], bool]:
+    """``(checked, plain)`` for a routed group, worked out once per group:
+    its ``X/X`` factors (checked per call), and whether its route only
+    calls the kernel on the operands as they are (nothing transposed,
+    merged, scaled or restricted, no pattern factor, not the values kernel)."""
+    found = _needs.get(id(g))
+    if found is None or found[0] is not g:
+        r = g.route
+        assert r is not None and g.einsum is not None  # a routed group
+        checked = tuple(f for f, _ in g.einsum[3] if _checked_pattern(r, f))
+        plain = not (checked or r.flipped or r.merged or r.transposed or r.pattern is not None or r.scalars
+                     or r.out_swapped or g.kernel == "values")
+        if len(_needs) >= 4096:
+            _needs.clear()
+        found = _needs[id(g)] = (g, (checked, plain))
+    return found[1]
 
 
 def _transposed(t):

@@ -46,6 +46,7 @@ class _Transposed:
     t_pos: np.ndarray      # the transpose's pattern (CSR of Aᵀ)
     t_crd: np.ndarray
     order: np.ndarray      # source value positions in the transpose's storage order
+    shell: Tensor          # the transpose (its values a placeholder): each call only swaps in values
 
 
 _cache: OrderedDict = OrderedDict()
@@ -60,8 +61,11 @@ def _build(pos: np.ndarray, crd: np.ndarray, shape: tuple[int, int]) -> _Transpo
     nnz = len(crd)
     ranks = sp.csr_array((np.arange(nnz, dtype=np.int64), crd, pos), shape=shape).tocsc()
     idx = crd.dtype
-    return _Transposed(pos.copy(), crd.copy(), ranks.indptr.astype(idx, copy=False),
-                       ranks.indices.astype(idx, copy=False), ranks.data)
+    rows, cols = shape
+    t_pos, t_crd = ranks.indptr.astype(idx, copy=False), ranks.indices.astype(idx, copy=False)
+    levels = (DenseLevel(cols), CompressedLevel(rows, t_pos, t_crd))
+    shell = Tensor._trusted((cols, rows), Format.csr(), levels, np.zeros(nnz))
+    return _Transposed(pos.copy(), crd.copy(), t_pos, t_crd, ranks.data, shell)
 
 
 def transposed_csr(t: Tensor) -> Tensor:
@@ -96,8 +100,9 @@ def transposed_csr(t: Tensor) -> Tensor:
             _cache.move_to_end(key)
             while len(_cache) > MAX_PATTERNS:
                 _cache.popitem(last=False)
-    levels = (DenseLevel(cols), CompressedLevel(rows, found.t_pos, found.t_crd))
-    return Tensor._trusted((cols, rows), Format.csr(), levels, t.values[found.order], t.origin)
+    out = found.shell._with_kernel_values(t.values[found.order])  # (a gather: C-contiguous, t's dtype)
+    out.origin = t.origin
+    return out
 
 
 def clear() -> None:

@@ -1,0 +1,406 @@
+"""Element-wise work on one sparse pattern, run on the pattern's values arrays.
+
+Sparse attention and its gradient are mostly statements like
+``E[i,j] = A[i,j] * exp(S[i,j] - m[i])`` or ``r[i] = sum(j, A[i,j]/A[i,j] *
+where(...))``: every sparse operand is a CSR matrix on *one* pattern, read
+at the same ``[i,j]``, and the work is entry by entry on that pattern, or
+a reduction along its rows.  The generic executor co-iterates the operands
+entry by entry (tens of ns per stored entry); here, once the operands are
+known to store one pattern (checked per call), each operation is one numpy
+expression over the values arrays (a row vector ``m[i]`` gathered by the
+entries' rows, a dense ``D[i,j]`` at their coordinates, a row reduction by
+segment).
+
+A group qualifies (:func:`pattern_group`, at planning) when
+
+* its sparse operands (two or more: one alone is walked as fast by the
+  executor) are 2-D CSR inputs, each read as ``X[r,c]`` (the column index
+  may be named differently in a nested reduction);
+* every operation's result is ``[r,c]`` (entry-wise), ``[r]`` (row-wise,
+  or a reduction of ``[r,c]`` over ``c``) -- or a 0-d constant;
+* every entry-wise operation is restricted to the pattern: its iteration
+  mask on ``c`` reads a column level of those operands in each term (so it
+  is zero, or not needed, off the pattern), and on ``r`` at most the
+  pattern's rows.
+
+The semantics are the executor's (the numpy oracle of
+:mod:`spfuse.testing`): ``a / b`` is 0 where ``a`` is 0, ``where`` tests
+``!= 0``, a ``max``/``min`` over a row also sees its implicit zeros
+(rows not full), a row-wise result is 0 on rows the executor would not
+visit.  A call whose operands store different patterns, or whose results
+come out non-finite (where the executor, skipping entries, might not), is
+handed back (None): the caller runs the generic executor.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from spfuse.ir.ops import Const, Ref, UnitOp
+from spfuse.testing import _UNARY_NP
+
+__all__ = ["PatternGroup", "pattern_group", "run_pattern_group"]
+
+_REDUCE = {"sum": None, "max": np.maximum, "min": np.minimum}
+
+
+@dataclass(frozen=True)
+class PatternGroup:
+    """A group run on one pattern's values: its row index, its sparse
+    operands, its ops in order with the column index each works along
+    (None for row-wise ops; a statement may name the columns differently
+    in a nested reduction), and the row-wise outputs the executor computes
+    only on the pattern's rows (0 elsewhere)."""
+
+    rows: str
+    sparse: tuple[str, ...]
+    ops: tuple[UnitOp, ...]
+    op_cols: tuple[str | None, ...]
+    outputs: tuple[str, ...]
+    row_restricted: frozenset
+    #: per op, an earlier op computing the same values (None: computed here)
+    same_as: tuple[str | None, ...] = ()
+
+    def describe(self) -> str:
+        """How the group runs, for ``explain()`` (see :func:`pattern_group`)."""
+        return f"on the values of the one pattern of {', '.join(self.sparse)} (checked per call)"
+
+
+def _is_csr(info) -> bool:
+    return (info is not None and info.is_sparse and info.ndim == 2 and tuple(info.levels) == ("dense", "compressed")
+            and tuple(info.mode_order) == (0, 1))
+
+
+def _pattern_atoms(plan, term, sparse: set, rows: str, cols: str, level: int) -> bool:
+    """Does a mask term read the ``level`` (0 rows, 1 columns) of one of the pattern's operands?"""
+    for atom in term:
+        _, tensor, indices, mode = plan.atoms[atom]
+        if tensor in sparse and tuple(indices) == (rows, cols) and mode == level:
+            return True
+    return False
+
+
+def _mask(plan, op: UnitOp, ix: str):
+    m = plan.masks.get(op.id, {}).get(ix)
+    return None if m is None or m.is_true else m
+
+
+def pattern_group(plan, ops, outputs) -> PatternGroup | None:
+    """The :class:`PatternGroup` running ``ops`` (a fused group of ``plan``
+    with these outputs), or None when the group does not qualify.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> A = sp.random_array((50, 50), density=0.1, format="csr", rng=0)
+    >>> S, m = A.copy(), np.zeros(50)
+    >>> plan = spfuse.compile("E[i,j] = A[i,j] * exp(S[i,j] - m[i])").plans(A=A, S=S, m=m)["auto"]
+    >>> pattern_group(plan, plan.ops, ("E",)).describe()
+    'on the values of the one pattern of A, S (checked per call)'
+    """
+    produced = {op.out: op for op in ops}
+    sparse = {a.name for op in ops for a in op.args
+              if isinstance(a, Ref) and a.name not in produced and plan.inputs.get(a.name) is not None
+              and plan.inputs[a.name].is_sparse}
+    if not sparse or not all(_is_csr(plan.inputs[n]) for n in sparse):
+        return None
+    reads = {tuple(a.indices) for op in ops for a in op.args if isinstance(a, Ref) and a.name in sparse}
+    rows = {r for r, _ in reads}
+    colnames = {c for _, c in reads}
+    if len(rows) != 1 or rows & colnames:
+        return None
+    (rows,) = rows
+    row_restricted = set()
+    op_cols = []
+    for op in ops:
+        if type(op) is not UnitOp:
+            return None  # a whole fused statement (fusion="max"): its expression is the executor's
+        out = tuple(op.out_indices)
+        if op.operator not in ("+", "-", "*", "/", "where", None, *_UNARY_NP):
+            return None
+        along = [ix for ix in op.indices if ix in colnames]
+        if len(along) > 1 or any(ix not in colnames and ix != rows for ix in op.indices):
+            return None
+        cols = along[0] if along else None
+        if op.reduction is not None:
+            if op.reduction not in _REDUCE or cols is None or tuple(op.reduced) != (cols,) or out != (rows,):
+                return None
+        elif out not in ({(rows, cols), (rows,), ()} if cols else {(rows,), ()}):
+            return None
+        wide = cols is not None
+        for a in op.args:
+            if isinstance(a, Const) or a.name in sparse:
+                continue
+            info = plan.inputs.get(a.name)
+            if a.name not in produced and (info is None and plan.shapes.get(a.name) is None
+                                           or info is not None and info.is_sparse):
+                return None
+        if wide:
+            cm = _mask(plan, op, cols)
+            if cm is None or not all(_pattern_atoms(plan, t, sparse, rows, cols, 1) for t in cm.terms):
+                return None  # not restricted to the pattern: it has values off it
+        rm = _mask(plan, op, rows)
+        if rm is not None:
+            if not all(any(_pattern_atoms(plan, t, sparse, rows, c, lv) for c in colnames for lv in (0, 1))
+                       for t in rm.terms):
+                return None
+            if not wide or op.reduction is not None:
+                row_restricted.add(op.out)
+        if out == () and op.reduction is None and any(not isinstance(a, Const) for a in op.args):
+            return None
+        op_cols.append(cols)
+    for name in outputs:
+        if name not in produced:
+            return None
+    if len(sparse) < 2:
+        return None  # nothing to co-iterate: the executor's sweeps over one operand are as fast
+    return PatternGroup(rows, tuple(sorted(sparse)), tuple(ops), tuple(op_cols), tuple(outputs),
+                        frozenset(row_restricted), _repeats(ops, op_cols, rows, row_restricted))
+
+
+def _repeats(ops, op_cols, rows: str, row_restricted) -> tuple[str | None, ...]:
+    """Per op, an earlier op computing the same values, or None: a statement's
+    terms repeat sub-expressions (``A/A``, ``m_r_1 - m_r_2`` read at ``j``
+    and at ``j_1`` -- every column index walks the same entries)."""
+    seen: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    out = []
+    for op, c in zip(ops, op_cols, strict=True):
+        key = (op.operator, op.reduction, c is not None, op.coefs, op.out in row_restricted, tuple(
+            ("const", a.value) if isinstance(a, Const) else
+            (alias.get(a.name, a.name), tuple("r" if ix == rows else "c" for ix in a.indices)) for a in op.args))
+        same = seen.get(key)
+        if same is None:
+            seen[key] = op.out
+        else:
+            alias[op.out] = same
+        out.append(same)
+    return tuple(out)
+
+
+def _same_pattern(a, b) -> bool:
+    la, lb = a.levels[1], b.levels[1]
+    return a.shape == b.shape and a.nnz == b.nnz and (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
+        la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
+
+
+#: entries evaluated per block: numpy's temporaries then stay in cache (and
+#: below malloc's mmap threshold -- a fresh 18k-entry temporary per operation
+#: cost page faults, 100+ µs each, more than the arithmetic)
+BLOCK = 8192
+
+
+def _row_blocks(indptr: np.ndarray, nrows: int) -> list[tuple[int, int]]:
+    """Row ranges of about :data:`BLOCK` entries each (a longer row alone)."""
+    bounds, lo = [], 0
+    while lo < nrows:
+        hi = int(np.searchsorted(indptr, indptr[lo] + BLOCK, side="right")) - 1
+        hi = min(max(hi, lo + 1), nrows)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds or [(0, 0)]
+
+
+def run_pattern_group(pg: PatternGroup, env: dict, shapes) -> dict[str, Any] | None:
+    """Run ``pg`` on ``env``'s operands: ``{output: value}`` (an ``[r,c]``
+    output on the pattern, a row-wise one dense), or None (patterns differ,
+    or a non-finite result): the caller then runs the generic executor.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> from spfuse.tensor import as_tensor
+    >>> A = sp.random_array((50, 50), density=0.1, format="csr", rng=0); S = A.copy()
+    >>> plan = spfuse.compile("r[i] = sum(j, A[i,j] * exp(S[i,j]))").plans(A=A, S=S)["auto"]
+    >>> pg = pattern_group(plan, plan.ops, ("r",))
+    >>> r = run_pattern_group(pg, {"A": as_tensor(A), "S": as_tensor(S)}, plan.shapes)["r"]
+    >>> bool(np.allclose(r, (A.toarray() * np.where(A.toarray() != 0, np.exp(A.toarray()), 0)).sum(1)))
+    True
+    """
+    first = env[pg.sparse[0]]
+    if first.format.name != "csr" or any(not _same_pattern(first, env[n]) for n in pg.sparse[1:]):
+        return None
+    level = first.levels[1]
+    indptr, cols = np.asarray(level.pos, dtype=np.int64), level.crd
+    nrows, ncols = first.shape
+    counts = np.diff(indptr)
+    on_pattern: dict[str, np.ndarray] = {n: env[n].values for n in pg.sparse}
+    for op, c in zip(pg.ops, pg.op_cols, strict=True):
+        # a sparse temporary of an earlier group (SDDMM kept on the pattern) on the same pattern
+        for a in op.args:
+            t = env.get(a.name) if isinstance(a, Ref) and tuple(a.indices) == (pg.rows, c) else None
+            if t is not None and a.name not in on_pattern and not t.format.is_dense and t.format.name == "csr" \
+                    and _same_pattern(first, t):
+                on_pattern[a.name] = t.values
+    dense_cache: dict[str, np.ndarray] = {}
+
+    def dense(name):
+        d = dense_cache.get(name)
+        if d is None:
+            t = env[name]
+            d = dense_cache[name] = np.asarray(t.todense() if not t.format.is_dense or not t.format.is_identity_order
+                                               else t.values.reshape(t.shape))
+        return d
+
+    results: dict[str, Any] = {}
+    for name in pg.outputs:
+        op = next(o for o in pg.ops if o.out == name)
+        wide = op.reduction is None and len(op.out_indices) == 2
+        results[name] = np.empty(len(cols) if wide else (nrows if op.out_indices else ()))
+    for lo, hi in _row_blocks(indptr, nrows):
+        _run_block(pg, lo, hi, indptr, cols, counts, ncols, on_pattern, dense, results)
+    out: dict[str, Any] = {}
+    for name, v in results.items():
+        if not np.all(np.isfinite(v)):
+            return None
+        if v.ndim == 1 and len(v) == len(cols) and name in {o.out for o in pg.ops if len(o.out_indices) == 2}:
+            out[name] = first._with_kernel_values(v)  # (float64, as the executor's; the call path casts results)
+        else:
+            out[name] = v.reshape(shapes[name])
+    return out
+
+
+_pools = threading.local()
+#: row vectors gathered per block into kept buffers (more are gathered into fresh arrays)
+_GATHERS = 8
+
+
+def _buffers(pg: PatternGroup, n: int) -> list[np.ndarray]:
+    """Per op of ``pg``, a work buffer of at least ``n`` entries, kept per
+    thread across calls: numpy's fresh temporaries, freed and allocated
+    again block after block, cost page faults (malloc hands the freed top
+    of the heap back to the system) that came to more than the arithmetic."""
+    pools = getattr(_pools, "by_group", None)
+    if pools is None:
+        pools = _pools.by_group = {}
+    found = pools.get(id(pg))
+    if found is None or found[0] is not pg or len(found[1][0]) < n:
+        if len(pools) >= 64:
+            pools.clear()
+        found = pools[id(pg)] = (pg, [np.empty(max(n, BLOCK)) for _ in range(len(pg.ops) + _GATHERS)])
+    return found[1]
+
+
+def _unary(fn: str, x, out: np.ndarray) -> np.ndarray:
+    """``_UNARY_NP[fn](x)`` written into ``out``."""
+    with np.errstate(all="ignore"):
+        if fn == "relu":
+            return np.maximum(x, 0.0, out=out)
+        if fn == "sigmoid":  # 0.5 * (1 + tanh(x / 2)), as the oracle
+            np.multiply(x, 0.5, out=out)
+            np.tanh(out, out=out)
+            np.add(out, 1.0, out=out)
+            return np.multiply(out, 0.5, out=out)
+        ufunc = {"tanh": np.tanh, "exp": np.exp, "log": np.log, "abs": np.abs, "sqrt": np.sqrt,
+                 "neg": np.negative}[fn]
+        return ufunc(x, out=out)
+
+
+def _entrywise(op: UnitOp, xs: list, out: np.ndarray) -> np.ndarray:
+    """One entry-wise operation over ``xs`` (arrays of the block's entries,
+    or scalars) written into ``out``."""
+    o = op.operator
+    if o is None:
+        np.copyto(out, xs[0])
+    elif o in ("+", "-"):
+        coefs = op.coefficients
+        np.multiply(xs[0], coefs[0], out=out)
+        for k, x in zip(coefs[1:], xs[1:], strict=True):
+            term = x if k == 1.0 else np.multiply(x, k)
+            (np.subtract if o == "-" else np.add)(out, term, out=out)
+    elif o == "*":
+        np.multiply(xs[0], xs[1], out=out)
+        for x in xs[2:]:
+            np.multiply(out, x, out=out)
+    elif o == "/":  # a / b, and 0 where a is 0 (0/0 too)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(xs[0], xs[1], out=out)
+        zero = np.asarray(xs[0]) == 0
+        if zero.ndim:
+            out[zero] = 0.0
+        elif zero:
+            out[...] = 0.0
+    elif o == "where":
+        np.copyto(out, xs[2])
+        np.copyto(out, xs[1], where=np.asarray(xs[0]) != 0)
+    else:
+        _unary(o, xs[0], out)
+    return out
+
+
+def _run_block(pg: PatternGroup, lo: int, hi: int, indptr, cols, counts, ncols: int, on_pattern, dense,
+               results: dict) -> None:
+    """Every op of ``pg`` on rows ``lo:hi`` (every op is row-local); the
+    outputs' parts written into ``results``."""
+    elo, ehi = int(indptr[lo]), int(indptr[hi])
+    n = ehi - elo
+    bufs = _buffers(pg, n)
+    local_counts = counts[lo:hi]
+    local_rows = np.repeat(np.arange(hi - lo), local_counts)  # each entry's row, from lo
+    c_idx = cols[elo:ehi]
+    vals = {name: v[elo:ehi] for name, v in on_pattern.items()}
+    rowwise: dict[str, Any] = {}
+    gathered: dict[str, np.ndarray] = {}
+
+    def arg(a, c: str | None):
+        if isinstance(a, Const):
+            return a.value
+        ix, wide = tuple(a.indices), c is not None
+        if a.name in vals and ix == (pg.rows, c):
+            return vals[a.name]
+        if ix == ():
+            return rowwise[a.name] if a.name in rowwise else float(dense(a.name).reshape(-1)[0])
+        if ix == (pg.rows,):
+            v = rowwise[a.name] if a.name in rowwise else dense(a.name).reshape(-1)[lo:hi]
+            if not wide:
+                return v
+            g = gathered.get(a.name)
+            if g is None:  # a row vector at each entry, gathered once
+                slot = len(pg.ops) + len(gathered)
+                g = gathered[a.name] = (np.take(v, local_rows, out=bufs[slot][:n]) if slot < len(bufs)
+                                        else v[local_rows])
+            return g
+        if ix == (c,):
+            return dense(a.name).reshape(-1)[c_idx]
+        return dense(a.name)[local_rows + lo, c_idx]
+
+    for k, (op, c, same) in enumerate(zip(pg.ops, pg.op_cols, pg.same_as, strict=True)):
+        if same is not None:  # computed already (A/A once per statement, not once per term)
+            for table in (vals, rowwise):
+                if same in table:
+                    table[op.out] = table[same]
+            continue
+        xs = [arg(a, c) for a in op.args]
+        if c is not None:  # entry-wise (or the operand of a row reduction)
+            r = _entrywise(op, xs, bufs[k][:n])
+            if op.reduction is not None:
+                rowwise[op.out] = _reduce(op.reduction, r, indptr[lo:hi] - elo, local_counts, ncols)
+            else:
+                vals[op.out] = r
+            continue
+        shape = (hi - lo,) if op.out_indices else ()
+        r = _entrywise(op, [np.broadcast_to(x, shape) for x in xs], np.empty(shape))  # row-wise: small
+        if op.out in pg.row_restricted:
+            r = np.where(local_counts > 0, r, 0.0)
+        rowwise[op.out] = r
+    for name, whole in results.items():
+        if name in vals:
+            whole[elo:ehi] = vals[name]
+        elif whole.ndim:
+            whole[lo:hi] = rowwise[name]
+        else:
+            whole[()] = rowwise[name]
+
+
+def _reduce(kind: str, x: np.ndarray, starts: np.ndarray, counts: np.ndarray, ncols: int) -> np.ndarray:
+    """A row reduction of entry values ``x`` (rows starting at ``starts``);
+    max and min also see a row's implicit zeros (a row not full), and give 0
+    on an empty row."""
+    out = np.zeros(len(counts))
+    full = counts > 0
+    if full.any():
+        ufunc = np.add if kind == "sum" else _REDUCE[kind]
+        out[full] = ufunc.reduceat(x, starts[full])
+        if kind != "sum":
+            partial = full & (counts < ncols)
+            out[partial] = ufunc(out[partial], 0.0)
+    return out

@@ -1,0 +1,141 @@
+"""Element-wise work on one sparse pattern run on its values arrays
+(spfuse/lowering/pattern_values.py): softmax-on-the-pattern statements and
+their gradients.
+
+Each program is checked against the dense numpy oracle
+(:func:`spfuse.testing.dense_reference`) and against the generic executor
+(the route switched off), for the route it takes, and for falling back when
+the operands store different patterns or a result is not finite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse.lowering import groups
+from spfuse.lowering.groups import split_groups
+from spfuse.testing import dense_reference
+
+#: attention's statements and their adjoint's, on A's pattern (S, G share it; m, g row vectors, V dense)
+PROGRAMS = [
+    "E[i,j] = A[i,j] * exp(S[i,j] - m[i])",
+    "r[i] = min(j, A[i,j] / A[i,j] * S[i,j])",
+    "r[i] = max(j, A[i,j] / A[i,j] * (S[i,j] - min(j_, A[i,j_] / A[i,j_] * S[i,j_])))",
+    "r[i] = sum(j, A[i,j] / A[i,j] * where(S[i,j] - m[i], 0.0, 1.0))",
+    "g2[i] = -sum(j, G[i,j] * exp(S[i,j] - m[i]))",
+    "Y[i,j] = A[i,j] / A[i,j] * (G[i,j] * exp(S[i,j] - m[i]) + g[i] * where(S[i,j] - m[i], 0.0, 1.0) / (m[i] + 2.0)"
+    " - sum(j_1, g[i] * where(S[i,j_1] - m[i], 0.0, 1.0) * (A[i,j_1] / A[i,j_1])) * G[i,j])",
+    "Y[i,j] = A[i,j] * S[i,j] * D[i,j] + G[i,j] * w[j]",
+    "Y[i,j] = sigmoid(S[i,j]) * A[i,j] - G[i,j] / (S[i,j] * S[i,j] + 1.0)",
+]
+
+
+def _operands(rng, n, m, density, full_rows=False):
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng)
+    if full_rows and n and m:
+        A = sp.csr_array(A + sp.csr_array((np.ones(n), (np.arange(n), np.arange(n) % m)), shape=(n, m)))
+    A.sort_indices()
+    A.data = rng.uniform(0.5, 2.0, A.nnz)
+
+    def on_pattern():
+        X = A.copy()
+        X.data = rng.standard_normal(A.nnz)
+        X.data[rng.random(A.nnz) < 0.2] = 0.0  # stored zeros (where, X/X)
+        return X
+
+    return {"A": A, "S": on_pattern(), "G": on_pattern(), "m": rng.standard_normal(n), "g": rng.standard_normal(n),
+            "D": rng.standard_normal((n, m)), "w": rng.standard_normal(m)}
+
+
+def _dense(x):
+    if sp.issparse(x):
+        return x.toarray()
+    return np.asarray(x.todense() if isinstance(x, spfuse.Tensor) else x)
+
+
+def _kernels(program, ops):
+    plan = spfuse.compile(program).plans(**ops)["auto"]
+    return [g.kernel for g in split_groups(plan)]
+
+
+def _generic(program, ops, monkeypatch):
+    """The generic executor's answer (the route switched off)."""
+    with monkeypatch.context() as mp:
+        mp.setattr(groups, "pattern_group", lambda *a: None)
+        spfuse.clear_cache()
+        out = spfuse.evaluate(program, **ops)
+    spfuse.clear_cache()
+    return out
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(k=st.integers(0, len(PROGRAMS) - 1), n=st.integers(0, 12), m=st.integers(1, 12),
+       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), dtype=st.sampled_from([np.float64, np.float32]),
+       seed=st.integers(0, 2**16))
+def test_pattern_programs_match_numpy_and_the_generic_executor(monkeypatch, k, n, m, density, dtype, seed):
+    program = PROGRAMS[k]
+    ops = _operands(np.random.default_rng(seed), n, m, density)
+    ops = {name: ops[name].astype(dtype) for name in spfuse.compile(program).program.inputs}
+    got = spfuse.evaluate(program, **ops)
+    assert _dense(got).dtype == _dense(_generic(program, ops, monkeypatch)).dtype
+    want = dense_reference(program, {name: v.astype(np.float64) for name, v in ops.items()})
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(_dense(got), want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(_dense(got), _dense(_generic(program, ops, monkeypatch)), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(_dense(got), _dense(spfuse.evaluate(program, **ops)))  # repeat: same bits
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_each_program_takes_the_pattern_route(program):
+    ops = _operands(np.random.default_rng(3), 9, 7, 0.4, full_rows=True)
+    ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
+    assert "pattern" in _kernels(program, ops)
+    assert "numpy on the values of the one pattern" in spfuse.compile(program).explain(**ops)
+
+
+def test_different_patterns_fall_back_to_the_generic_executor(monkeypatch):
+    rng = np.random.default_rng(5)
+    ops = _operands(rng, 10, 10, 0.3)
+    other = sp.random_array((10, 10), density=0.3, format="csr", rng=rng)
+    other.data = rng.standard_normal(other.nnz)
+    program = PROGRAMS[0]
+    ops = {"A": ops["A"], "S": other, "m": ops["m"]}
+    got = spfuse.evaluate(program, **ops)
+    np.testing.assert_allclose(_dense(got), dense_reference(program, ops), rtol=1e-12, atol=1e-12)
+
+
+def test_a_non_finite_result_falls_back_to_the_generic_executor(monkeypatch):
+    rng = np.random.default_rng(6)
+    ops = _operands(rng, 8, 8, 0.5, full_rows=True)
+    ops = {"A": ops["A"], "S": ops["S"], "m": ops["m"]}
+    ops["m"][0] = -np.inf  # exp(S - m) = inf on row 0
+    program = PROGRAMS[0]
+    calls = []
+    real = groups.run_pattern_group
+    monkeypatch.setattr(groups, "run_pattern_group", lambda *a: calls.append(1) or real(*a))
+    got = spfuse.evaluate(program, **ops)
+    assert calls  # the route was tried, and handed the call back
+    np.testing.assert_array_equal(_dense(got), _dense(_generic(program, ops, monkeypatch)))
+
+
+def test_not_restricted_to_the_pattern_stays_generic():
+    """``exp(S - m)`` without a factor on the pattern has values off it (a
+    dense result): no pattern route."""
+    ops = _operands(np.random.default_rng(7), 6, 6, 0.5)
+    program = "E[i,j] = exp(S[i,j] - m[i]) * G[i,j] + S[i,j] + 1.0"
+    ops = {name: ops[name] for name in ("S", "m", "G")}
+    assert "pattern" not in _kernels(program, ops)
+    np.testing.assert_allclose(_dense(spfuse.evaluate(program, **ops)), dense_reference(program, ops), rtol=1e-12)
+
+
+def test_inputs_are_not_mutated():
+    ops = _operands(np.random.default_rng(8), 9, 9, 0.5, full_rows=True)
+    ops = {name: ops[name] for name in ("A", "S", "G", "m", "g")}
+    before = {n: _dense(v).copy() for n, v in ops.items()}
+    spfuse.evaluate(PROGRAMS[5], **ops)
+    for n, v in ops.items():
+        np.testing.assert_array_equal(_dense(v), before[n])
