@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import spfuse
@@ -76,6 +76,8 @@ def _generic(program, ops, monkeypatch):
 @given(k=st.integers(0, len(PROGRAMS) - 1), n=st.integers(0, 12), m=st.integers(1, 12),
        density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), dtype=st.sampled_from([np.float64, np.float32]),
        seed=st.integers(0, 2**16))
+# a float32 row vector gathered at each entry (into a float64 work buffer: take refused the cast)
+@example(k=0, n=0, m=1, density=0.0, dtype=np.float32, seed=0)
 def test_pattern_programs_match_numpy_and_the_generic_executor(monkeypatch, k, n, m, density, dtype, seed):
     program = PROGRAMS[k]
     ops = _operands(np.random.default_rng(seed), n, m, density)

@@ -356,8 +356,9 @@ def _run_block(pg: PatternGroup, lo: int, hi: int, indptr, cols, counts, ncols: 
             g = gathered.get(a.name)
             if g is None:  # a row vector at each entry, gathered once
                 slot = len(pg.ops) + len(gathered)
-                g = gathered[a.name] = (np.take(v, local_rows, out=bufs[slot][:n]) if slot < len(bufs)
-                                        else v[local_rows])
+                # (into a kept float64 buffer when v is float64: take casts nothing)
+                g = gathered[a.name] = (np.take(v, local_rows, out=bufs[slot][:n])
+                                        if slot < len(bufs) and v.dtype == bufs[slot].dtype else v[local_rows])
             return g
         if ix == (c,):
             return dense(a.name).reshape(-1)[c_idx]
