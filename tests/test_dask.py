@@ -700,3 +700,74 @@ def test_joined_chunks_are_reused_while_the_same_chunks_live():
     import gc
     gc.collect()
     assert key not in blocks._JOINED  # a dead chunk takes its entry with it
+
+
+def _persisted(client, lay):
+    """The layout's operands persisted on the cluster (sparse block metadata carried over)."""
+    distributed = pytest.importorskip("distributed")
+    ops = {o.name: client.persist(o.array) for o in lay.operands}
+    with client.as_current():
+        distributed.wait(list(ops.values()))
+    for o in lay.operands:
+        if o.sparse:
+            sfd.partition._remember(ops[o.name].name, sfd.block_info(o.array))
+    return ops
+
+
+@pytest.mark.parametrize("strategy,broadcast", [("reduce", 0), ("gather", 0), ("auto", 2**30)])
+def test_a_plain_call_on_a_current_client_moves_the_predicted_bytes(client, rng, strategy, broadcast):
+    """Normal use -- call, then ``.compute()`` with Dask's graph optimisation --
+    runs every task where the model places it, so the bytes moved are the ones
+    ``cost`` predicts for the same operands on the same client."""
+    distributed = pytest.importorskip("distributed")
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    k = sfd.compile(SPMM, strategy=strategy, broadcast_bytes=broadcast)
+    lay = k.layout(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    ops = _persisted(client, lay)
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    with client.as_current():
+        y = k(**ops)
+        predicted = k.cost(**ops)
+        assert isinstance(y, sfd.placement.PlacedArray)
+        t0 = sfd.transfer_marks(client)
+        with distributed.get_task_stream(client) as stream:
+            got = y.compute()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    ran = {r["key"]: addrs.index(r["worker"]) for r in stream.data}
+    assert set(predicted.placed.values()) == {0, 1}
+    pinned = [key for key in ran if key in predicted.placed]
+    assert len(pinned) >= 4 and all(ran[key] == predicted.placed[key] for key in pinned)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_pins_leave_the_callers_graph_and_derived_arrays_alone(client, rng):
+    """Pinning annotates copies of the graph layers; an array derived from a
+    pinned result is a plain dask array that Dask optimises and places as usual."""
+    A = power_law(rng, 200, 200)
+    dB = da.from_array(rng.random((200, 4)), chunks=(50, 4))
+    dA = sfd.from_scipy(A, chunks=(50,) * 4)
+    with client.as_current():
+        y = sfd.compile(SPMM, broadcast_bytes=0)(A=dA, B=dB)
+        z = (y + 1).sum(axis=1)
+        assert type(z) is da.Array
+        np.testing.assert_allclose(z.compute(), (A @ dB.compute() + 1).sum(axis=1))
+        np.testing.assert_allclose(y.compute(optimize_graph=False), A @ dB.compute())
+        assert type(sfd.compile(SPMM, pin=False)(A=dA, B=dB)) is da.Array
+    assert all(layer.annotations is None for g in (dA.dask, dB.dask) for layer in g.layers.values())
+    with pytest.raises(ValueError, match="pin=True needs a current distributed client"):
+        sfd.compile(SPMM, pin=True)(A=dA, B=dB)
+    with pytest.raises(ValueError, match="pin must be"):
+        sfd.compile(SPMM, pin="yes")
+
+
+def test_each_program_has_its_own_task_prefix():
+    """Dask estimates durations per task-name prefix: two programs must not share one."""
+    from dask.utils import key_split
+    A = sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2)
+    prefixes = set()
+    for program in (SPMV, "y[i] = A[i,j] * x[j] * x[j]"):
+        y = sfd.compile(program, pin=False)(A=A, x=np.ones(4))
+        prefixes |= {key_split(k[0]) for k in dict(y.dask) if "block" in str(k[0])}
+    assert len(prefixes) == 2 and all(p.startswith("spfuse-block-") for p in prefixes), prefixes
