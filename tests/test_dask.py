@@ -771,3 +771,26 @@ def test_each_program_has_its_own_task_prefix():
         y = sfd.compile(program, pin=False)(A=A, x=np.ones(4))
         prefixes |= {key_split(k[0]) for k in dict(y.dask) if "block" in str(k[0])}
     assert len(prefixes) == 2 and all(p.startswith("spfuse-block-") for p in prefixes), prefixes
+
+
+def test_the_strategy_is_chosen_for_the_planned_number_of_workers():
+    """reduce vs gather is decided on the workers the call is planned for (it
+    was decided on 2 whatever the cluster: at 64 nodes the projection took
+    reduce, 3x the bytes and tasks of gather), by the network's seconds."""
+    from spfuse.bench import suite
+    from spfuse.dask.cost import Network, predict_bytes
+    A = suite.powerlaw_matrix(1600, 1600, 4, 0)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 16), B=da.ones((1600, 8), chunks=(100, 8)))
+    bytes_only = Network(latency=0.0, task_overhead=0.0)  # busiest worker's receive time only
+    chosen = {}
+    for w in (2, 8):
+        k = sfd.compile(SPMM, broadcast_bytes=0, nworkers=w, network=bytes_only)
+        lay = k.layout(**ops)
+        busiest = {s: max(predict_bytes(k, lay, s, None, w).per_worker.values()) for s in ("reduce", "gather")}
+        chosen[w] = k.choose_strategy(lay)
+        assert chosen[w] == min(busiest, key=busiest.get)
+        assert k.choose_strategy(lay, nworkers=2) == chosen.get(2, chosen[w])
+    assert chosen == {2: "reduce", 8: "gather"}
+    # with the scheduler's cost per task counted, gather's fewer tasks win on 2 workers too
+    k = sfd.compile(SPMM, broadcast_bytes=0, nworkers=2)
+    assert k.choose_strategy(k.layout(**ops)) == "gather"

@@ -165,7 +165,7 @@ def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: i
         if broadcast not in seen:
             try:
                 lay = kernel._plan(operands, broadcast)
-                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay), None, nworkers)
+                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay, nworkers), None, nworkers)
                 seen[broadcast] = (c.total, network.seconds(c))
             except UnsupportedError:
                 seen[broadcast] = None

@@ -281,7 +281,7 @@ class DaskKernel:
         spfuse.dask plan for 'C[i,k] = A[i,j] * B[j,k]' on 4 worker(s), strategy reduce, 4 cell task(s)
           A: sparse, row blocks (100, 100, 100, 100)
           B: dense, broadcast
-          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
+          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.23 MiB, ... ms (cheaper on 4 worker(s))
         """
         lay = self.layout(**operands)
         lines = [f"spfuse.dask plan for {self.text!r} on {lay.nworkers} worker(s), strategy "
@@ -527,11 +527,15 @@ class DaskKernel:
                for r in results}
         return (out[results[0]] if len(results) == 1 else out), metas
 
-    def choose_strategy(self, lay: Layout) -> str:
+    def choose_strategy(self, lay: Layout, nworkers: int | None = None) -> str:
         """``"reduce"`` (partials + tree sum) or ``"gather"`` (fetch touched rows) for this call.
 
-        ``strategy="auto"`` asks the communication cost model which moves
-        fewer bytes; gather needs the shape :func:`~spfuse.dask.gather.gather_spec` accepts.
+        ``strategy="auto"`` asks the communication cost model which is faster
+        on ``nworkers`` workers (default: the ones ``lay`` was planned for, at
+        least 2 -- on one nothing moves) by :meth:`~spfuse.dask.cost.Network.seconds`:
+        the busiest worker's receive time plus the scheduler's time per task
+        (ties: fewer bytes); gather needs the shape
+        :func:`~spfuse.dask.gather.gather_spec` accepts.
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
         >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
@@ -545,8 +549,9 @@ class DaskKernel:
         if self.strategy != "auto" or spec is None:
             return self.strategy if spec is not None else "reduce"
         from spfuse.dask.cost import predict_bytes
-        predicted = {s: predict_bytes(self, lay, s) for s in ("reduce", "gather")}
-        return min(predicted, key=lambda s: (predicted[s].total, predicted[s].tasks))
+        w = max(nworkers or lay.nworkers, 2)
+        predicted = {s: predict_bytes(self, lay, s, None, w) for s in ("reduce", "gather")}
+        return min(predicted, key=lambda s: (self.network.seconds(predicted[s]), predicted[s].total))
 
     @staticmethod
     def _cell_inputs(lay: Layout, cell: tuple, skip_dim=None):
