@@ -471,14 +471,17 @@ def _topological(graph: Mapping, leaves: set) -> list:
     return [k for k in order if k not in leaves]
 
 
-def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None, strategy: str | None = None,
-         finalize: bool = True, **operands: Any) -> CommCost:
+def cost(program: Any, /, *, nworkers: int | None = None, placement: Mapping | None = None,
+         strategy: str | None = None, finalize: bool = True, **operands: Any) -> CommCost:
     """Predicted bytes each of ``nworkers`` workers receives for ``program`` on ``operands``.
 
     ``program`` is a program text or a :class:`~spfuse.dask.DaskKernel`;
     ``finalize``: include joining the result on one worker (``compute()``).
-    Nothing executes (sparse dask arrays not built by spfuse get their
-    block metadata computed once).
+    With a current ``distributed`` client, ``nworkers`` and ``placement``
+    default to its workers and where they hold the operands: the bytes a
+    call made now moves (see :meth:`~spfuse.dask.DaskKernel.cost`); without
+    one, 2 workers.  Nothing executes (sparse dask arrays not built by
+    spfuse get their block metadata computed once).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
     >>> A = sfd.from_scipy(sp.random_array((100, 100), density=0.05, format="csr", rng=0), chunks=(50, 50))
@@ -488,8 +491,7 @@ def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None
     """
     from spfuse.dask.kernel import DaskKernel
     kernel = program if isinstance(program, DaskKernel) else DaskKernel(program)
-    lay = kernel.layout(**operands)
-    return predict_bytes(kernel, lay, strategy or kernel.choose_strategy(lay), placement, nworkers, finalize)
+    return kernel.cost(nworkers=nworkers, placement=placement, finalize=finalize, strategy=strategy, **operands)
 
 
 def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,

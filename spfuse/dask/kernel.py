@@ -441,14 +441,15 @@ class DaskKernel:
         return client
 
     def cost(self, *, nworkers: int | None = None, placement: Mapping | None = None, finalize: bool = True,
-             **operands: Any):
+             strategy: str | None = None, **operands: Any):
         """The communication cost model's prediction for a call (see :func:`spfuse.dask.cost`).
 
         With a current ``distributed`` client, ``nworkers`` (default) is its
         worker count and ``placement`` (default) where its workers hold the
         operands' blocks: the bytes a call made now moves (its tasks are
         pinned where this prediction places them).  Without one: 2 workers,
-        row block ``b`` on worker ``b mod 2``.
+        row block ``b`` on worker ``b mod 2``.  ``strategy``: predict this one
+        instead of the one a call would choose.
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
         >>> A = sfd.from_scipy(sp.csr_array(np.eye(8)), chunks=2)
@@ -462,7 +463,7 @@ class DaskKernel:
             nworkers = nworkers or len(client.scheduler_info(n_workers=-1)["workers"])
             if placement is None:
                 placement = placement_of(client, [o.array for o in lay.operands])
-        return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers or 2, finalize)
+        return predict_bytes(self, lay, strategy or self.choose_strategy(lay), placement, nworkers or 2, finalize)
 
     def pinned(self, client: Any, **operands: Any) -> tuple:
         """The call's result(s) with every task pinned to the worker the cost model
