@@ -794,3 +794,17 @@ def test_the_strategy_is_chosen_for_the_planned_number_of_workers():
     # with the scheduler's cost per task counted, gather's fewer tasks win on 2 workers too
     k = sfd.compile(SPMM, broadcast_bytes=0, nworkers=2)
     assert k.choose_strategy(k.layout(**ops)) == "gather"
+
+
+def test_loose_pins_to_a_worker_that_left_run_elsewhere(client, rng):
+    """A plain call's pins are loose: a task pinned to a worker that is gone
+    (restarted under a new address) runs on another one instead of waiting;
+    the strict pins of ``pinned`` are annotated as such."""
+    from spfuse.dask.placement import pin
+    A = power_law(rng, 100, 100)
+    y = sfd.compile(SPMV, pin=False)(A=sfd.from_scipy(A, chunks=(50, 50)), x=np.ones(100))
+    gone = "tcp://127.0.0.1:9"  # nothing listens there
+    loose = pin(y, {key: gone for key in dict(y.dask)}, strict=False)
+    np.testing.assert_allclose(client.compute(loose).result(timeout=60), A @ np.ones(100))
+    strict = pin(y, {}, strict=True)
+    assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
