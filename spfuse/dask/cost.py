@@ -555,7 +555,7 @@ def transfer_marks(client: Any) -> dict:
     return client.run(last)
 
 
-def placement_of(client: Any, arrays: Any) -> dict:
+def placement_of(client: Any, arrays: Any, addrs: Any = None) -> dict:
     """Block key -> indices (in sorted address order) of the workers holding it, for
     the blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
 
@@ -568,8 +568,9 @@ def placement_of(client: Any, arrays: Any) -> dict:
     ...     sorted(placement_of(client, [x]))  == sorted(x.__dask_keys__()), placement_of(client, [da.ones(2)])
     (True, {})
     """
-    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     futures = client.futures_of(arrays)
     if not futures:
         return {}
+    # ``addrs``: the workers' sorted addresses when the caller has them (one scheduler round trip less)
+    addrs = list(addrs) if addrs is not None else sorted(client.scheduler_info(n_workers=-1)["workers"])
     return {k: frozenset(addrs.index(w) for w in ws) for k, ws in client.who_has(futures).items() if ws}

@@ -460,9 +460,10 @@ class DaskKernel:
         lay = self.layout(**operands)
         client = _current_client() if self.pin is not False else None
         if client is not None:
-            nworkers = nworkers or len(client.scheduler_info(n_workers=-1)["workers"])
+            addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            nworkers = nworkers or len(addrs)
             if placement is None:
-                placement = placement_of(client, [o.array for o in lay.operands])
+                placement = placement_of(client, [o.array for o in lay.operands], addrs)
         return predict_bytes(self, lay, strategy or self.choose_strategy(lay), placement, nworkers or 2, finalize)
 
     def pinned(self, client: Any, **operands: Any) -> tuple:
@@ -498,7 +499,7 @@ class DaskKernel:
         from spfuse.dask.cost import placement_of, predict_bytes
         built = self._build(lay, strategy)
         addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        placement = placement_of(client, [o.array for o in lay.operands])
+        placement = placement_of(client, [o.array for o in lay.operands], addrs)
         predicted = predict_bytes(self, lay, strategy, placement, len(addrs), built=built)
         where = {key: addrs[w] for key, w in predicted.placed.items()}
         result = built[0]
