@@ -22,8 +22,10 @@ worker 0; a task runs on the worker holding most of its input bytes (ties:
 lower worker); each input not there is moved once per worker -- a
 broadcast factor's chunks too, since every block task reads them all.
 
-That is the placement :meth:`~spfuse.dask.DaskKernel.pinned` requests, and
-then the bytes are exact.  Dask's own placement is decided at run time: a
+That is the placement a call made with a current ``distributed`` client
+pins its tasks to (:mod:`spfuse.dask.placement`; strictly with
+:meth:`~spfuse.dask.DaskKernel.pinned`), and then the bytes are exact.
+Without pins (``pin=False``) Dask's own placement decides, at run time: a
 task goes to the holder of one of its inputs with the least
 ``occupancy + missing bytes / bandwidth``, where occupancy comes from the
 durations Dask measured for earlier tasks of the same name prefix and the
