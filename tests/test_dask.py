@@ -808,3 +808,19 @@ def test_loose_pins_to_a_worker_that_left_run_elsewhere(client, rng):
     np.testing.assert_allclose(client.compute(loose).result(timeout=60), A @ np.ones(100))
     strict = pin(y, {}, strict=True)
     assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
+
+
+def test_a_plain_call_on_operands_not_yet_on_the_cluster_moves_the_predicted_bytes(client, rng):
+    """Operand blocks made by tasks of the same graph (not persisted) are pinned
+    where the model puts them (row block b on worker b mod W) too."""
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    ops = dict(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    k = sfd.compile(SPMM, strategy="reduce", broadcast_bytes=0)
+    with client.as_current():
+        y, predicted = k(**ops), k.cost(**ops)
+        t0 = sfd.transfer_marks(client)
+        got = y.compute()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
