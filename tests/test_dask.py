@@ -755,6 +755,8 @@ def test_pins_leave_the_callers_graph_and_derived_arrays_alone(client, rng):
         np.testing.assert_allclose(z.compute(), (A @ dB.compute() + 1).sum(axis=1))
         np.testing.assert_allclose(y.compute(optimize_graph=False), A @ dB.compute())
         assert type(sfd.compile(SPMM, pin=False)(A=dA, B=dB)) is da.Array
+    strict, _ = sfd.compile(SPMM, broadcast_bytes=0).pinned(client, A=dA, B=dB)
+    assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
     assert all(layer.annotations is None for g in (dA.dask, dB.dask) for layer in g.layers.values())
     with pytest.raises(ValueError, match="pin=True needs a current distributed client"):
         sfd.compile(SPMM, pin=True)(A=dA, B=dB)
