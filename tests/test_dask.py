@@ -826,3 +826,23 @@ def test_a_plain_call_on_operands_not_yet_on_the_cluster_moves_the_predicted_byt
     measured = sum(sfd.measured_transfers(client, since=t0).values())
     np.testing.assert_allclose(got, A @ B)
     assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_workers_count_the_thread_cpu_of_their_block_tasks(client, rng):
+    """``block_cpu_seconds`` grows in the worker processes that ran block tasks
+    (reduce and gather tasks alike), and by no more than those tasks' wall time."""
+    import time as _time
+
+    def spent(dask_worker=None):
+        from spfuse.dask.blocks import block_cpu_seconds
+        return block_cpu_seconds()
+
+    A = power_law(rng, 3000, 3000)
+    ops = dict(A=sfd.from_scipy(A, chunks=(750,) * 4), B=da.from_array(rng.random((3000, 16)), chunks=(750, 16)))
+    for strategy in ("reduce", "gather"):
+        before = client.run(spent)
+        t0 = _time.perf_counter()
+        client.compute(sfd.compile(SPMM, strategy=strategy, broadcast_bytes=0, pin=False)(**ops)).result()
+        wall = _time.perf_counter() - t0
+        grew = {w: client.run(spent)[w] - before[w] for w in before}
+        assert sum(grew.values()) > 0 and all(0 <= g <= wall for g in grew.values()), (strategy, grew, wall)

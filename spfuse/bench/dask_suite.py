@@ -173,6 +173,11 @@ def _run_once(client, make) -> float:
     return t
 
 
+def _block_cpu(dask_worker=None) -> float:
+    from spfuse.dask.blocks import block_cpu_seconds
+    return block_cpu_seconds()
+
+
 def _worker_cpu(dask_worker=None) -> float:
     import resource
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -191,9 +196,11 @@ def _median_run(client, make, repeat: int) -> dict:
     addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     for _ in range(repeat):
         cpu0, marks = sum(client.run(_worker_cpu).values()), sfd.transfer_marks(client)
+        block0 = sum(client.run(_block_cpu).values())
         with distributed.get_task_stream(client) as stream:
             seconds = _run_once(client, make)
         runs.append(dict(seconds=seconds, worker_cpu=sum(client.run(_worker_cpu).values()) - cpu0,
+                         block_cpu=sum(client.run(_block_cpu).values()) - block0,
                          moved=sum(sfd.measured_transfers(client, since=marks).values())))
         blocks = [r["worker"] for r in stream.data if str(r["key"][0]).startswith("spfuse-block")]
         spread.append(tuple(blocks.count(a) for a in addrs))
@@ -268,12 +275,14 @@ def _weak_scaling(kernels, rows: int, repeat: int, memory_limit: str, out: TextI
                 given = {key for o in lay.operands for key in o.array.__dask_graph__()}
                 tasks = len(set(arr.__dask_graph__()) - given)  # the call's own tasks
                 results.append(dict(study="weak", kernel=kernel, workers=nworkers, rows=rows * nworkers,
-                                    seconds=t, worker_cpu=run["worker_cpu"], moved=run["moved"], tasks=tasks,
+                                    seconds=t, worker_cpu=run["worker_cpu"], block_cpu=run["block_cpu"],
+                                    moved=run["moved"], tasks=tasks,
                                     blocks_per_worker=run["blocks_per_worker"],
                                     load=load,
                                     strategy=strategy))
                 print(f"  weak scaling {kernel} on {nworkers} worker(s): {report.fmt_time(t)}, workers' CPU "
-                      f"{report.fmt_time(run['worker_cpu'])}, {tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
+                      f"{report.fmt_time(run['worker_cpu'])} (block tasks {report.fmt_time(run['block_cpu'])}), "
+                      f"{tasks} tasks, {run['moved'] / 2**20:.1f} MiB moved",
                       file=out)
             rss = _peak_rss(client)
             for w, (_addr, b) in enumerate(sorted(rss.items())):
@@ -538,11 +547,14 @@ def format_tables(rows: list[dict]) -> str:
             t = {r["workers"]: r for r in weak if r["kernel"] == kernel}
             if 1 in t and 2 in t:
                 cpu = [t[w].get("worker_cpu") for w in (1, 2)]
+                block = [t[w].get("block_cpu") for w in (1, 2)]
                 table.append([kernel, str(t[1]["rows"]), report.fmt_time(t[1]["seconds"]), str(t[2]["rows"]),
                               report.fmt_time(t[2]["seconds"]), f"{t[1]['seconds'] / t[2]['seconds']:.0%}",
                               f"{t[1].get('load', float('nan')):.1f}/{t[2].get('load', float('nan')):.1f}",
                               *[report.fmt_time(c) if c else "n/a" for c in cpu],
                               f"{2 * cpu[0] / cpu[1]:.0%}" if cpu[0] and cpu[1] else "n/a",
+                              *[report.fmt_time(c) if c else "n/a" for c in block],
+                              f"{2 * block[0] / block[1]:.0%}" if block[0] and block[1] else "n/a",
                               f"{t[1].get('tasks', '?')}/{t[2].get('tasks', '?')}",
                               t[2].get("blocks_per_worker", "?"),
                               f"{t[2].get('moved', 0) / 2**20:.1f} MiB", t[2]["strategy"]])
@@ -550,11 +562,14 @@ def format_tables(rows: list[dict]) -> str:
         note = f"; this machine gave two processes {base:.0%} on a numpy loop in the same run" if base else ""
         out += ["", f"weak scaling (efficiency = t1 / t2; target >= 80%{note}); load 1/2 = 1-min load average",
                 "before the 1- and 2-worker runs;",
-                "CPU = all worker processes' CPU seconds per call; CPU efficiency = 2 x CPU@1 / CPU@2",
+                "CPU = all worker processes' CPU seconds per call (with Dask's own background work, which grows",
+                "with the call's wall time); CPU efficiency = 2 x CPU@1 / CPU@2;",
+                "block = the block tasks' thread CPU only (spfuse's work); block eff. = 2 x block@1 / block@2",
                 "blocks@2 = block tasks each worker ran over the timed runs; moved@2 = median bytes between workers",
                 "per call (a warm-up call ran first: chunks a worker fetched stay there as replicas)",
                 report._grid(["kernel", "rows@1", "t@1", "rows@2", "t@2", "efficiency", "load 1/2", "CPU@1", "CPU@2",
-                              "CPU eff.", "tasks 1/2", "blocks@2", "moved@2", "strategy"], table)]
+                              "CPU eff.", "block@1", "block@2", "block eff.", "tasks 1/2", "blocks@2", "moved@2",
+                              "strategy"], table)]
     rss = [r for r in rows if r["study"] == "rss"]
     if rss:
         out += ["", "peak resident set per worker process (after the weak-scaling runs)",
