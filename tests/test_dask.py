@@ -758,7 +758,7 @@ def test_pins_leave_the_callers_graph_and_derived_arrays_alone(client, rng):
     strict, _ = sfd.compile(SPMM, broadcast_bytes=0).pinned(client, A=dA, B=dB)
     assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
     assert all(layer.annotations is None for g in (dA.dask, dB.dask) for layer in g.layers.values())
-    with pytest.raises(ValueError, match="pin=True needs a current distributed client"):
+    with pytest.raises(ValueError, match="pin=True needs a current synchronous distributed client"):
         sfd.compile(SPMM, pin=True)(A=dA, B=dB)
     with pytest.raises(ValueError, match="pin must be"):
         sfd.compile(SPMM, pin="yes")
@@ -846,3 +846,20 @@ def test_workers_count_the_thread_cpu_of_their_block_tasks(client, rng):
         wall = _time.perf_counter() - t0
         grew = {w: client.run(spent)[w] - before[w] for w in before}
         assert sum(grew.values()) > 0 and all(0 <= g <= wall for g in grew.values()), (strategy, grew, wall)
+
+
+def test_a_call_on_a_current_asynchronous_client_is_not_pinned(client):
+    """An asynchronous client's queries return awaitables: a call made while one
+    is current is left to Dask's placement (and still computes)."""
+    import asyncio
+    distributed = pytest.importorskip("distributed")
+    A = sp.csr_array(np.eye(6))
+
+    async def main():
+        async with distributed.Client(client.scheduler.address, asynchronous=True) as ac:
+            y = sfd.compile(SPMV)(A=sfd.from_scipy(A, chunks=(3, 3)), x=np.arange(6.0))
+            assert type(y) is da.Array
+            np.testing.assert_allclose(await ac.compute(y), np.arange(6.0))
+            with pytest.raises(ValueError, match="synchronous"):
+                sfd.compile(SPMV, pin=True)(A=sfd.from_scipy(A, chunks=(3, 3)), x=np.arange(6.0))
+    asyncio.run(main())

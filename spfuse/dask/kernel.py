@@ -434,9 +434,9 @@ class DaskKernel:
         """The client whose workers a call pins its tasks to (``None``: no pins)."""
         if self.pin is False:
             return None
-        client = _current_client()
+        client = _current_client(synchronous=True)
         if client is None and self.pin:
-            raise ValueError("pin=True needs a current distributed client (distributed.Client(...), "
+            raise ValueError("pin=True needs a current synchronous distributed client (distributed.Client(...), "
                              "or inside client.as_current())")
         return client
 
@@ -458,7 +458,7 @@ class DaskKernel:
         """
         from spfuse.dask.cost import placement_of, predict_bytes
         lay = self.layout(**operands)
-        client = _current_client() if self.pin is not False else None
+        client = _current_client(synchronous=True) if self.pin is not False else None
         if client is not None:
             addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
             nworkers = nworkers or len(addrs)
@@ -712,13 +712,15 @@ class DaskKernel:
         return with_meta(total, meta)
 
 
-def _current_client() -> Any:
-    """The current ``distributed`` client, or ``None`` (no client, or no distributed)."""
+def _current_client(synchronous: bool = False) -> Any:
+    """The current ``distributed`` client, or ``None`` (no client, or no distributed);
+    ``synchronous``: ``None`` for an asynchronous one too (its queries return awaitables)."""
     try:
         from distributed import default_client
-        return default_client()
+        client = default_client()
     except (ImportError, ValueError):
         return None
+    return None if synchronous and client.asynchronous else client
 
 
 def _chunk_keys(name: str, per_axis: list) -> Any:
