@@ -100,13 +100,19 @@ def _fused_pins(graph: Mapping, where: Mapping) -> dict:
     """Pins of the tasks Dask's linear fusion made: a fused chain is a new key (its
     names joined) that runs the chain's tasks as a subgraph; it runs where the
     model placed the chain's last task (else any of its tasks)."""
-    from dask._task_spec import Task, _execute_subgraph
+    try:  # Dask internals (dask 2025+): if they change, fused chains go unpinned rather than fail
+        from dask._task_spec import Task, _execute_subgraph
+    except ImportError:
+        return {}
     pins = {}
     for key, task in graph.items():
         if key in where or not (isinstance(task, Task) and task.func is _execute_subgraph):
             continue
-        inner, last = task.args[0], task.args[1]
-        placed = [where[k] for k in (last, *inner) if k in where]
+        try:
+            inner, last = task.args[0], task.args[1]
+            placed = [where[k] for k in (last, *inner) if k in where]
+        except (IndexError, TypeError):
+            continue
         if placed:
             pins[key] = placed[0]
     return pins
