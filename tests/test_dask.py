@@ -700,3 +700,166 @@ def test_joined_chunks_are_reused_while_the_same_chunks_live():
     import gc
     gc.collect()
     assert key not in blocks._JOINED  # a dead chunk takes its entry with it
+
+
+def _persisted(client, lay):
+    """The layout's operands persisted on the cluster (sparse block metadata carried over)."""
+    distributed = pytest.importorskip("distributed")
+    ops = {o.name: client.persist(o.array) for o in lay.operands}
+    with client.as_current():
+        distributed.wait(list(ops.values()))
+    for o in lay.operands:
+        if o.sparse:
+            sfd.partition._remember(ops[o.name].name, sfd.block_info(o.array))
+    return ops
+
+
+@pytest.mark.parametrize("strategy,broadcast", [("reduce", 0), ("gather", 0), ("auto", 2**30)])
+def test_a_plain_call_on_a_current_client_moves_the_predicted_bytes(client, rng, strategy, broadcast):
+    """Normal use -- call, then ``.compute()`` with Dask's graph optimisation --
+    runs every task where the model places it, so the bytes moved are the ones
+    ``cost`` predicts for the same operands on the same client."""
+    distributed = pytest.importorskip("distributed")
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    k = sfd.compile(SPMM, strategy=strategy, broadcast_bytes=broadcast)
+    lay = k.layout(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    ops = _persisted(client, lay)
+    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    with client.as_current():
+        y = k(**ops)
+        predicted = k.cost(**ops)
+        assert isinstance(y, sfd.placement.PlacedArray)
+        t0 = sfd.transfer_marks(client)
+        with distributed.get_task_stream(client) as stream:
+            got = y.compute()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    ran = {r["key"]: addrs.index(r["worker"]) for r in stream.data}
+    assert set(predicted.placed.values()) == {0, 1}
+    pinned = [key for key in ran if key in predicted.placed]
+    assert len(pinned) >= 4 and all(ran[key] == predicted.placed[key] for key in pinned)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_pins_leave_the_callers_graph_and_derived_arrays_alone(client, rng):
+    """Pinning annotates copies of the graph layers; an array derived from a
+    pinned result is a plain dask array that Dask optimises and places as usual."""
+    A = power_law(rng, 200, 200)
+    dB = da.from_array(rng.random((200, 4)), chunks=(50, 4))
+    dA = sfd.from_scipy(A, chunks=(50,) * 4)
+    with client.as_current():
+        y = sfd.compile(SPMM, broadcast_bytes=0)(A=dA, B=dB)
+        z = (y + 1).sum(axis=1)
+        assert type(z) is da.Array
+        np.testing.assert_allclose(z.compute(), (A @ dB.compute() + 1).sum(axis=1))
+        np.testing.assert_allclose(y.compute(optimize_graph=False), A @ dB.compute())
+        assert type(sfd.compile(SPMM, pin=False)(A=dA, B=dB)) is da.Array
+    strict, _ = sfd.compile(SPMM, broadcast_bytes=0).pinned(client, A=dA, B=dB)
+    assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
+    assert all(layer.annotations is None for g in (dA.dask, dB.dask) for layer in g.layers.values())
+    with pytest.raises(ValueError, match="pin=True needs a current synchronous distributed client"):
+        sfd.compile(SPMM, pin=True)(A=dA, B=dB)
+    with pytest.raises(ValueError, match="pin must be"):
+        sfd.compile(SPMM, pin="yes")
+
+
+def test_each_program_has_its_own_task_prefix():
+    """Dask estimates durations per task-name prefix: two programs must not share one."""
+    from dask.utils import key_split
+    A = sfd.from_scipy(sp.csr_array(np.eye(4)), chunks=2)
+    prefixes = set()
+    for program in (SPMV, "y[i] = A[i,j] * x[j] * x[j]"):
+        y = sfd.compile(program, pin=False)(A=A, x=np.ones(4))
+        prefixes |= {key_split(k[0]) for k in dict(y.dask) if "block" in str(k[0])}
+    assert len(prefixes) == 2 and all(p.startswith("spfuse-block-") for p in prefixes), prefixes
+
+
+def test_the_strategy_is_chosen_for_the_planned_number_of_workers():
+    """reduce vs gather is decided on the workers the call is planned for (it
+    was decided on 2 whatever the cluster: at 64 nodes the projection took
+    reduce, 3x the bytes and tasks of gather), by the network's seconds."""
+    from spfuse.bench import suite
+    from spfuse.dask.cost import Network, predict_bytes
+    A = suite.powerlaw_matrix(1600, 1600, 4, 0)
+    ops = dict(A=sfd.from_scipy(A, chunks=(100,) * 16), B=da.ones((1600, 8), chunks=(100, 8)))
+    bytes_only = Network(latency=0.0, task_overhead=0.0)  # busiest worker's receive time only
+    chosen = {}
+    for w in (2, 8):
+        k = sfd.compile(SPMM, broadcast_bytes=0, nworkers=w, network=bytes_only)
+        lay = k.layout(**ops)
+        busiest = {s: max(predict_bytes(k, lay, s, None, w).per_worker.values()) for s in ("reduce", "gather")}
+        chosen[w] = k.choose_strategy(lay)
+        assert chosen[w] == min(busiest, key=busiest.get)
+        assert k.choose_strategy(lay, nworkers=2) == chosen.get(2, chosen[w])
+    assert chosen == {2: "reduce", 8: "gather"}
+    # with the scheduler's cost per task counted, gather's fewer tasks win on 2 workers too
+    k = sfd.compile(SPMM, broadcast_bytes=0, nworkers=2)
+    assert k.choose_strategy(k.layout(**ops)) == "gather"
+
+
+def test_loose_pins_to_a_worker_that_left_run_elsewhere(client, rng):
+    """A plain call's pins are loose: a task pinned to a worker that is gone
+    (restarted under a new address) runs on another one instead of waiting;
+    the strict pins of ``pinned`` are annotated as such."""
+    from spfuse.dask.placement import pin
+    A = power_law(rng, 100, 100)
+    y = sfd.compile(SPMV, pin=False)(A=sfd.from_scipy(A, chunks=(50, 50)), x=np.ones(100))
+    gone = "tcp://127.0.0.1:9"  # nothing listens there
+    loose = pin(y, {key: gone for key in dict(y.dask)}, strict=False)
+    np.testing.assert_allclose(client.compute(loose).result(timeout=60), A @ np.ones(100))
+    strict = pin(y, {}, strict=True)
+    assert all(layer.annotations["allow_other_workers"] is False for layer in strict.dask.layers.values())
+
+
+def test_a_plain_call_on_operands_not_yet_on_the_cluster_moves_the_predicted_bytes(client, rng):
+    """Operand blocks made by tasks of the same graph (not persisted) are pinned
+    where the model puts them (row block b on worker b mod W) too."""
+    A = power_law(rng, 2000, 2000)
+    B = rng.random((2000, 16))
+    ops = dict(A=sfd.from_scipy(A, chunks=(500,) * 4), B=da.from_array(B, chunks=(500, 16)))
+    k = sfd.compile(SPMM, strategy="reduce", broadcast_bytes=0)
+    with client.as_current():
+        y, predicted = k(**ops), k.cost(**ops)
+        t0 = sfd.transfer_marks(client)
+        got = y.compute()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    assert measured > 0 and abs(predicted.total - measured) <= 0.01 * measured + 4096, (predicted.total, measured)
+
+
+def test_workers_count_the_thread_cpu_of_their_block_tasks(client, rng):
+    """``block_cpu_seconds`` grows in the worker processes that ran block tasks
+    (reduce and gather tasks alike), and by no more than those tasks' wall time."""
+    import time as _time
+
+    def spent(dask_worker=None):
+        from spfuse.dask.blocks import block_cpu_seconds
+        return block_cpu_seconds()
+
+    A = power_law(rng, 3000, 3000)
+    ops = dict(A=sfd.from_scipy(A, chunks=(750,) * 4), B=da.from_array(rng.random((3000, 16)), chunks=(750, 16)))
+    for strategy in ("reduce", "gather"):
+        before = client.run(spent)
+        t0 = _time.perf_counter()
+        client.compute(sfd.compile(SPMM, strategy=strategy, broadcast_bytes=0, pin=False)(**ops)).result()
+        wall = _time.perf_counter() - t0
+        grew = {w: client.run(spent)[w] - before[w] for w in before}
+        assert sum(grew.values()) > 0 and all(0 <= g <= wall for g in grew.values()), (strategy, grew, wall)
+
+
+def test_a_call_on_a_current_asynchronous_client_is_not_pinned(client):
+    """An asynchronous client's queries return awaitables: a call made while one
+    is current is left to Dask's placement (and still computes)."""
+    import asyncio
+    distributed = pytest.importorskip("distributed")
+    A = sp.csr_array(np.eye(6))
+
+    async def main():
+        async with distributed.Client(client.scheduler.address, asynchronous=True) as ac:
+            y = sfd.compile(SPMV)(A=sfd.from_scipy(A, chunks=(3, 3)), x=np.arange(6.0))
+            assert type(y) is da.Array
+            np.testing.assert_allclose(await ac.compute(y), np.arange(6.0))
+            with pytest.raises(ValueError, match="synchronous"):
+                sfd.compile(SPMV, pin=True)(A=sfd.from_scipy(A, chunks=(3, 3)), x=np.arange(6.0))
+    asyncio.run(main())

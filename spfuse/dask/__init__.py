@@ -11,6 +11,7 @@ One idea per module:
 * :mod:`spfuse.dask.combine` -- adding partials (dense add, n-way SpAdd);
 * :mod:`spfuse.dask.kernel` -- planning on the client and building the graph;
 * :mod:`spfuse.dask.cost` -- the communication cost model and its projection;
+* :mod:`spfuse.dask.placement` -- tasks pinned where the cost model places them;
 * :mod:`spfuse.dask.registrations` -- ``sizeof``, tokenize, concatenate for Dask.
 
 >>> import numpy as np, scipy.sparse as sp, spfuse, spfuse.dask

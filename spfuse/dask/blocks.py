@@ -17,6 +17,8 @@ array([1., 2.])
 """
 from __future__ import annotations
 
+import functools
+import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,7 +30,43 @@ import scipy.sparse as sp
 from spfuse.dask.partition import slice_block
 from spfuse.tensor import Tensor
 
-__all__ = ["CellRunner", "CellSlices", "run_cell", "joined", "like_meta", "empty_like_meta"]
+__all__ = ["CellRunner", "CellSlices", "run_cell", "joined", "like_meta", "empty_like_meta", "block_cpu_seconds"]
+
+#: Thread CPU seconds block tasks have spent in this process (see :func:`block_cpu_seconds`).
+_BLOCK_CPU = [0.0]
+
+
+def block_cpu_seconds() -> float:
+    """Thread CPU seconds the block tasks run in this process have used so far.
+
+    What a worker spends on spfuse's own work, without Dask's background
+    (heartbeats, memory monitor, profiler, transfers): ``spfuse bench
+    --suite dask`` reads it from every worker before and after a call.
+
+    >>> before = block_cpu_seconds()
+    >>> import spfuse
+    >>> runner = CellRunner(spfuse.compile("y[i] = A[i,j] * x[j]"), ("A", "x"), ("y",), (np.empty(0),))
+    >>> _ = run_cell(runner, CellSlices(((), ())), sp.csr_array(np.eye(3)), np.ones(3))
+    >>> block_cpu_seconds() > before
+    True
+    """
+    return _BLOCK_CPU[0]
+
+
+def timed(task):
+    """``task`` with the thread CPU it uses added to :func:`block_cpu_seconds`.
+
+    >>> timed(sorted)([2, 1])
+    [1, 2]
+    """
+    @functools.wraps(task)
+    def run(*args):
+        start = time.thread_time()
+        try:
+            return task(*args)
+        finally:
+            _BLOCK_CPU[0] += time.thread_time() - start
+    return run
 
 
 @dataclass(frozen=True)
@@ -147,6 +185,7 @@ def _leaves(nested: list):
             yield x
 
 
+@timed
 def run_cell(runner: CellRunner, slices: CellSlices, *blocks: Any) -> Any:
     """Run ``runner``'s kernel on one block of each operand (cut by ``slices``).
 

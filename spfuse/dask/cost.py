@@ -22,8 +22,10 @@ worker 0; a task runs on the worker holding most of its input bytes (ties:
 lower worker); each input not there is moved once per worker -- a
 broadcast factor's chunks too, since every block task reads them all.
 
-That is the placement :meth:`~spfuse.dask.DaskKernel.pinned` requests, and
-then the bytes are exact.  Dask's own placement is decided at run time: a
+That is the placement a call made with a current ``distributed`` client
+pins its tasks to (:mod:`spfuse.dask.placement`; strictly with
+:meth:`~spfuse.dask.DaskKernel.pinned`), and then the bytes are exact.
+Without pins (``pin=False``) Dask's own placement decides, at run time: a
 task goes to the holder of one of its inputs with the least
 ``occupancy + missing bytes / bandwidth``, where occupancy comes from the
 durations Dask measured for earlier tasks of the same name prefix and the
@@ -165,7 +167,7 @@ def choose_factors(kernel: Any, operands: Mapping, candidates: list, nworkers: i
         if broadcast not in seen:
             try:
                 lay = kernel._plan(operands, broadcast)
-                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay), None, nworkers)
+                c = predict_bytes(kernel, lay, kernel.choose_strategy(lay, nworkers), None, nworkers)
                 seen[broadcast] = (c.total, network.seconds(c))
             except UnsupportedError:
                 seen[broadcast] = None
@@ -471,14 +473,17 @@ def _topological(graph: Mapping, leaves: set) -> list:
     return [k for k in order if k not in leaves]
 
 
-def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None, strategy: str | None = None,
-         finalize: bool = True, **operands: Any) -> CommCost:
+def cost(program: Any, /, *, nworkers: int | None = None, placement: Mapping | None = None,
+         strategy: str | None = None, finalize: bool = True, **operands: Any) -> CommCost:
     """Predicted bytes each of ``nworkers`` workers receives for ``program`` on ``operands``.
 
     ``program`` is a program text or a :class:`~spfuse.dask.DaskKernel`;
     ``finalize``: include joining the result on one worker (``compute()``).
-    Nothing executes (sparse dask arrays not built by spfuse get their
-    block metadata computed once).
+    With a current ``distributed`` client, ``nworkers`` and ``placement``
+    default to its workers and where they hold the operands: the bytes a
+    call made now moves (see :meth:`~spfuse.dask.DaskKernel.cost`); without
+    one, 2 workers.  Nothing executes (sparse dask arrays not built by
+    spfuse get their block metadata computed once).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
     >>> A = sfd.from_scipy(sp.random_array((100, 100), density=0.05, format="csr", rng=0), chunks=(50, 50))
@@ -488,8 +493,7 @@ def cost(program: Any, /, *, nworkers: int = 2, placement: Mapping | None = None
     """
     from spfuse.dask.kernel import DaskKernel
     kernel = program if isinstance(program, DaskKernel) else DaskKernel(program)
-    lay = kernel.layout(**operands)
-    return predict_bytes(kernel, lay, strategy or kernel.choose_strategy(lay), placement, nworkers, finalize)
+    return kernel.cost(nworkers=nworkers, placement=placement, finalize=finalize, strategy=strategy, **operands)
 
 
 def project(bytes_per_worker: float, tasks: int, compute_seconds: float, *, workers: int = 64,
@@ -553,7 +557,7 @@ def transfer_marks(client: Any) -> dict:
     return client.run(last)
 
 
-def placement_of(client: Any, arrays: Any) -> dict:
+def placement_of(client: Any, arrays: Any, addrs: Any = None) -> dict:
     """Block key -> indices (in sorted address order) of the workers holding it, for
     the blocks of ``arrays`` that ``client``'s cluster holds (``persist``-ed ones).
 
@@ -566,8 +570,9 @@ def placement_of(client: Any, arrays: Any) -> dict:
     ...     sorted(placement_of(client, [x]))  == sorted(x.__dask_keys__()), placement_of(client, [da.ones(2)])
     (True, {})
     """
-    addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
     futures = client.futures_of(arrays)
     if not futures:
         return {}
+    # ``addrs``: the workers' sorted addresses when the caller has them (one scheduler round trip less)
+    addrs = list(addrs) if addrs is not None else sorted(client.scheduler_info(n_workers=-1)["workers"])
     return {k: frozenset(addrs.index(w) for w in ws) for k, ws in client.who_has(futures).items() if ws}

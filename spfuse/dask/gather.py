@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.dask.blocks import CellRunner, CellSlices, joined, like_meta
+from spfuse.dask.blocks import CellRunner, CellSlices, joined, like_meta, timed
 from spfuse.dask.partition import slice_block
 from spfuse.tensor import Tensor
 
@@ -111,6 +111,7 @@ def stack(pieces: list, axis: int) -> Any:
     return np.concatenate(pieces, axis=axis)
 
 
+@timed
 def run_gathered(runner: CellRunner, slices: CellSlices, gathered: tuple, columns: np.ndarray,
                  *blocks_and_pieces: Any) -> Any:
     """Run ``runner`` on one row block with the contracted index renumbered.

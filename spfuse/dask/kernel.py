@@ -32,6 +32,7 @@ they concatenate along the contracted index.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from dask.highlevelgraph import HighLevelGraph
 
 import spfuse
 from spfuse.dask import classify as C
+from spfuse.dask import placement as P
 from spfuse.dask.blocks import CellRunner, CellSlices, pick, run_cell
 from spfuse.dask.combine import add_partials
 from spfuse.dask.gather import distinct_columns, gather_spec, run_gathered, take_rows
@@ -138,6 +140,13 @@ class DaskKernel:
     whose share of an annihilating sparse operand is empty (needs each
     sparse operand's block metadata, see :func:`spfuse.dask.block_info`).
 
+    ``pin``: run each task on the worker the communication cost model places
+    it on, so a call moves the bytes :meth:`cost` predicts (see
+    :mod:`spfuse.dask.placement`).  ``None`` (default): pin when a
+    ``distributed`` client is current at call time (loose pins: a task whose
+    worker has left runs elsewhere); ``False``: Dask places every task;
+    ``True``: pin, and fail without a current client.
+
     >>> import spfuse.dask
     >>> spfuse.dask.compile("y[i] = A[i,j] * x[j]")
     <spfuse.dask.DaskKernel 'y[i] = A[i,j] * x[j]' fusion='auto'>
@@ -146,8 +155,10 @@ class DaskKernel:
     def __init__(self, program: str, *, fusion: str = "auto", out_format: str | None = None,
                  num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
                  strategy: str = "auto", broadcast_bytes: int | None = None, nworkers: int | None = None,
-                 network: Any = None):
+                 network: Any = None, pin: bool | None = None):
         from spfuse.dask.cost import Network
+        if pin not in (None, True, False):
+            raise ValueError(f"pin must be None, True or False, got {pin!r}")
         if nworkers is not None and (not isinstance(nworkers, int) or nworkers < 1):
             raise ValueError(f"nworkers must be an int >= 1, got {nworkers!r}")
         if broadcast_bytes is not None and (not isinstance(broadcast_bytes, int) or broadcast_bytes < 0):
@@ -167,6 +178,10 @@ class DaskKernel:
         self.broadcast_bytes = broadcast_bytes
         self.nworkers = nworkers
         self.network = network or Network()
+        self.pin = pin
+        # Dask estimates a task's duration from earlier tasks of the same name prefix: one per program
+        digest = hashlib.sha1(program.encode()).hexdigest()[:6]
+        self._prefix = "".join("ghijklmnopqrstuv"[int(c, 16)] for c in digest)
         self._decisions: dict = {}  # broadcast-or-partition decisions already made
         self._meta_cache: dict = {}  # result metas per operand kinds
 
@@ -235,12 +250,8 @@ class DaskKernel:
         """``(workers, broadcast cap in bytes)``: as given, else from the current ``distributed`` client."""
         nworkers, cap = self.nworkers, self.broadcast_bytes
         if nworkers is None or cap is None:
-            workers = {}
-            try:
-                from distributed import default_client
-                workers = default_client().scheduler_info(n_workers=-1)["workers"]
-            except (ImportError, ValueError):  # no distributed, or no client: one process
-                pass
+            client = _current_client()
+            workers = client.scheduler_info(n_workers=-1)["workers"] if client is not None else {}
             if nworkers is None:
                 nworkers = max(len(workers), 1)
             if cap is None:
@@ -270,7 +281,7 @@ class DaskKernel:
         spfuse.dask plan for 'C[i,k] = A[i,j] * B[j,k]' on 4 worker(s), strategy reduce, 4 cell task(s)
           A: sparse, row blocks (100, 100, 100, 100)
           B: dense, broadcast
-          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.09 MiB, ... ms (cheaper on 4 worker(s))
+          B (0.02 MiB): broadcast -- broadcast 0.09 MiB, ... ms; partition 0.23 MiB, ... ms (cheaper on 4 worker(s))
         """
         lay = self.layout(**operands)
         lines = [f"spfuse.dask plan for {self.text!r} on {lay.nworkers} worker(s), strategy "
@@ -413,20 +424,47 @@ class DaskKernel:
     def __call__(self, **operands: Any):
         """The program's result(s) as lazy dask arrays (a dict when several)."""
         lay = self.layout(**operands)
-        return self._build(lay, self.choose_strategy(lay))[0]
+        strategy = self.choose_strategy(lay)
+        client = self._pin_client()
+        if client is not None and len(lay.classification.results) == 1:  # the model covers one result
+            return self._pinned_build(client, lay, strategy, strict=False)[0]
+        return self._build(lay, strategy)[0]
 
-    def cost(self, *, nworkers: int = 2, placement: Mapping | None = None, finalize: bool = True,
-             **operands: Any):
+    def _pin_client(self) -> Any:
+        """The client whose workers a call pins its tasks to (``None``: no pins)."""
+        if self.pin is False:
+            return None
+        client = _current_client(synchronous=True)
+        if client is None and self.pin:
+            raise ValueError("pin=True needs a current synchronous distributed client (distributed.Client(...), "
+                             "or inside client.as_current())")
+        return client
+
+    def cost(self, *, nworkers: int | None = None, placement: Mapping | None = None, finalize: bool = True,
+             strategy: str | None = None, **operands: Any):
         """The communication cost model's prediction for a call (see :func:`spfuse.dask.cost`).
+
+        With a current ``distributed`` client, ``nworkers`` (default) is its
+        worker count and ``placement`` (default) where its workers hold the
+        operands' blocks: the bytes a call made now moves (its tasks are
+        pinned where this prediction places them).  Without one: 2 workers,
+        row block ``b`` on worker ``b mod 2``.  ``strategy``: predict this one
+        instead of the one a call would choose.
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
         >>> A = sfd.from_scipy(sp.csr_array(np.eye(8)), chunks=2)
         >>> sfd.compile("y[i] = A[i,j] * x[j]").cost(A=A, x=np.ones(8)).per_worker[0]  # y's second half
         32
         """
-        from spfuse.dask.cost import predict_bytes
+        from spfuse.dask.cost import placement_of, predict_bytes
         lay = self.layout(**operands)
-        return predict_bytes(self, lay, self.choose_strategy(lay), placement, nworkers, finalize)
+        client = _current_client(synchronous=True) if self.pin is not False else None
+        if client is not None:
+            addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
+            nworkers = nworkers or len(addrs)
+            if placement is None:
+                placement = placement_of(client, [o.array for o in lay.operands], addrs)
+        return predict_bytes(self, lay, strategy or self.choose_strategy(lay), placement, nworkers or 2, finalize)
 
     def pinned(self, client: Any, **operands: Any) -> tuple:
         """The call's result(s) with every task pinned to the worker the cost model
@@ -437,7 +475,11 @@ class DaskKernel:
         pinned (``workers=`` annotations, ``allow_other_workers=False``; the
         scheduler does not steal restricted tasks) the moves are the ones
         predicted.  Operand blocks already on the cluster (``persist``) are
-        read where ``client.who_has`` says they are.
+        read where ``client.who_has`` says they are.  A plain call on a
+        current client pins the same way but loosely (see ``pin``); this one
+        is strict: a task whose worker has left waits for it.  The results
+        keep their pins through Dask's graph optimisation
+        (:class:`~spfuse.dask.placement.PlacedArray`).
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
         >>> from distributed import Client, LocalCluster
@@ -448,19 +490,22 @@ class DaskKernel:
         ...     bool(np.allclose(client.compute(y).result(), A.compute() @ np.ones(40)))
         True
         """
-        from spfuse.dask.cost import placement_of, predict_bytes
         lay = self.layout(**operands)
-        strategy = self.choose_strategy(lay)
+        return self._pinned_build(client, lay, self.choose_strategy(lay), strict=True)
+
+    def _pinned_build(self, client: Any, lay: Layout, strategy: str, strict: bool) -> tuple:
+        """The results of ``lay`` pinned where the cost model places each task on
+        ``client``'s workers, and that prediction."""
+        from spfuse.dask.cost import placement_of, predict_bytes
         built = self._build(lay, strategy)
         addrs = sorted(client.scheduler_info(n_workers=-1)["workers"])
-        placement = placement_of(client, [o.array for o in lay.operands])
+        placement = placement_of(client, [o.array for o in lay.operands], addrs)
         predicted = predict_bytes(self, lay, strategy, placement, len(addrs), built=built)
+        where = {key: addrs[w] for key, w in predicted.placed.items()}
         result = built[0]
-        pin = _Pin(predicted.placed, tuple(addrs))
-        for arr in (result.values() if isinstance(result, dict) else [result]):
-            for layer in arr.dask.layers.values():
-                layer.annotations = {**(layer.annotations or {}), "workers": pin, "allow_other_workers": False}
-        return result, predicted
+        if isinstance(result, dict):
+            return {r: P.pin(a, where, strict=strict) for r, a in result.items()}, predicted
+        return P.pin(result, where, strict=strict), predicted
 
     def _build(self, lay: Layout, strategy: str):
         """The result arrays of ``lay`` under ``strategy``, and the results' metas."""
@@ -470,7 +515,7 @@ class DaskKernel:
                             tuple(metas[r] for r in results))
         token = dask.base.tokenize(runner, [(o.array.name, o.dims) for o in lay.operands], lay.cells, strategy)
         runner_key = f"spfuse-plan-{token}"
-        cell_name = f"spfuse-block-{token}"
+        cell_name = f"spfuse-block-{self._prefix}-{token}"
         layer: dict = {runner_key: runner}
         if strategy == "gather":
             lay = self._gather_cells(lay, layer, runner_key, cell_name, token)
@@ -484,11 +529,15 @@ class DaskKernel:
                for r in results}
         return (out[results[0]] if len(results) == 1 else out), metas
 
-    def choose_strategy(self, lay: Layout) -> str:
+    def choose_strategy(self, lay: Layout, nworkers: int | None = None) -> str:
         """``"reduce"`` (partials + tree sum) or ``"gather"`` (fetch touched rows) for this call.
 
-        ``strategy="auto"`` asks the communication cost model which moves
-        fewer bytes; gather needs the shape :func:`~spfuse.dask.gather.gather_spec` accepts.
+        ``strategy="auto"`` asks the communication cost model which is faster
+        on ``nworkers`` workers (default: the ones ``lay`` was planned for, at
+        least 2 -- on one nothing moves) by :meth:`~spfuse.dask.cost.Network.seconds`:
+        the busiest worker's receive time plus the scheduler's time per task
+        (ties: fewer bytes); gather needs the shape
+        :func:`~spfuse.dask.gather.gather_spec` accepts.
 
         >>> import numpy as np, scipy.sparse as sp, spfuse.dask as sfd
         >>> k = sfd.compile("y[i] = A[i,j] * x[j]")
@@ -502,8 +551,9 @@ class DaskKernel:
         if self.strategy != "auto" or spec is None:
             return self.strategy if spec is not None else "reduce"
         from spfuse.dask.cost import predict_bytes
-        predicted = {s: predict_bytes(self, lay, s) for s in ("reduce", "gather")}
-        return min(predicted, key=lambda s: (predicted[s].total, predicted[s].tasks))
+        w = max(nworkers or lay.nworkers, 2)
+        predicted = {s: predict_bytes(self, lay, s, None, w) for s in ("reduce", "gather")}
+        return min(predicted, key=lambda s: (self.network.seconds(predicted[s]), predicted[s].total))
 
     @staticmethod
     def _cell_inputs(lay: Layout, cell: tuple, skip_dim=None):
@@ -662,16 +712,15 @@ class DaskKernel:
         return with_meta(total, meta)
 
 
-@dataclass(frozen=True)
-class _Pin:
-    """A ``workers`` annotation: key -> [the address the cost model placed it on] (any worker if not placed)."""
-
-    placed: Mapping
-    addrs: tuple
-
-    def __call__(self, key: Any) -> list:
-        w = self.placed.get(key)
-        return list(self.addrs) if w is None else [self.addrs[w]]
+def _current_client(synchronous: bool = False) -> Any:
+    """The current ``distributed`` client, or ``None`` (no client, or no distributed);
+    ``synchronous``: ``None`` for an asynchronous one too (its queries return awaitables)."""
+    try:
+        from distributed import default_client
+        client = default_client()
+    except (ImportError, ValueError):
+        return None
+    return None if synchronous and client.asynchronous else client
 
 
 def _chunk_keys(name: str, per_axis: list) -> Any:
@@ -698,7 +747,7 @@ def _identity(block: Any, axis: Any = None, keepdims: Any = None) -> Any:
 def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
             num_threads: int | None = 1, split_every: int = 4, prune: bool = True,
             strategy: str = "auto", broadcast_bytes: int | None = None, nworkers: int | None = None,
-            network: Any = None) -> DaskKernel:
+            network: Any = None, pin: bool | None = None) -> DaskKernel:
     """Plan ``program`` for Dask once; call the result with operands.
 
     ``num_threads`` is the spfuse thread count *per task* (default 1: one
@@ -715,13 +764,13 @@ def compile(program: str, /, *, fusion: str = "auto", out_format: str | None = N
     """
     return DaskKernel(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
                       split_every=split_every, prune=prune, strategy=strategy, broadcast_bytes=broadcast_bytes,
-                      nworkers=nworkers, network=network)
+                      nworkers=nworkers, network=network, pin=pin)
 
 
 def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = None,
              num_threads: int | None = 1, split_every: int = 4, prune: bool = True, strategy: str = "auto",
              broadcast_bytes: int | None = None, nworkers: int | None = None, network: Any = None,
-             **operands: Any):
+             pin: bool | None = None, **operands: Any):
     """Evaluate ``program`` on dask (and numpy/scipy) operands; returns lazy dask array(s).
 
     Sparse matrices are dask arrays of CSR row blocks
@@ -731,7 +780,7 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = 
     numpy operands and one-chunk dask arrays are broadcast (shipped once per
     worker); a dense dask array chunked along an axis is broadcast or
     partitions that index, whichever the cost model predicts cheaper (see
-    :class:`DaskKernel` for ``nworkers``, ``network``, ``broadcast_bytes``).
+    :class:`DaskKernel` for ``nworkers``, ``network``, ``broadcast_bytes``, ``pin``).
 
     >>> import numpy as np, scipy.sparse as sp, spfuse.dask
     >>> A = sp.csr_array(np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]))
@@ -742,4 +791,4 @@ def evaluate(program: str, /, *, fusion: str = "auto", out_format: str | None = 
     """
     return compile(program, fusion=fusion, out_format=out_format, num_threads=num_threads,
                    split_every=split_every, prune=prune, strategy=strategy,
-                   broadcast_bytes=broadcast_bytes, nworkers=nworkers, network=network)(**operands)
+                   broadcast_bytes=broadcast_bytes, nworkers=nworkers, network=network, pin=pin)(**operands)
