@@ -7,6 +7,7 @@ same) and against the per-element walk (to rounding).
 """
 import numpy as np
 import scipy.sparse as sp
+from executor_spy import executor_plans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -48,18 +49,8 @@ def _dense(r):
 
 def _run_all(program, ops):
     """Results on 1 and 2 threads and the plans the executor ran."""
-    plans = []
-    orig = lt.run
-
-    def spy(plan, num_threads=None, blocks=True):
-        plans.append(plan)
-        return orig(plan, num_threads=num_threads, blocks=blocks)
-
-    lt.run = spy
-    try:
+    with executor_plans() as plans:
         r1 = spfuse.evaluate(program, **ops, num_threads=1)
-    finally:
-        lt.run = orig
     r2 = spfuse.evaluate(program, **ops, num_threads=2)
     return r1, r2, plans
 

@@ -9,6 +9,7 @@ is checked against numpy on dense operands.
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from executor_spy import executor_plans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,19 +47,9 @@ def _evaluate(name, A, B, x, c, threads):
 
 def _plans(name, A, B, x, c):
     """The executor plans a program runs."""
-    seen = []
-    orig = lt.run
-
-    def spy(plan, num_threads=None, blocks=True):
-        seen.append(plan)
-        return orig(plan, num_threads=num_threads, blocks=blocks)
-
-    lt.run = spy
-    try:
+    with executor_plans() as plans:
         _evaluate(name, A, B, x, c, 1)
-    finally:
-        lt.run = orig
-    return seen
+    return plans
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -85,13 +76,8 @@ def test_reduction_loops_are_marked(name):
 
 def test_a_reduction_that_is_not_a_sum_stays_serial():
     A, _, _, _ = _operands(40, 0.2, "csr", 2)
-    seen = []
-    orig = lt.run
-    lt.run = lambda plan, num_threads=None, blocks=True: (seen.append(plan), orig(plan, num_threads, blocks=blocks))[1]
-    try:
+    with executor_plans() as seen:
         y = spfuse.evaluate("y[j] = max(i, A[i,j])", A=A, num_threads=2)
-    finally:
-        lt.run = orig
     np.testing.assert_allclose(y, A.toarray().max(axis=0))
     assert all(p.buf_reduce.max(initial=-1) < 0 for p in seen)
 
@@ -104,13 +90,8 @@ def test_block_count_follows_machine_and_work_not_threads():
     want = max(1, min(lt._CORES, lt.MAX_REDUCE_BLOCKS, work // (lt.REDUCE_WORK_PER_ELEMENT * cells)))
     assert lt.reduce_blocks(plan) == want
     # a plan without a reduction loop is never cut
-    rows = []
-    orig = lt.run
-    lt.run = lambda plan, num_threads=None, blocks=True: (rows.append(plan), orig(plan, num_threads, blocks=blocks))[1]
-    try:
+    with executor_plans() as rows:
         spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x)
-    finally:
-        lt.run = orig
     assert all(lt.reduce_blocks(p) == 1 for p in rows)
 
 

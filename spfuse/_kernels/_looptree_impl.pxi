@@ -2314,17 +2314,17 @@ cdef inline void _reduce_block(Plan* P, Ctx* C, int64_t node, int64_t k, int64_t
     cdef int64_t i, j, a = cur[k]
     cdef int64_t e = stop[k] if stop[k] - a <= step else a + step
     cdef double* d
-    if a >= e:
-        return
     for i in range(nr):
         if k > 0:
             d = parts[i * nred + k]
-            if a == stop[k - 1]:        # its first round
+            if a == stop[k - 1]:        # its first round (an empty block's copy is filled too)
                 for j in range(P.buf_size[rb[i]]):
                     d[j] = -0.0
             C.buf[rb[i]] = d
         else:
             C.buf[rb[i]] = parts[i * nred]
+    if a >= e:
+        return
     C.work = C.work + e - a
     exec_loop_range(P, C, node, a, e)
     cur[k] = e
