@@ -1552,14 +1552,16 @@ def reduce_blocks(plan: LoopTreePlan) -> int:
     call, so that results are the same on any thread count), at most
     :data:`MAX_REDUCE_BLOCKS`, and fewer when the operands' stored entries
     would not pay for the partial copies of the reduced buffers."""
-    cells = plan.__dict__.get("_reduce_cells")   # worked out once per plan (copies carry it)
-    if cells is None:
-        cells = int(plan.buf_size[plan.buf_reduce >= 0].sum()) if (plan.buf_reduce >= 0).any() else 0
-        object.__setattr__(plan, "_reduce_cells", cells)
-    if not cells:
+    structure = plan.__dict__.get("_structure", plan)   # (a call's plan is a rebound copy)
+    reduced = structure.__dict__.get("_reduced")
+    if reduced is None:   # worked out once per plan structure
+        reduced = tuple(int(b) for b in np.flatnonzero(plan.buf_reduce >= 0))
+        object.__setattr__(structure, "_reduced", reduced)
+    if not reduced:
         return 1
+    cells = sum(int(plan.buf_size[b]) for b in reduced)
     work = sum(map(len, plan.value_arrays))
-    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * cells)))
+    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * max(cells, 1))))
 
 
 def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
