@@ -228,3 +228,46 @@ def test_spgemm_result_computed_transposed_is_returned_in_the_other_order():
     C = k(A=A, B=B)
     assert C.format == "csc"
     np.testing.assert_allclose(C.toarray(), (A @ B.T).toarray(), rtol=1e-12, atol=1e-12)
+
+
+# -- index checks left to SpMV / SpMM groups ----------------------------------
+
+def _checks(program, **ops):
+    from spfuse.lowering.templates import match_template
+    plan = spfuse.compile(program).plans(**ops)["auto"]
+    m = match_template(plan)
+    return m.kernel, m.checks_indices
+
+
+def test_spmv_and_spmm_groups_check_their_operand_in_kernel():
+    rng = np.random.default_rng(8)
+    A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
+    x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
+    Q = rng.standard_normal((300, 4))
+    assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv → generic", frozenset({"A"}))
+    assert _checks("Y[i,k] = relu(A[i,j] * X[j,k])", A=A, X=X)[1] == frozenset({"A"})
+    # read transposed: the pattern is gathered before the kernel sees it
+    assert "A" not in _checks("Y[h,j] = relu(sum(i, A[i,j] * Q[i,h]))", A=A, Q=Q)[1]
+
+
+def test_unscanned_operand_errors_and_unsorted_rows_still_right():
+    rng = np.random.default_rng(9)
+    A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
+    x, b = rng.standard_normal(200), rng.standard_normal(300)
+    bad = A.copy()
+    bad.indices[7] = 250
+    with pytest.raises(spfuse.InvalidOperandError, match="out-of-range"):
+        spfuse.evaluate("y[i] = A[i,j] * x[j] + b[i]", A=bad, x=x, b=b)
+    np.testing.assert_array_equal(bad.indices[7], 250)           # the input is untouched
+    rev = A.copy()
+    for r in range(A.shape[0]):
+        s, e = rev.indptr[r], rev.indptr[r + 1]
+        rev.indices[s:e], rev.data[s:e] = rev.indices[s:e][::-1].copy(), rev.data[s:e][::-1].copy()
+    rev.has_sorted_indices = False
+    k0 = int(A.indptr[1])
+    assert k0 > 0
+    dup = sp.csr_array((np.r_[A.data[:k0], A.data], np.r_[A.indices[:k0], A.indices],
+                        np.r_[0, A.indptr[1:] + k0]), shape=A.shape)   # row 0 stored twice: duplicates
+    for M in (rev, dup):
+        got = spfuse.evaluate("y[i] = A[i,j] * x[j] + b[i]", A=M, x=x, b=b)
+        np.testing.assert_allclose(got, M.toarray() @ x + b, rtol=1e-12, atol=1e-12)

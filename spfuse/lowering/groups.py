@@ -682,7 +682,31 @@ def lower_groups(plan):
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join(g.kernel for g in groups)
-    return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt))
+    return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt),
+                         _checked_in_kernel(plan, groups))
+
+
+#: Kernels that bounds-check their sparse operand's column indices as they
+#: read them (and take them in any order, duplicates summed).
+_CHECKING_KERNELS = frozenset({"spmv", "spmm"})
+
+
+def _checked_in_kernel(plan, groups) -> frozenset:
+    """The inputs read only as the sparse operand of SpMV/SpMM groups, handed
+    over as they are (not transposed, merged or restricted): the call path
+    need not scan their indices first (SpMV+b is SpMV then a tail)."""
+    readers: dict[str, list] = {}
+    for g in groups:
+        for name in {r.name for op in g.ops for r in op.refs}:
+            readers.setdefault(name, []).append(g)
+
+    def plain(g, name) -> bool:
+        r = g.route
+        return (g.kernel in _CHECKING_KERNELS and r is not None and g.names[:1] == (name,)
+                and not r.transposed and not r.merged and not r.flipped and r.pattern is None)
+
+    return frozenset(n for n, gs in readers.items()
+                     if n in plan.inputs and all(plain(g, n) for g in gs))
 
 
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
