@@ -808,7 +808,9 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     if r.out_swapped:
         value = np.ascontiguousarray(value.T) if isinstance(value, np.ndarray) else value.T
     if r.scalars:
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray) and value.dtype == dtype:
+            np.multiply(value, scale, out=value)   # the kernel's fresh result: scaled in place
+        elif isinstance(value, np.ndarray):
             value = np.multiply(value, scale, dtype=dtype)
         else:
             value = value._with_kernel_values(np.multiply(value.values, scale, dtype=dtype))
