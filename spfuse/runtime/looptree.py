@@ -1551,7 +1551,19 @@ def reduce_blocks(plan: LoopTreePlan) -> int:
     are cut into: one per core of this machine (not per thread of the
     call, so that results are the same on any thread count), at most
     :data:`MAX_REDUCE_BLOCKS`, and fewer when the operands' stored entries
-    would not pay for the partial copies of the reduced buffers."""
+    would not pay for the partial copies of the reduced buffers.
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> b = LoopTreeBuilder()
+    >>> i, j = b.var("i", 4), b.var("j", 4)
+    >>> a, y = b.access(sp.csr_array(np.eye(4)), (i, j), "A"), b.buffer((4,), "y")
+    >>> with b.loop(i):
+    ...     with b.loop(j, intersect=[a]):
+    ...         b.statement(y[j], "sum", a)   # column sums: y is not split by i
+    >>> plan = b.build()
+    >>> int(plan.buf_reduce[0]) >= 0, reduce_blocks(plan)   # 4 entries do not pay for a copy of y
+    (True, 1)
+    """
     structure = plan.__dict__.get("_structure", plan)   # (a call's plan is a rebound copy)
     reduced = structure.__dict__.get("_reduced")
     if reduced is None:   # worked out once per plan structure
