@@ -13,6 +13,7 @@ lowering obeys it: no coordinate list is emitted and sorted.
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from executor_spy import executor_plans
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_looptree import both_threads, rand_csr
@@ -657,14 +658,7 @@ def test_middle_mode_products_sweep_a_scatter_per_position(shape, density, scale
     c = rng.standard_normal(shape[1])
     rest = "k" if len(shape) == 3 else "k,l"
     text = f"A[i,{rest}] = X[i,j,{rest}] * c[j]" + (" * 1.5" if scaled else "")
-    plans: list = []
-
-    def capture(plan, real=looptree_runtime.run, **k):
-        plans.append(plan)
-        return real(plan, **k)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(looptree_runtime, "run", capture)
+    with executor_plans() as plans:
         got = spfuse.evaluate(text, X=X, c=c, num_threads=1)
         again = spfuse.evaluate(text, X=X, c=c, num_threads=2)
     got, again = (g.todense() if hasattr(g, "todense") else np.asarray(g) for g in (got, again))

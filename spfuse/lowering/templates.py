@@ -220,6 +220,11 @@ def _threads(ts, nt: int) -> int:
     return nt if sum(t.values.size for t in ts) >= PARALLEL_MIN_WORK else 1
 
 
+#: Per kernel, the dense factors (counted after the sparse operand) it reads
+#: transposed: SDDMM's D as Dᵀ rows, GNN-2's two Y reads as Yᵀ rows.
+_READ_TRANSPOSED = {"sddmm": (1,), "gnn2": (1, 2)}
+
+
 def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int, tile: int = 0):
     ts = [tensors[n] for n in names]
     nt = _threads(ts, nt)
@@ -229,7 +234,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         ip, ix, vals = _csr(S, itype, dtype)
         # the dense factors, C-ordered; those a kernel reads transposed are
         # made from the views (no copy for a column-ordered factor)
-        transposed = {"sddmm": (1,), "gnn2": (1, 2)}.get(kernel, ())
+        transposed = _READ_TRANSPOSED.get(kernel, ())
         d = [_dense_t(t, dtype) if n in transposed else _dense(t, dtype) for n, t in enumerate(ts[1:])]
         if kernel in ("spmv", "spmm"):  # these two check A's indices as they read them
             out = np.empty(out_shape, dtype)
