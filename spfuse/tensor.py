@@ -819,9 +819,15 @@ class Tensor:
         inv = [0] * self.ndim
         for new, old in enumerate(axes):
             inv[old] = new
-        fmt = Format(self._format.levels, tuple(inv[m] for m in self._format.mode_order))
-        shape = tuple(self._shape[a] for a in axes)
-        return Tensor._trusted(shape, fmt, self._levels, self._values, self.origin)
+        obj = Tensor.__new__(Tensor)
+        obj._format = Format(self._format.levels, tuple(inv[m] for m in self._format.mode_order))
+        obj._shape = tuple(self._shape[a] for a in axes)
+        # the same arrays, index dtype included: never narrowed here (an
+        # operand whose indices the kernel checks is not scanned yet)
+        obj._levels, obj._values, obj._index_dtype = self._levels, self._values, self._index_dtype
+        obj._coords = None
+        obj.origin = self.origin
+        return obj
 
     @property
     def T(self) -> Tensor:

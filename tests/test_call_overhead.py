@@ -164,15 +164,22 @@ def test_cached_generic_call_follows_each_calls_matrix(program):
 
 
 def test_operand_read_in_another_order_is_scanned_once(passes):
-    """``y[j] = A[i,j]*x[i] + c[j]``, CSR A: one scan of A's indices per call,
-    whichever order the lowering reads A in."""
+    """``y[j] = A[i,j]*|x[i]| + c[j]``, CSR A, on the generic executor: one
+    scan of A's indices per call, whichever order the lowering reads A in;
+    none when the scatter kernel, which checks them as it reads them, runs
+    the plain ``Aᵀx + c``."""
     A = _csr(seed=6, shape=(40, 25))
     x, c = np.arange(40.0), np.ones(25)
-    program = "y[j] = sum(i, A[i,j]*x[i]) + c[j]"
+    program = "y[j] = sum(i, A[i,j]*abs(x[i])) + c[j]"
     np.testing.assert_allclose(spfuse.evaluate(program, A=A, x=x, c=c), A.toarray().T @ x + c)
     passes.update(scan=0)
     np.testing.assert_allclose(spfuse.evaluate(program, A=A, x=x, c=c), A.toarray().T @ x + c)
     assert passes["scan"] == 1
+    program = "y[j] = sum(i, A[i,j]*x[i]) + c[j]"
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A, x=x, c=c), A.toarray().T @ x + c)
+    passes.update(scan=0)
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A, x=x, c=c), A.toarray().T @ x + c)
+    assert passes["scan"] == 0
 
 
 def test_tiny_call_does_not_look_at_the_machine_for_a_thread_count(monkeypatch):

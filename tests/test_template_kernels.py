@@ -130,24 +130,53 @@ def test_spmm(kind, shape, it, dt, Kdim, rng):
     np.testing.assert_allclose(got, A.toarray() @ B.astype(np.float64), **tol(dt))
 
 
+@dtypes
 @itypes
-@pytest.mark.parametrize("kernel", ["spmv", "spmm"])
+@cases
+@pytest.mark.parametrize("blocks", [1, 2, 3, 8])
+def test_spmv_t(kind, shape, it, dt, blocks, rng):
+    """Aᵀx by scatter into fixed blocks: the blocks, not the threads, set the
+    rounding (bit-identical on 1 and 2 threads); duplicates are summed."""
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    if len(ind) >= 2:   # unsorted rows and a duplicate entry are taken as they are
+        ind[1] = ind[0]
+    dense = sp.csr_matrix((val.astype(np.float64), ind, ip), shape=shape).toarray()
+    x = rng.standard_normal(shape[0]).astype(dt)
+
+    def run(nt):
+        out = np.full(shape[1], np.nan, dtype=dt)
+        assert K.spmv_t(ip, ind, val, x, out, blocks, nt) == -1  # every index in range
+        return out
+    got = both_threads(run)
+    np.testing.assert_allclose(got, dense.T @ x.astype(np.float64), **tol(dt))
+
+
+@itypes
+@pytest.mark.parametrize("kernel", ["spmv", "spmv_t", "spmm"])
 @pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1])
 @pytest.mark.parametrize("nt", [1, 2])
 def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad, nt, it):
-    """The two kernels that check indices as they read them: -1 when all are
-    in [0, n), else the position of a bad one (never a read out of bounds)."""
+    """The kernels that check indices as they read them: -1 when all are
+    in [0, n), else the position of a bad one (never a read or write out of
+    bounds)."""
     ip = np.array([0, 2, 2, 5], dtype=it)
     ind = np.array([0, 8, 1, 4, 3], dtype=it)
     val = np.ones(5)
-    dense = np.ones(9) if kernel == "spmv" else np.ones((9, 3))
-    out = np.empty(3) if kernel == "spmv" else np.empty((3, 3))
-    run = getattr(K, kernel)
-    assert run(ip, ind, val, dense, out, nt) == -1
+    dense = np.ones((9, 3)) if kernel == "spmm" else np.ones(3 if kernel == "spmv_t" else 9)
+    out = np.empty((3, 3)) if kernel == "spmm" else np.empty(9 if kernel == "spmv_t" else 3)
+
+    def run(ind, dense, out):
+        if kernel == "spmv_t":
+            return K.spmv_t(ip, ind, val, dense, out, 2, nt)
+        return getattr(K, kernel)(ip, ind, val, dense, out, nt)
+    assert run(ind, dense, out) == -1
     ind[3] = bad
-    assert run(ip, ind, val, dense, out, nt) == 3
+    assert run(ind, dense, out) == 3
+    if kernel == "spmv_t":
+        assert run(ind, dense, np.empty(0)) in (0, 1)  # n = 0: every index is out of range
     if kernel == "spmm":  # K = 0: nothing gathered, the index is still checked
-        assert run(ip, ind, val, np.ones((9, 0)), np.empty((3, 0)), nt) == 3
+        assert K.spmm(ip, ind, val, np.ones((9, 0)), np.empty((3, 0)), nt) == 3
 
 
 @dtypes
@@ -201,6 +230,34 @@ def test_spgemm(kind, shape, it, dt, rng):
     assert np.array_equal(indptr, ref.indptr) and np.array_equal(indices, ref.indices)
     C = sp.csr_matrix((data, indices, indptr), shape=(m, 211))
     np.testing.assert_allclose(C.toarray(), A.toarray() @ B.toarray(), **tol(dt))
+
+
+@dtypes
+@itypes
+@cases
+def test_masked_spgemm(kind, shape, it, dt, rng):
+    """M ∘ (A·B) on M's pattern: ``hit`` marks the entries some product
+    reaches (the others are 0 and dropped by the caller)."""
+    m, n = shape
+    A = make_csr(kind, rng, m, n)
+    B = make_csr("uniform" if kind != "nnz0" else kind, rng, n, 97)
+    M = make_csr("uniform", rng, m, 97)
+    M.data[: len(M.data) // 2] = 0.0   # stored zeros stay stored (value 0)
+    mm, a, b = arrays(M, it, dt), arrays(A, it, dt), arrays(B, it, dt)
+
+    def run(nt):
+        out = np.full(M.nnz, np.nan, dt)
+        hit = np.full(M.nnz, 7, np.uint8)
+        K.masked_spgemm(*mm, *a, *b, 97, out, hit, nt)
+        return out, hit
+    out, hit = both_threads(run)
+    # reached: A's row i and B's column k share a stored j (the product's symbolic pattern)
+    rows = np.repeat(np.arange(m), np.diff(M.indptr))
+    pattern = (abs(A).sign() @ abs(B).sign()).toarray() != 0
+    reached = pattern[rows, M.indices]
+    np.testing.assert_array_equal(hit, reached.astype(np.uint8))
+    want = M.toarray() * (A.toarray() @ B.toarray())
+    np.testing.assert_allclose(out, want[rows, M.indices] * reached, **tol(dt))
 
 
 def test_spgemm_keeps_cancellation_zeros_and_numeric_phase_alone(rng):

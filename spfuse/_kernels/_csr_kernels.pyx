@@ -97,8 +97,8 @@ cdef extern from *:
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
-    "spmv", "spmm", "sddmm",
-    "spgemm_symbolic", "spgemm_numeric", "spgemm",
+    "spmv", "spmv_t", "spmm", "sddmm",
+    "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
 ]
@@ -167,7 +167,8 @@ cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
 cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
                                Py_ssize_t start, Py_ssize_t end, size_t n,
                                Py_ssize_t* bad) noexcept nogil:
-    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order.
+    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order
+    (``x`` NULL: all ones, the sum of the values).
 
     Each ``ind[p]`` is checked against ``[0, n)`` before ``x`` is read (one
     unsigned compare, never taken on valid input): an out-of-range one is
@@ -178,6 +179,13 @@ cdef inline double _gather_dot(const index_t* ind, const floating* val, const fl
     cdef double s0 = 0.0
     cdef Py_ssize_t p
     cdef index_t c
+    if x == NULL:   # x all ones: the row's sum, its indices still checked
+        for p in range(start, end):
+            if <size_t>ind[p] >= n:
+                bad[0] = p
+                break
+            s0 += <double>val[p]
+        return s0
     for p in range(start, end):
         c = ind[p]
         if <size_t>c >= n:
@@ -290,10 +298,12 @@ def _set_chunk_work(double units):
 # SpMV, SpMM, SDDMM
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-         const floating[::1] x, floating[::1] out, int num_threads):
-    """spmv(indptr, indices, data, x, out, num_threads) -> bad
+         const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1):
+    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1) -> bad
 
     ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
+    ``x`` None: all ones, so ``out`` holds the row sums of the ``m x n_cols``
+    matrix (its indices checked against ``n_cols``).
 
     Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``, ``indptr``
     non-decreasing, ``indptr[m] <= len(indices)``), ``len(x) == n``,
@@ -309,9 +319,12 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
-    cdef const floating* xp = _fptr(x)
+    cdef const floating* xp = NULL if x is None else _fptr(x)
     cdef floating* op = &out[0] if m > 0 else NULL
-    cdef size_t n = <size_t>x.shape[0]
+    cdef size_t n
+    if x is None and n_cols < 0:
+        raise ValueError("spmv: row sums (x None) need n_cols >= 0")
+    n = <size_t>(n_cols if x is None else x.shape[0])
     cdef Py_ssize_t bad = -1
     cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
     # work: a random gather per entry (~2 units)
@@ -331,6 +344,97 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
         if bad >= 0:
             break
     return bad
+
+
+def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+           const floating[::1] x, floating[::1] out, int nblocks, int num_threads):
+    """spmv_t(indptr, indices, data, x, out, nblocks, num_threads) -> bad
+
+    ``out = Aᵀ @ x`` for CSR ``A`` (m x n): ``out[indices[p]] += data[p] * x[i]``
+    for each row ``i`` (scatter-axpy).  It is also ``A @ x`` of a CSC ``A``,
+    whose arrays are the CSR of ``Aᵀ``.  ``x`` None: all ones, so ``out``
+    holds the column sums.
+
+    The rows are cut into ``nblocks`` fixed blocks balanced by work; block
+    ``b`` scatters into its own partial of ``n`` doubles, and the partials
+    are added in block order.  The blocks, never ``num_threads``, decide
+    the arithmetic, so results are bit-identical on any thread count (the
+    caller picks ``nblocks`` from the machine and the work, not the call).
+    Preconditions: ``len(indptr) == m + 1``, ``indptr`` non-decreasing with
+    ``indptr[m] <= len(indices)``, ``len(x) == m``, ``len(out) == n``,
+    ``nblocks >= 1``.  Indices may come in any order (duplicates summed) and
+    are checked here: the return value is -1, or the position of an index
+    outside ``[0, n)`` (``out`` is then garbage).  ``out`` is fully
+    overwritten.  Complexity O(nnz + m + nblocks * n); workspace
+    ``8 * n * nblocks`` bytes (``nblocks - 1`` for float64).
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t n = out.shape[0]
+    cdef Py_ssize_t nch, ch, b, i, j, p, r0, r1, nb = nblocks
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* xp = NULL if x is None else _fptr(x)
+    cdef double xi = 1.0, s
+    cdef double* acc
+    cdef index_t c
+    cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
+    if nb < 1:
+        raise ValueError(f"spmv_t: nblocks must be >= 1, got {nblocks}")
+    if m <= 0 or n == 0:
+        for p in range(ip[0] if m >= 0 else 0, ip[m] if m > 0 else 0):
+            if <size_t>ind[p] >= <size_t>n:
+                return p
+        out[:] = 0
+        return -1
+    if nb > m:
+        nb = m
+    # block 0 of a float64 call scatters straight into ``out``
+    cdef Py_ssize_t own = 1 if floating is double else 0
+    cdef double[:, ::1] parts = np.zeros((nb - own, n)) if nb > own else None
+    cdef double** accs = <double**>malloc(nb * sizeof(double*))
+    if accs == NULL:
+        raise MemoryError()
+    try:
+        if floating is double:
+            memset(&out[0], 0, n * sizeof(double))
+            accs[0] = &out[0]
+        for b in range(own, nb):
+            accs[b] = &parts[b - own, 0]
+        # work: a random scatter per entry (~2 units)
+        nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
+        for ch in range(nch):
+            if ch > 0:
+                PyErr_CheckSignals()
+            with nogil:
+                for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                    # this chunk's share of the block's rows (blocks fixed, chunks within them)
+                    r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
+                    r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                    acc = accs[b]
+                    for i in range(r0, r1):
+                        if xp != NULL:
+                            xi = <double>xp[i]
+                        for p in range(ip[i], ip[i + 1]):
+                            c = ind[p]
+                            if <size_t>c >= <size_t>n:
+                                badp[0] = p
+                                break
+                            acc[c] += <double>val[p] * xi
+            if bad >= 0:
+                return bad
+        if nb == own:
+            return -1  # float64 on one block: ``out`` holds the sums already
+        with nogil:
+            for j in prange(n, schedule="static", num_threads=num_threads):
+                s = accs[0][j]
+                for b in range(1, nb):
+                    s = s + accs[b][j]
+                out[j] = <floating>s
+    finally:
+        free(accs)
+    return -1
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -579,6 +683,90 @@ cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept n
     if sw[0] == NULL:
         sw[0] = calloc(((nw + 63) >> 6) + 1, sizeof(uint64_t))
     return sv[0] != NULL and sb[0] != NULL and sw[0] != NULL
+
+
+def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, const floating[::1] m_data,
+                  const index_t[::1] a_indptr, const index_t[::1] a_indices, const floating[::1] a_data,
+                  const index_t[::1] b_indptr, const index_t[::1] b_indices, const floating[::1] b_data,
+                  Py_ssize_t n_cols, floating[::1] out_data, unsigned char[::1] hit, int num_threads):
+    """masked_spgemm(m_indptr, m_indices, m_data, a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, n_cols, out_data, hit, num_threads)
+
+    ``C = M ∘ (A @ B)`` on M's pattern (masked Gustavson): for each stored
+    ``p`` of row ``i`` of CSR ``M`` (m x n_cols), ``k = m_indices[p]``,
+    ``out_data[p] = m_data[p] * sum_j A[i, j] * B[j, k]`` and ``hit[p] = 1``
+    when some stored ``A[i, j]`` meets a stored ``B[j, k]`` (else ``out_data[p]
+    = 0``, ``hit[p] = 0``: the caller drops those entries, as the product
+    stores none there).  Row i marks M's columns in a thread-private flag
+    per column, then scatters the products of A's row with B's rows into a
+    double accumulator where the flag is set: O(flops) tests, no assembly of
+    ``A @ B``.  Sums in the order of A's row then B's row, independent of
+    threads.  Preconditions: canonical CSR operands with A (m x n), B
+    (n x n_cols), ``len(out_data) == len(hit) == nnz(M)``.
+    Workspace per thread: 9 bytes per column.
+    """
+    cdef Py_ssize_t m = m_indptr.shape[0] - 1
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q
+    cdef index_t j, k
+    cdef double v
+    cdef const index_t* mip = &m_indptr[0]
+    cdef const index_t* mind = _iptr(m_indices)
+    cdef const floating* mval = _fptr(m_data)
+    cdef const index_t* aip = &a_indptr[0]
+    cdef const index_t* aind = _iptr(a_indices)
+    cdef const floating* aval = _fptr(a_data)
+    cdef const index_t* bip = &b_indptr[0]
+    cdef const index_t* bind = _iptr(b_indices)
+    cdef const floating* bval = _fptr(b_data)
+    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
+    cdef unsigned char* hp = &hit[0] if hit.shape[0] > 0 else NULL
+    cdef double* acc
+    cdef unsigned char* flag
+    cdef int failed = 0
+    if m <= 0 or mip[m] == mip[0]:
+        return
+    cdef _Workspaces ws = _Workspaces(num_threads, 2)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 4.0)
+                     + 4.0 * <double>(mip[m] - mip[0]), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(aip, m, ch, nch)
+        c1 = _split(aip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            acc = <double*>_ws_get(wsp, 2, 0, n_cols * sizeof(double))
+            flag = <unsigned char*>_ws_slot(wsp, 2, 1)[0]
+            if flag == NULL:   # zeroed once per thread; each row leaves it zeroed
+                flag = <unsigned char*>calloc(n_cols + 1, 1)
+                _ws_slot(wsp, 2, 1)[0] = flag
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if acc == NULL or flag == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(aip, c0, c1, b, nb)
+                r1 = _sub(aip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    if mip[i] == mip[i + 1]:
+                        continue
+                    for p in range(mip[i], mip[i + 1]):
+                        flag[mind[p]] = 1
+                        acc[mind[p]] = 0.0
+                    for q in range(aip[i], aip[i + 1]):
+                        j = aind[q]
+                        v = aval[q]
+                        for p in range(bip[j], bip[j + 1]):
+                            k = bind[p]
+                            if flag[k]:
+                                acc[k] += v * <double>bval[p]
+                                flag[k] = 2
+                    for p in range(mip[i], mip[i + 1]):
+                        k = mind[p]
+                        hp[p] = flag[k] == 2
+                        ov[p] = <floating>(<double>mval[p] * acc[k]) if flag[k] == 2 else 0
+                        flag[k] = 0
+    if failed:
+        raise MemoryError("masked_spgemm: no memory for a thread's workspace")
 
 
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,

@@ -124,7 +124,7 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None
         return True
 
     taken = set(root.out_indices)
-    if not inline(root, taken) or len(factors) < 2:
+    if not inline(root, taken) or len(factors) < (1 if summed else 2):
         return None
     return out, root.out_indices, tuple(summed), factors
 
@@ -222,7 +222,7 @@ def _factor_source(name: str) -> str | None:
 
 
 #: Kernels whose result is a dense array (a transposed result is one copy away).
-_DENSE_RESULT = frozenset({"gemm", "spmv", "spmm", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm",
+_DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm",
                            "mttkrp", "mttkrp_gemm"})
 
 
@@ -233,10 +233,29 @@ _DENSE_RESULT = frozenset({"gemm", "spmv", "spmm", "spmm_gemm", "gnn2", "sddmm_s
 _FRESH_SPARSE_RESULT = frozenset({"spgemm"})
 
 
-#: Kernels doing one multiply-add per stored entry: handing them a sparse
+#: Kernels doing one multiply-add per stored entry: handing them a CSR
 #: operand transposed (a pass over its pattern and a gather of its values per
-#: call) costs more than the generic executor's scatter leaf (Aᵀx).
-_SCALAR_PER_ENTRY = frozenset({"spmv"})
+#: call) costs more than the kernel; Aᵀx runs as ``spmv_t`` instead.  A CSC
+#: operand's transpose is free: its arrays are the CSR of the transpose.
+_SCALAR_PER_ENTRY = frozenset({"spmv", "spmv_t", "row_sums", "col_sums"})
+
+
+def _free_transpose(info: TensorInfo) -> bool:
+    """Is handing a kernel this matrix's transpose free (dense needs a copy,
+    CSR a gather; a CSC matrix's arrays are the CSR of its transpose)?"""
+    return info.is_sparse and info.mode_order == (1, 0)
+
+
+#: Kernels whose sparse result lives on their (first) sparse operand's pattern.
+_ON_OPERAND_PATTERN = frozenset({"sddmm", "sddmm_t", "scale", "scale_rows", "scale_cols"})
+
+
+def _read_as_stored(sparse: str, factors, swaps, out_swapped: bool, local) -> bool:
+    """Does a route computing ``Cᵀ`` on the pattern of a CSC operand's
+    transpose (its own arrays, read as CSR) give ``C`` on the operand's
+    pattern, in its storage order, with no copy?"""
+    swapped = {transposed_name(factors[n][0]): factors[n][0] for n in swaps}
+    return out_swapped and sparse in swapped and _free_transpose(local[swapped[sparse]])
 
 
 def transposed_name(name: str) -> str:
@@ -376,10 +395,12 @@ def _route(ein, local, ops) -> Route | None:
             found = _unify(sig, o_ix, summed, facs, names_local)
             if found is None or not follows_template(name, found, ops):
                 continue
-            if (swaps or out_swapped) and name not in _DENSE_RESULT | _FRESH_SPARSE_RESULT:
+            if (swaps or out_swapped) and name not in _DENSE_RESULT | _FRESH_SPARSE_RESULT and not (
+                    name in _ON_OPERAND_PATTERN and _read_as_stored(found[0], factors, swaps, out_swapped, local)):
                 continue  # its result would live on a transposed operand's pattern
-            if name in _SCALAR_PER_ENTRY and any(local[factors[n][0]].is_sparse for n in swaps):
-                continue  # transposing costs more than the kernel: the generic scatter leaf runs it
+            if name in _SCALAR_PER_ENTRY and any(local[factors[n][0]].is_sparse
+                                                 and not _free_transpose(local[factors[n][0]]) for n in swaps):
+                continue  # transposing costs more than the kernel
             return Route(name, tuple(found), tuple(sorted({factors[n][0] for n in swaps})), out_swapped)
     return None
 
@@ -686,15 +707,12 @@ def lower_groups(plan):
                          _checked_in_kernel(plan, groups))
 
 
-#: Kernels that bounds-check their sparse operand's column indices as they
-#: read them (and take them in any order, duplicates summed).
-_CHECKING_KERNELS = frozenset({"spmv", "spmm"})
-
-
 def _checked_in_kernel(plan, groups) -> frozenset:
     """The inputs read only as the sparse operand of SpMV/SpMM groups, handed
-    over as they are (not transposed, merged or restricted): the call path
-    need not scan their indices first (SpMV+b is SpMV then a tail)."""
+    over with their own index arrays (not merged or restricted, and
+    transposed only when that is free: CSC): the call path need not scan
+    their indices first (SpMV+b is SpMV then a tail)."""
+    from spfuse.lowering.templates import CHECKS_INDICES
     readers: dict[str, list] = {}
     for g in groups:
         for name in {r.name for op in g.ops for r in op.refs}:
@@ -702,8 +720,11 @@ def _checked_in_kernel(plan, groups) -> frozenset:
 
     def plain(g, name) -> bool:
         r = g.route
-        return (g.kernel in _CHECKING_KERNELS and r is not None and g.names[:1] == (name,)
-                and not r.transposed and not r.merged and not r.flipped and r.pattern is None)
+        if g.kernel not in CHECKS_INDICES or r is None or r.merged or r.flipped or r.pattern is not None:
+            return False
+        if name in r.transposed:
+            return _free_transpose(plan.inputs[name]) and g.names[:1] == (transposed_name(name),)
+        return g.names[:1] == (name,)
 
     return frozenset(n for n, gs in readers.items()
                      if n in plan.inputs and all(plain(g, n) for g in gs))

@@ -91,8 +91,16 @@ def _einsum(program) -> tuple | None:
 # Template signatures: output letters, then (kind, letters) per factor.
 SIGNATURES = {
     "spmv": ("i", [("csr", "ij"), ("dense", "j")]),
+    "spmv_t": ("j", [("csr", "ij"), ("dense", "i")]),
+    "row_sums": ("i", [("csr", "ij")]),
+    "col_sums": ("j", [("csr", "ij")]),
+    # D1·A·D2 and its one-sided forms: SDDMM with a rank-1 product
+    "scale": ("ij", [("csr", "ij"), ("dense", "i"), ("dense", "j")]),
+    "scale_rows": ("ij", [("csr", "ij"), ("dense", "i")]),
+    "scale_cols": ("ij", [("csr", "ij"), ("dense", "j")]),
     "spmm": ("ik", [("csr", "ij"), ("dense", "jk")]),
     "spgemm": ("ik", [("csr", "ij"), ("csr", "jk")]),
+    "masked_spgemm": ("ik", [("csr", "ik"), ("csr", "ij"), ("csr", "jk")]),
     "sddmm": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "kj")]),
     "sddmm_t": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "jk")]),
     "ttv": ("ij", [("csf", "ijk"), ("dense", "k")]),
@@ -220,9 +228,19 @@ def _threads(ts, nt: int) -> int:
     return nt if sum(t.values.size for t in ts) >= PARALLEL_MIN_WORK else 1
 
 
+#: Kernels that bounds-check their sparse operand's column indices as they
+#: read them (and take them in any order, duplicates summed): the call path
+#: need not scan that operand's indices first.
+CHECKS_INDICES = frozenset({"spmv", "spmv_t", "row_sums", "col_sums", "spmm"})
+
+
 #: Per kernel, the dense factors (counted after the sparse operand) it reads
 #: transposed: SDDMM's D as Dᵀ rows, GNN-2's two Y reads as Yᵀ rows.
 _READ_TRANSPOSED = {"sddmm": (1,), "gnn2": (1, 2)}
+
+
+#: The scaling kernels and the side each dense factor scales.
+_SCALINGS = {"scale": ("i", "j"), "scale_rows": ("i",), "scale_cols": ("j",)}
 
 
 def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int, tile: int = 0):
@@ -230,16 +248,31 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     nt = _threads(ts, nt)
     itype, dtype = _types(ts)
     S = ts[0]
-    if kernel in ("spmv", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
+    if kernel in _SCALINGS:
+        # the scalings as a K = 1 SDDMM: ``d[i] * A[i,j] * e[j]`` (a missing side is ones)
+        ip, ix, vals = _csr(S, itype, dtype)
+        d = {kernel_side: _dense(t, dtype) for kernel_side, t in zip(_SCALINGS[kernel], ts[1:], strict=True)}
+        rows = d.get("i", np.ones(S.shape[0], dtype)).reshape(-1, 1)
+        cols = d.get("j", np.ones(S.shape[1], dtype)).reshape(-1, 1)
+        outv = np.empty_like(vals)
+        csr.sddmm(ip, ix, vals, rows, cols, outv, 0, nt)
+        return S._with_kernel_values(outv)
+    if kernel in ("spmv", "spmv_t", "row_sums", "col_sums", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
         ip, ix, vals = _csr(S, itype, dtype)
         # the dense factors, C-ordered; those a kernel reads transposed are
         # made from the views (no copy for a column-ordered factor)
         transposed = _READ_TRANSPOSED.get(kernel, ())
         d = [_dense_t(t, dtype) if n in transposed else _dense(t, dtype) for n, t in enumerate(ts[1:])]
-        if kernel in ("spmv", "spmm"):  # these two check A's indices as they read them
+        if kernel in CHECKS_INDICES:  # these check A's indices as they read them
             out = np.empty(out_shape, dtype)
-            bad = csr.spmv(ip, ix, vals, d[0], out, nt) if kernel == "spmv" else \
-                csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
+            if kernel in ("spmv", "row_sums"):   # row sums: SpMV by ones (x not read)
+                bad = csr.spmv(ip, ix, vals, d[0] if d else None, out, nt, S.shape[1])
+            elif kernel in ("spmv_t", "col_sums"):
+                from spfuse.runtime.looptree import reduction_block_count
+                blocks = reduction_block_count(len(vals), out_shape[0])
+                bad = csr.spmv_t(ip, ix, vals, d[0] if d else None, out, blocks, nt)
+            else:
+                bad = csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
             if bad >= 0:
                 raise IndexCheckFailed(names[0], bad)
         elif kernel in ("sddmm", "sddmm_t"):
@@ -266,6 +299,8 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             out = np.empty(out_shape, dtype)
             csr.sddmm_spmm_gemm(ip, ix, vals, C, D, F, W, out, nt)
         return out
+    if kernel == "masked_spgemm":
+        return _run_masked_spgemm(ts, itype, dtype, out_shape, nt)
     if kernel == "spgemm":
         A, B = ts
         a, b = _csr(A, itype, dtype), _csr(B, itype, dtype)
@@ -310,10 +345,34 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     return out
 
 
+def _run_masked_spgemm(ts, itype, dtype, out_shape, nt):
+    """``M ∘ (A·B)`` by the masked Gustavson kernel; the entries of M that no
+    product reaches are dropped (the product stores none there)."""
+    from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
+    M = ts[0]
+    m = _csr(M, itype, dtype)
+    outv = np.empty(len(m[2]), dtype)
+    hit = np.empty(len(m[2]), np.uint8)
+    csr.masked_spgemm(*m, *_csr(ts[1], itype, dtype), *_csr(ts[2], itype, dtype), out_shape[1], outv, hit, nt)
+    if hit.all():
+        return M._with_kernel_values(outv)
+    keep = np.flatnonzero(hit)
+    indptr = np.searchsorted(keep, m[0]).astype(itype, copy=False)
+    return Tensor._trusted(out_shape, Format.csr(), (DenseLevel(out_shape[0]),
+                           CompressedLevel(out_shape[1], indptr, m[1][keep])), outv[keep], None)
+
+
 _WHY = {
     "spmv": "gather-dot per row",
+    "spmv_t": "scatter-axpy per row into fixed blocks' partial results, added in block order",
+    "row_sums": "SpMV by ones: a sum per row",
+    "scale": "d[i]·A[i,j]·e[j] on A's pattern (an SDDMM of rank 1)",
+    "scale_rows": "d[i]·A[i,j] on A's pattern (an SDDMM of rank 1)",
+    "scale_cols": "A[i,j]·e[j] on A's pattern (an SDDMM of rank 1)",
+    "col_sums": "Aᵀ·ones: a scatter per row into fixed blocks' partial results, added in block order",
     "spmm": "row axpy of B rows into the output row (k tiled only when Plan.tiles says so)",
     "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
+    "masked_spgemm": "masked Gustavson: M's row marks the columns, A's row scatters B's rows only there",
     "sddmm": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "ttv": "one dot per (i,j) fiber of X",
@@ -426,7 +485,7 @@ def match_template(plan) -> TemplateMatch | None:
     as_written = not getattr(plan, "separated", ()) and not any(
         a.changed for a in getattr(plan, "associations", ()))
     m = _match(plan) if as_written else None
-    if m is not None and m.kernel in ("spgemm", "spadd"):
+    if m is not None and m.kernel in ("spgemm", "masked_spgemm", "spadd"):
         width = plan.shapes.get(plan.results[0], (0, 0))[-1]
         if width is None or width > MAX_WORKSPACE_COLUMNS:
             return None
@@ -460,7 +519,7 @@ def _match(plan) -> TemplateMatch | None:
                         "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
-                        frozenset(names[:1]) if kernel in ("spmv", "spmm") else frozenset())
+                        frozenset(names[:1]) if kernel in CHECKS_INDICES else frozenset())
     add = _match_spadd(plan, infos)
     if add is not None and None not in out_shape:
         names, coef = add

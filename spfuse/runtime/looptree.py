@@ -1572,8 +1572,18 @@ def reduce_blocks(plan: LoopTreePlan) -> int:
     if not reduced:
         return 1
     cells = sum(int(plan.buf_size[b]) for b in reduced)
-    work = sum(map(len, plan.value_arrays))
-    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, work // (REDUCE_WORK_PER_ELEMENT * max(cells, 1))))
+    return reduction_block_count(sum(map(len, plan.value_arrays)), cells)
+
+
+def reduction_block_count(entries: int, cells: int) -> int:
+    """The number of fixed blocks a reduction of ``entries`` stored entries
+    into ``cells`` output elements is cut into: the executor's reduction
+    loops and the scatter SpMV kernel (``spmv_t``) share this one rule.
+
+    >>> reduction_block_count(10, 100), reduction_block_count(10**6, 10**5) == min(_CORES, 2)
+    (1, True)
+    """
+    return max(1, min(_CORES, MAX_REDUCE_BLOCKS, entries // (REDUCE_WORK_PER_ELEMENT * max(cells, 1))))
 
 
 def run(plan: LoopTreePlan, num_threads: int | None = None, *, blocks: bool = True) -> dict:
