@@ -222,8 +222,8 @@ def _factor_source(name: str) -> str | None:
 
 
 #: Kernels whose result is a dense array (a transposed result is one copy away).
-_DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm",
-                           "mttkrp", "mttkrp_gemm"})
+_DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2",
+                           "sddmm_spmm", "sddmm_spmm_gemm", "mttkrp", "mttkrp_gemm"})
 
 
 #: Kernels assembling a new sparse result (not one on an operand's pattern):

@@ -257,7 +257,8 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         outv = np.empty_like(vals)
         csr.sddmm(ip, ix, vals, rows, cols, outv, 0, nt)
         return S._with_kernel_values(outv)
-    if kernel in ("spmv", "spmv_t", "row_sums", "col_sums", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2", "sddmm_spmm", "sddmm_spmm_gemm"):
+    if kernel in ("spmv", "spmv_t", "row_sums", "col_sums", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2",
+                  "sddmm_spmm", "sddmm_spmm_gemm"):
         ip, ix, vals = _csr(S, itype, dtype)
         # the dense factors, C-ordered; those a kernel reads transposed are
         # made from the views (no copy for a column-ordered factor)
