@@ -235,6 +235,27 @@ def test_spgemm(kind, shape, it, dt, rng):
 @dtypes
 @itypes
 @cases
+@pytest.mark.parametrize("sides", ["rows", "cols", "both"])
+def test_scale(kind, shape, it, dt, sides, rng):
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    r = rng.standard_normal(shape[0]).astype(dt) if sides != "cols" else None
+    c = rng.standard_normal(shape[1]).astype(dt) if sides != "rows" else None
+
+    def run(nt):
+        out = np.full(len(val), np.nan, dt)
+        K.scale(ip, ind, val, r, c, out, nt)
+        return out
+    got = both_threads(run)
+    want = A.toarray() * (1.0 if r is None else r[:, None].astype(np.float64)) * (
+        1.0 if c is None else c.astype(np.float64))
+    np.testing.assert_allclose(sp.csr_matrix((got.astype(np.float64), ind, ip), shape=shape).toarray(), want,
+                               **tol(dt))
+
+
+@dtypes
+@itypes
+@cases
 def test_masked_spgemm(kind, shape, it, dt, rng):
     """M ∘ (A·B) on M's pattern: ``hit`` marks the entries some product
     reaches (the others are 0 and dropped by the caller)."""

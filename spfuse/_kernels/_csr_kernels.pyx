@@ -97,7 +97,7 @@ cdef extern from *:
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
-    "spmv", "spmv_t", "spmm", "sddmm",
+    "spmv", "spmv_t", "spmm", "sddmm", "scale",
     "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
@@ -577,6 +577,47 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
                             _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
                         s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
                         ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
+
+
+def scale(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+          const floating[::1] r, const floating[::1] c, floating[::1] out_data, int num_threads):
+    """scale(indptr, indices, data, r, c, out_data, num_threads)
+
+    ``D_r · A · D_c`` on A's pattern: ``out_data[p] = r[i] * data[p] * c[j]``
+    for each stored ``p`` of row ``i``, ``j = indices[p]`` (in that order of
+    multiplication, rounded once); ``r`` or ``c`` None: ones on that side.
+    Preconditions: CSR ``A`` (m x n) with valid indices, ``len(r) == m``,
+    ``len(c) == n``, ``len(out_data) == len(data)``; ``out_data`` may alias
+    ``data``.  One pass, memory bound: O(nnz + m).
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1, p
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* rp = NULL if r is None else _fptr(r)
+    cdef const floating* cp = NULL if c is None else _fptr(c)
+    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
+    cdef double ri
+    cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil:
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    ri = 1.0 if rp == NULL else <double>rp[i]
+                    if cp == NULL:
+                        for p in range(ip[i], ip[i + 1]):
+                            ov[p] = <floating>(ri * <double>val[p])
+                    else:
+                        for p in range(ip[i], ip[i + 1]):
+                            ov[p] = <floating>(ri * <double>val[p] * <double>cp[ind[p]])
 
 
 # --------------------------------------------------------------------------

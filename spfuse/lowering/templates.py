@@ -94,7 +94,7 @@ SIGNATURES = {
     "spmv_t": ("j", [("csr", "ij"), ("dense", "i")]),
     "row_sums": ("i", [("csr", "ij")]),
     "col_sums": ("j", [("csr", "ij")]),
-    # D1·A·D2 and its one-sided forms: SDDMM with a rank-1 product
+    # D1·A·D2 and its one-sided forms, on A's pattern
     "scale": ("ij", [("csr", "ij"), ("dense", "i"), ("dense", "j")]),
     "scale_rows": ("ij", [("csr", "ij"), ("dense", "i")]),
     "scale_cols": ("ij", [("csr", "ij"), ("dense", "j")]),
@@ -249,13 +249,11 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     itype, dtype = _types(ts)
     S = ts[0]
     if kernel in _SCALINGS:
-        # the scalings as a K = 1 SDDMM: ``d[i] * A[i,j] * e[j]`` (a missing side is ones)
+        # ``d[i] * A[i,j] * e[j]`` (a missing side is ones)
         ip, ix, vals = _csr(S, itype, dtype)
         d = {kernel_side: _dense(t, dtype) for kernel_side, t in zip(_SCALINGS[kernel], ts[1:], strict=True)}
-        rows = d.get("i", np.ones(S.shape[0], dtype)).reshape(-1, 1)
-        cols = d.get("j", np.ones(S.shape[1], dtype)).reshape(-1, 1)
         outv = np.empty_like(vals)
-        csr.sddmm(ip, ix, vals, rows, cols, outv, 0, nt)
+        csr.scale(ip, ix, vals, d.get("i"), d.get("j"), outv, nt)
         return S._with_kernel_values(outv)
     if kernel in ("spmv", "spmv_t", "row_sums", "col_sums", "spmm", "sddmm", "sddmm_t", "spmm_gemm", "gnn2",
                   "sddmm_spmm", "sddmm_spmm_gemm"):
@@ -367,9 +365,9 @@ _WHY = {
     "spmv": "gather-dot per row",
     "spmv_t": "scatter-axpy per row into fixed blocks' partial results, added in block order",
     "row_sums": "SpMV by ones: a sum per row",
-    "scale": "d[i]·A[i,j]·e[j] on A's pattern (an SDDMM of rank 1)",
-    "scale_rows": "d[i]·A[i,j] on A's pattern (an SDDMM of rank 1)",
-    "scale_cols": "A[i,j]·e[j] on A's pattern (an SDDMM of rank 1)",
+    "scale": "d[i]·A[i,j]·e[j] on A's pattern, one pass over its values",
+    "scale_rows": "d[i]·A[i,j] on A's pattern, one pass over its values",
+    "scale_cols": "A[i,j]·e[j] on A's pattern, one pass over its values",
     "col_sums": "Aᵀ·ones: a scatter per row into fixed blocks' partial results, added in block order",
     "spmm": "row axpy of B rows into the output row (k tiled only when Plan.tiles says so)",
     "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
