@@ -232,13 +232,16 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     Scorch transposes an operand only to break a cycle in the mode-order
     graph; an acyclic graph can still force an asymptotically worse order
     (``A[i,j]·B[k,j]``: a merge per (i, k) pair instead of Gustavson over
-    Bᵀ, or ``Aᵀ·A`` scattered whole).  ``planner(program, infos)`` plans a
-    program over operand infos."""
+    Bᵀ, or ``Aᵀ·A`` scattered whole).  A program that a template kernel
+    runs on its operands as stored (:func:`_fused_template`) is kept: the
+    estimates price the generic executor, and converting would only add a
+    pass (masked SpGEMM ran converted to a merge per stored mask entry).
+    ``planner(program, infos)`` plans a program over operand infos."""
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
     base = _estimated_ns(plan)
-    if base < RESTORE_MIN_NS:
-        return plan
+    if base < RESTORE_MIN_NS or _fused_template(plan.program, plan.inputs):
+        return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
     for name, info in plan.inputs.items():
