@@ -374,15 +374,18 @@ def test_scalings_run_on_the_operands_pattern_in_its_storage_order(program, n, m
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=st.sampled_from(["C[i,k] = M[i,k] * (A[i,j] * B[j,k])", "C[i,k] = A[i,j] * B[j,k] * M[i,k]"]),
        n=st.sampled_from([0, 1, 8, 60, 400]), density=st.sampled_from([0.0, 0.02, 0.2, 1.0]),
-       dtype=st.sampled_from([np.float64, np.float32]), seed=st.integers(0, 2**16))
-def test_masked_spgemm_runs_masked_gustavson_on_the_masks_pattern(program, n, density, dtype, seed):
-    """``M ∘ (A·B)`` never assembles ``A·B``; the result stores the entries of
-    M that some product reaches (as the generic executor does) and matches
-    numpy."""
+       dtype=st.sampled_from([np.float64, np.float32]), fmt=st.sampled_from(["csr", "csc"]),
+       seed=st.integers(0, 2**16))
+def test_masked_spgemm_runs_masked_gustavson_on_the_masks_pattern(program, n, density, dtype, fmt, seed):
+    """``M ∘ (A·B)`` never assembles ``A·B`` (B as CSR: masked Gustavson; as
+    CSC: a gather-dot per mask entry over its own arrays); the result stores
+    the entries of M that some product reaches (as the generic executor
+    does) and matches numpy."""
     rng = np.random.default_rng(seed)
     density = min(density, 15 / max(n, 1))
     M, A, B = (sp.random_array((n, n), density=density, format="csr", rng=rng, dtype=np.float64).astype(dtype)
                for _ in range(3))
+    B = B.asformat(fmt)
     got = spfuse.evaluate(program, M=M, A=A, B=B)
     want = M.toarray().astype(np.float64) * (A.toarray().astype(np.float64) @ B.toarray().astype(np.float64))
     tol = 1e-4 if dtype == np.float32 else 1e-12
@@ -390,7 +393,7 @@ def test_masked_spgemm_runs_masked_gustavson_on_the_masks_pattern(program, n, de
     reached = (M.toarray() != 0) & ((A.toarray() != 0).astype(int) @ (B.toarray() != 0).astype(int) != 0)
     assert got.nnz == int(reached.sum())
     if n >= 400 and density > 0:
-        assert "masked_spgemm" in _checks(program, M=M, A=A, B=B)[0]
+        assert _checks(program, M=M, A=A, B=B)[0] == ("masked_spgemm" if fmt == "csr" else "masked_spgemm_dot")
 
 
 def test_masked_spgemm_keeps_its_operands_in_their_storage_order():

@@ -98,7 +98,7 @@ cdef extern from *:
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
     "spmv", "spmv_t", "spmm", "sddmm", "scale",
-    "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
+    "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm", "masked_spgemm_dot",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
 ]
@@ -808,6 +808,94 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
                         flag[k] = 0
     if failed:
         raise MemoryError("masked_spgemm: no memory for a thread's workspace")
+
+
+def masked_spgemm_dot(const index_t[::1] m_indptr, const index_t[::1] m_indices, const floating[::1] m_data,
+                      const index_t[::1] a_indptr, const index_t[::1] a_indices, const floating[::1] a_data,
+                      const index_t[::1] bt_indptr, const index_t[::1] bt_indices, const floating[::1] bt_data,
+                      Py_ssize_t n_inner, floating[::1] out_data, unsigned char[::1] hit, int num_threads):
+    """masked_spgemm_dot(m_indptr, m_indices, m_data, a_indptr, a_indices, a_data, bt_indptr, bt_indices, bt_data, n_inner, out_data, hit, num_threads)
+
+    :func:`masked_spgemm` with ``B`` given by the CSR of ``Bᵀ`` (a CSC ``B``):
+    a dot per stored mask entry.  Row ``i`` of A is scattered into a
+    thread-private dense row (values and a flag per inner index); each
+    stored ``p`` of M's row ``i``, ``k = m_indices[p]``, then gathers that
+    row at Bᵀ's row ``k``: ``out_data[p] = m_data[p] * sum_j A[i, j] *
+    B[j, k]``, ``hit[p]`` whether some stored ``A[i, j]`` meets a stored
+    ``B[j, k]``.  Branch-free gathers instead of a merge per entry; sums in
+    the order of Bᵀ's row.  Preconditions as :func:`masked_spgemm`, with
+    ``Bᵀ`` (n_cols x n_inner).  Workspace per thread: 9 bytes per inner index.
+    """
+    cdef Py_ssize_t m = m_indptr.shape[0] - 1
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q
+    cdef index_t k
+    cdef double sacc
+    cdef unsigned char any_hit
+    cdef const index_t* mip = &m_indptr[0]
+    cdef const index_t* mind = _iptr(m_indices)
+    cdef const floating* mval = _fptr(m_data)
+    cdef const index_t* aip = &a_indptr[0]
+    cdef const index_t* aind = _iptr(a_indices)
+    cdef const floating* aval = _fptr(a_data)
+    cdef const index_t* bip = &bt_indptr[0]
+    cdef const index_t* bind = _iptr(bt_indices)
+    cdef const floating* bval = _fptr(bt_data)
+    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
+    cdef unsigned char* hp = &hit[0] if hit.shape[0] > 0 else NULL
+    cdef double* row
+    cdef unsigned char* flag
+    cdef int failed = 0
+    if m <= 0 or mip[m] == mip[0]:
+        return
+    cdef _Workspaces ws = _Workspaces(num_threads, 2)
+    cdef void** wsp = ws.ptr
+    # work: a gather per entry of each masked Bᵀ row, plus A's row scatter
+    nch = num_chunks(4.0 * <double>(mip[m] - mip[0]) * (<double>(bip[bt_indptr.shape[0] - 1] - bip[0] + 1)
+                                                        / <double>(bt_indptr.shape[0]))
+                     + 4.0 * <double>(aip[m] - aip[0] + m), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(mip, m, ch, nch)
+        c1 = _split(mip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
+        with nogil, parallel(num_threads=num_threads):
+            row = <double*>_ws_slot(wsp, 2, 0)[0]
+            if row == NULL:   # zeroed once per thread; each row leaves them zeroed
+                row = <double*>calloc(n_inner + 1, sizeof(double))
+                _ws_slot(wsp, 2, 0)[0] = row
+            flag = <unsigned char*>_ws_slot(wsp, 2, 1)[0]
+            if flag == NULL:
+                flag = <unsigned char*>calloc(n_inner + 1, 1)
+                _ws_slot(wsp, 2, 1)[0] = flag
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if row == NULL or flag == NULL:
+                    failed += 1
+                    continue
+                r0 = _sub(mip, c0, c1, b, nb)
+                r1 = _sub(mip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    if mip[i] == mip[i + 1]:
+                        continue
+                    for q in range(aip[i], aip[i + 1]):
+                        row[aind[q]] = aval[q]
+                        flag[aind[q]] = 1
+                    for p in range(mip[i], mip[i + 1]):
+                        k = mind[p]
+                        sacc = 0.0
+                        any_hit = 0
+                        for q in range(bip[k], bip[k + 1]):
+                            # (selected, not multiplied by a zero: inf or nan in B where A
+                            # stores nothing must not reach the sum)
+                            sacc = sacc + spfuse_select(flag[bind[q]], row[bind[q]] * <double>bval[q], 0.0)
+                            any_hit = any_hit | flag[bind[q]]
+                        hp[p] = any_hit
+                        ov[p] = <floating>(<double>mval[p] * sacc) if any_hit else 0
+                    for q in range(aip[i], aip[i + 1]):
+                        row[aind[q]] = 0.0
+                        flag[aind[q]] = 0
+    if failed:
+        raise MemoryError("masked_spgemm_dot: no memory for a thread's workspace")
 
 
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,

@@ -247,15 +247,21 @@ def _free_transpose(info: TensorInfo) -> bool:
 
 
 #: Kernels whose sparse result lives on their (first) sparse operand's pattern.
-_ON_OPERAND_PATTERN = frozenset({"sddmm", "sddmm_t", "scale", "scale_rows", "scale_cols"})
+_ON_OPERAND_PATTERN = frozenset({"sddmm", "sddmm_t", "scale", "scale_rows", "scale_cols", "masked_spgemm",
+                                 "masked_spgemm_dot"})
 
 
 def _read_as_stored(sparse: str, factors, swaps, out_swapped: bool, local) -> bool:
-    """Does a route computing ``Cᵀ`` on the pattern of a CSC operand's
-    transpose (its own arrays, read as CSR) give ``C`` on the operand's
-    pattern, in its storage order, with no copy?"""
+    """Is the result, on the pattern of the kernel's first operand
+    ``sparse``, the program's result on that operand's own pattern?  Either
+    the operand is read as it is and the result not transposed (the other
+    factors may be), or ``Cᵀ`` is computed on the pattern of a CSC operand's
+    transpose (its own arrays, read as CSR): ``C`` in its storage order, no
+    copy."""
     swapped = {transposed_name(factors[n][0]): factors[n][0] for n in swaps}
-    return out_swapped and sparse in swapped and _free_transpose(local[swapped[sparse]])
+    if sparse not in swapped:
+        return not out_swapped
+    return out_swapped and _free_transpose(local[swapped[sparse]])
 
 
 def transposed_name(name: str) -> str:

@@ -101,6 +101,7 @@ SIGNATURES = {
     "spmm": ("ik", [("csr", "ij"), ("dense", "jk")]),
     "spgemm": ("ik", [("csr", "ij"), ("csr", "jk")]),
     "masked_spgemm": ("ik", [("csr", "ik"), ("csr", "ij"), ("csr", "jk")]),
+    "masked_spgemm_dot": ("ik", [("csr", "ik"), ("csr", "ij"), ("csr", "kj")]),
     "sddmm": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "kj")]),
     "sddmm_t": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "jk")]),
     "ttv": ("ij", [("csf", "ijk"), ("dense", "k")]),
@@ -298,8 +299,8 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             out = np.empty(out_shape, dtype)
             csr.sddmm_spmm_gemm(ip, ix, vals, C, D, F, W, out, nt)
         return out
-    if kernel == "masked_spgemm":
-        return _run_masked_spgemm(ts, itype, dtype, out_shape, nt)
+    if kernel in ("masked_spgemm", "masked_spgemm_dot"):
+        return _run_masked_spgemm(kernel, ts, itype, dtype, out_shape, nt)
     if kernel == "spgemm":
         A, B = ts
         a, b = _csr(A, itype, dtype), _csr(B, itype, dtype)
@@ -344,15 +345,17 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     return out
 
 
-def _run_masked_spgemm(ts, itype, dtype, out_shape, nt):
-    """``M ∘ (A·B)`` by the masked Gustavson kernel; the entries of M that no
-    product reaches are dropped (the product stores none there)."""
+def _run_masked_spgemm(kernel, ts, itype, dtype, out_shape, nt):
+    """``M ∘ (A·B)`` by masked Gustavson (B as CSR) or a gather-dot per mask
+    entry (B as the CSR of Bᵀ); the entries of M that no product reaches are
+    dropped (the product stores none there)."""
     from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
     M = ts[0]
     m = _csr(M, itype, dtype)
     outv = np.empty(len(m[2]), dtype)
     hit = np.empty(len(m[2]), np.uint8)
-    csr.masked_spgemm(*m, *_csr(ts[1], itype, dtype), *_csr(ts[2], itype, dtype), out_shape[1], outv, hit, nt)
+    width = out_shape[1] if kernel == "masked_spgemm" else ts[1].shape[1]   # the dense workspace's
+    getattr(csr, kernel)(*m, *_csr(ts[1], itype, dtype), *_csr(ts[2], itype, dtype), width, outv, hit, nt)
     if hit.all():
         return M._with_kernel_values(outv)
     keep = np.flatnonzero(hit)
@@ -372,6 +375,7 @@ _WHY = {
     "spmm": "row axpy of B rows into the output row (k tiled only when Plan.tiles says so)",
     "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
     "masked_spgemm": "masked Gustavson: M's row marks the columns, A's row scatters B's rows only there",
+    "masked_spgemm_dot": "A's row scattered dense, gathered at Bᵀ's row per stored M entry",
     "sddmm": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "ttv": "one dot per (i,j) fiber of X",
@@ -484,7 +488,7 @@ def match_template(plan) -> TemplateMatch | None:
     as_written = not getattr(plan, "separated", ()) and not any(
         a.changed for a in getattr(plan, "associations", ()))
     m = _match(plan) if as_written else None
-    if m is not None and m.kernel in ("spgemm", "masked_spgemm", "spadd"):
+    if m is not None and m.kernel in ("spgemm", "masked_spgemm", "masked_spgemm_dot", "spadd"):
         width = plan.shapes.get(plan.results[0], (0, 0))[-1]
         if width is None or width > MAX_WORKSPACE_COLUMNS:
             return None
