@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from spfuse.frontend.ast import Access, Binary, Expr, Literal, Program, Reduce, Unary, Where
+from spfuse.frontend.ast import Access, Binary, Expr, Literal, Program, Reduce, Unary, Where, iter_accesses
 from spfuse.ir.ops import Const, Leaf, Ref, UnitOp
 from spfuse.passes.rename import distinct_binders
 
@@ -198,9 +198,14 @@ class _Decomposer:
         return Ref(out, tuple(out_indices))
 
     def _temp_indices(self, expr: Expr) -> tuple[str, ...]:
-        # Appearance order keeps a temporary's layout concordant with the
-        # operands it is computed from (T[i,j,r] for X[i,j,k]*C[k,r]).
-        return free_indices(expr)
+        # The order of appearance in the widest accesses first keeps a
+        # temporary's layout concordant with the operands it is computed from
+        # (T[i,j,r] for X[i,j,k]*C[k,r]), whichever factor is written first
+        # (T[i,j] for b[j] + S[i,j], not a transposed T[j,i]).
+        free = free_indices(expr)
+        accesses = sorted(iter_accesses(expr), key=lambda a: -len(a.indices))
+        order = dict.fromkeys(ix for a in accesses for ix in a.indices if ix in free)
+        return tuple(order) + tuple(ix for ix in free if ix not in order)
 
     def leaf(self, expr: Expr) -> Leaf:
         """Return a leaf for ``expr``, emitting ops for anything compound."""
