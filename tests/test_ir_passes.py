@@ -41,7 +41,8 @@ def test_decompose_gnn1_keeps_evaluation_order():
     assert [str(o) for o in ops] == ["T0[i,h] = sum(k, A[i,k] * X[k,h])", "Z[i,j] = sum(h, T0[i,h] * W[h,j])"]
 
 
-@pytest.mark.parametrize("text", ["Z[i,j] = relu(b[j] + A[i,k] * X[k,j])", "Z[i,j] = relu(A[i,k] * X[k,j] + b[j])"])
+@pytest.mark.parametrize("text", ["Z[i,j] = relu(b[j] + A[i,k] * X[k,j])", "Z[i,j] = relu(A[i,k] * X[k,j] + b[j])",
+                                  "Z[i,j] = relu(X[k,j] * A[i,k])"])
 def test_decompose_temporary_layout_follows_its_widest_operands(text):
     """Where the bias is written does not transpose the temporary: b[j] + S[i,j]
     is T[i,j] (a T[j,i] made the element-wise tail walk T1 across rows)."""

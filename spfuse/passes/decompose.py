@@ -190,6 +190,7 @@ class _Decomposer:
         self._names = (f"T{n}" for n in itertools.count() if f"T{n}" not in taken)
         self.ops: list[UnitOp] = []
         self.statement = 0
+        self.target: tuple[str, ...] = ()   # the indices of the statement being decomposed
 
     def _emit(self, out, out_indices, operator, args, reduction=None, reduced=(), span=None, coefs=()):
         op = UnitOp(len(self.ops), out, tuple(out_indices), operator, tuple(args), reduction,
@@ -201,8 +202,12 @@ class _Decomposer:
         # The order of appearance in the widest accesses first keeps a
         # temporary's layout concordant with the operands it is computed from
         # (T[i,j,r] for X[i,j,k]*C[k,r]), whichever factor is written first
-        # (T[i,j] for b[j] + S[i,j], not a transposed T[j,i]).
+        # (T[i,j] for b[j] + S[i,j], not a transposed T[j,i]); a temporary
+        # indexed by the statement's result indices only takes their order
+        # (relu(sum(j, B[j,k] * A[i,j])) into C[i,k]: T[i,k]).
         free = free_indices(expr)
+        if set(free) <= set(self.target):   # indexed like the result: laid out like it
+            return tuple(ix for ix in self.target if ix in free)
         accesses = sorted(iter_accesses(expr), key=lambda a: -len(a.indices))
         order = dict.fromkeys(ix for a in accesses for ix in a.indices if ix in free)
         return tuple(order) + tuple(ix for ix in free if ix not in order)
@@ -272,7 +277,7 @@ def decompose(program: Program, nary: bool = True) -> tuple[UnitOp, ...]:
     """
     d = _Decomposer(program, nary)
     for n, stmt in enumerate(program.statements):
-        d.statement = n
+        d.statement, d.target = n, stmt.target.indices
         value = factor_reductions(distinct_binders(stmt))
         d.node(value, stmt.target.name, stmt.target.indices)
     return tuple(d.ops)
