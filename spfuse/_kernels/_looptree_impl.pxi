@@ -1,5 +1,5 @@
 
-from libc.stdint cimport int64_t, uint64_t, INT64_MAX
+from libc.stdint cimport int64_t, intptr_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, realloc, free
 from libc.string cimport memcpy
 from libc.math cimport exp, log, tanh, sqrt, fabs
@@ -3150,12 +3150,20 @@ cdef class _Program:
         if not any_par:
             nctx = 1
             nthreads = 0
+        # each thread's copy of a private buffer starts on its own 64-byte
+        # line with a line of gap after it: the copies of a small buffer (a
+        # scalar or a 16-wide row temporary) written in the innermost loop
+        # would otherwise share cache lines between threads (false sharing
+        # made 2 threads slower than 1)
         private_copies = []
+        private_stride = []
         if any_par:
             for b in range(nb):
                 if private_flags[b]:
-                    private_copies.append(np.empty((nthreads, bufsz[b])))
+                    private_stride.append(((bufsz[b] + 7) // 8 + 1) * 8)
+                    private_copies.append(np.empty(nthreads * private_stride[b] + 8))
                 else:
+                    private_stride.append(0)
                     private_copies.append(None)
         ctxs = <Ctx*>calloc(nctx, sizeof(Ctx))
         scratch = <int64_t*>calloc(nctx * per, sizeof(int64_t))
@@ -3214,7 +3222,8 @@ cdef class _Program:
                     raise MemoryError()
                 for b in range(nb):
                     if t < nthreads and priv[b]:
-                        C.buf[b] = _dp(private_copies[b][t])
+                        C.buf[b] = _dp(private_copies[b]) + (-(<intptr_t>_dp(private_copies[b]) >> 3) & 7) \
+                            + t * <int64_t>private_stride[b]
                     else:
                         C.buf[b] = shared[b]
             S = &ctxs[nctx - 1]
