@@ -1267,25 +1267,30 @@ class _Lowerer:
     def block_ok(node: _LoopNode) -> bool:
         """May this loop run in blocks (see ``_looptree.pyx``, block mode)?
 
-        Its body must be statements only, none reading a buffer written in
-        the body, no buffer written by two statements: then evaluating each
-        statement over a block of iterations is bitwise the same as
-        interpreting iteration by iteration."""
+        Its body must be statements only, no buffer written by two
+        statements, and a buffer written in the body read only by a later
+        statement at the element the same iteration wrote (the same
+        reference, moving with this loop: ``H[i,h] = relu(T[i,h]); S[i,h] =
+        H[i,h]``).  Block mode runs each statement over the whole block,
+        storing before the next statement starts, so evaluating statement
+        by statement is then bitwise the same as interpreting iteration by
+        iteration."""
         if not node.children or not all(isinstance(c, _StmtNode) for c in node.children):
             return False
-        written: list = []
-        for c in node.children:
+        written: dict = {}   # buffer id -> (position in the body, target)
+        for k, c in enumerate(node.children):
             t = c.target
-            if isinstance(t, BufferRef):
-                written.append(t.buffer.id)
-            elif isinstance(t, PatternOutput):
-                written.append(t.buffer.id)
-        if len(set(written)) != len(written):
-            return False
-        for c in node.children:
+            if isinstance(t, (BufferRef, PatternOutput)):
+                if t.buffer.id in written:
+                    return False
+                written[t.buffer.id] = (k, t)
+        for k, c in enumerate(node.children):
             for leaf in _expr_leaves(c.expr, []):
                 if isinstance(leaf, BufferRef) and leaf.buffer.id in written:
-                    return False
+                    at, target = written[leaf.buffer.id]
+                    if not (at < k and isinstance(target, BufferRef) and target.vars == leaf.vars
+                            and target.strides().get(node.var, 0) != 0):
+                        return False
         return True
 
     def check_bound_access(self, a: Access, depth: list, verb: str) -> None:
