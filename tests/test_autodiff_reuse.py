@@ -191,6 +191,35 @@ def test_hoisted_statements_are_shared_across_index_names():
     assert adj.program == parse_program(adj.text)
 
 
+def test_forward_extrema_are_kept_not_reduced_again():
+    """The pattern max ``max(j, A/A*(S - min)) + min`` is split in the forward
+    (min first, read by the max): the adjoint reads both kept values as the
+    extrema its tie tests compare with, and reduces neither again."""
+    from spfuse.examples import attention
+    adj = adjoint(attention.PROGRAM, wrt=("Wq", "Wk", "Wv"), sparse=("A",))
+    assert {"m_term0", "m_term1"} <= set(adj.kept), adj.describe()
+    bodies = [s.split("=", 1)[1].strip() for s in adj.text.splitlines()]
+    assert not any(b.startswith(("max(", "min(")) for b in bodies), adj.text
+    forward = adj.forward.text.splitlines()
+    assert sum("min(" in line for line in forward) == 1, adj.forward.text   # the min computed once
+    # a gradient that is another statement's cotangent is read, not copied
+    from spfuse.frontend.ast import Access
+    assert not any(isinstance(st.value, Access) for st in adj.program.statements), adj.text
+
+
+@pytest.mark.parametrize("text", [
+    "m[i] = max(j, X[i,j] - min(k, X[i,k])) + min(k, X[i,k])",
+    "m[i] = min(j, X[i,j]) - 2.0 * max(j, X[i,j] * X[i,j]) + x[i]",
+    "T[i,j] = X[i,j] * x[j]; m[i] = max(j, T[i,j]) + sum(j, T[i,j]); y = sum(i, m[i] * m[i])",
+])
+@pytest.mark.parametrize("policy", ["auto", "recompute"])
+def test_split_extremum_terms_match_torch(text, policy, rng):
+    ops = {"X": rng.integers(-2, 3, (6, 5)).astype(float),   # small integers: ties
+           "x": rng.standard_normal(6 if "x[i]" in text else 5)}
+    program = parse_program(text)
+    check_gradients(program, {n: ops[n] for n in program.inputs}, rng, temporaries=policy)
+
+
 def test_a_shared_sparse_prefix_is_computed_once(rng):
     text = "A[i,j] = B[i,j] * (C[i,k] * D[k,j])"
     lines = adjoint(text, wrt=("C", "D"), sparse=("B",)).text.splitlines()

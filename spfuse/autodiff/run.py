@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.autodiff.transform import Adjoint, adjoint
+from spfuse.autodiff.transform import Adjoint, adjoint, split_reducing_terms
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Literal, Program
 from spfuse.frontend.check import check_program, result_shapes
@@ -92,54 +92,17 @@ def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
 SPLIT_ABOVE = 10
 
 
-def _terms(e, negate: bool = False) -> list:
-    """``e``'s top-level ``+``/``-`` terms as ``(negated, term)``."""
-    from spfuse.frontend.ast import Binary
-    if isinstance(e, Binary) and e.op in ("+", "-"):
-        return _terms(e.left, negate) + _terms(e.right, negate ^ (e.op == "-"))
-    return [(negate, e)]
-
-
-def _split_terms(st, taken: set) -> list:
-    """A statement summing two or more terms of which some reduce, as one
-    statement per term and one adding them up: each term is then planned
-    alone and can reach its template (a gradient summing an SpMM-shaped and
-    a GEMM-shaped contribution), where the whole sum runs on the generic
-    executor.  Other statements are returned as they are."""
-    from spfuse.autodiff.transform import _has_reduce
-    from spfuse.frontend.ast import Access, Assignment, Binary
-    from spfuse.frontend.reductions import free_indices
-    terms = _terms(st.value)
-    if len(terms) < 2 or sum(_has_reduce(t) for _, t in terms) < 1:
-        return [st]
-    out, total = [], None
-    for k, (negate, term) in enumerate(terms):
-        if _has_reduce(term):
-            name = f"{st.target.name}_term{k}"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            out.append(Assignment(Access(name, tuple(free_indices(term))), term))
-            term = Access(name, tuple(free_indices(term)))
-        if total is None:
-            total = Binary("-", Literal(0.0), term) if negate else term
-        else:
-            total = Binary("-" if negate else "+", total, term)
-    out.append(Assignment(st.target, total))
-    return out
-
-
 @functools.lru_cache(maxsize=256)
 def _statements(program: Program) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """Per statement: its target, its text and the names it reads (made once
-    per program); a sum of reducing terms split (:func:`_split_terms`)."""
+    per program); a sum of reducing terms split (:func:`~spfuse.autodiff.transform.split_reducing_terms`)."""
     from spfuse.frontend.ast import iter_accesses
     from spfuse.frontend.canonical import to_text
     taken = {a.name for st in program.statements for a in iter_accesses(st.value)} | {
         st.target.name for st in program.statements}
     out = []
     for whole in program.statements:
-        for st in _split_terms(whole, taken):
+        for st in split_reducing_terms(whole, taken):
             text = to_text(st)
             out.append((st.target.name, text, tuple(parse_program(text).inputs)))
     return tuple(out)
