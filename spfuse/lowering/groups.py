@@ -25,12 +25,17 @@ from typing import Any
 
 import numpy as np
 
+from spfuse._kernels import _dense_kernels
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
+from spfuse.lowering import templates
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
+from spfuse.runtime import looptree as lt
+from spfuse.tensor import Tensor
 
 __all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
 
@@ -153,14 +158,12 @@ def _gemm_roles(einsum, infos) -> tuple | None:
 
 
 def _run_gemm(roles, out_shape, tensors, nt):
-    from spfuse._kernels import _dense_kernels as dense
-    from spfuse.lowering.templates import _dense, _dense_t, _types
     x, y, xt, yt, ot = roles
-    _, dtype = _types([tensors[x], tensors[y]])
-    X = _dense_t(tensors[x], dtype) if xt else _dense(tensors[x], dtype)
-    Y = _dense_t(tensors[y], dtype) if yt else _dense(tensors[y], dtype)
+    _, dtype = templates._types([tensors[x], tensors[y]])
+    X = templates._dense_t(tensors[x], dtype) if xt else templates._dense(tensors[x], dtype)
+    Y = templates._dense_t(tensors[y], dtype) if yt else templates._dense(tensors[y], dtype)
     out = np.empty((X.shape[0], Y.shape[1]), dtype)
-    dense.gemm(X, Y, out, nt)
+    _dense_kernels.gemm(X, Y, out, nt)
     return np.ascontiguousarray(out.T) if ot else out
 
 
@@ -780,8 +783,6 @@ def _checked_in_kernel(plan, groups) -> frozenset:
 
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     """Run ``groups`` in order, passing crossing temporaries as dense operands."""
-    from spfuse.lowering.looptree import UnrealizableMask
-    from spfuse.tensor import Tensor
     env = dict(tensors)
     out = {}
     arrays = {}   # crossing temporaries' dense arrays, for the copies
@@ -820,7 +821,6 @@ def _copied(src: str, out: Mapping, arrays: Mapping, env: Mapping) -> np.ndarray
     """A copy group's result: the crossing temporary ``src``'s dense array
     itself (made fresh this call and read nowhere else once the groups have
     run), or a copy of a result's (the caller gets both)."""
-    from spfuse.tensor import Tensor
     if src in out:
         v = out[src]
         return np.array(v.todense() if isinstance(v, Tensor) else v)
@@ -848,7 +848,6 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     """Run a template group as its :class:`Route` says; None when merged
     factors turn out to store different patterns (the caller then runs the
     group on the generic executor)."""
-    from spfuse.lowering.templates import _run_einsum
     r, ein = g.route, g.einsum
     assert r is not None and ein is not None  # a routed group
     name = g.outputs[0]
@@ -890,7 +889,7 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     if g.kernel == "gemm":
         value = _run_gemm(g.names, shape, local, nt)
     else:
-        value = _run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
+        value = templates._run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
                             nt)
     if r.out_swapped:
         value = np.ascontiguousarray(value.T) if isinstance(value, np.ndarray) else value.T
@@ -929,7 +928,6 @@ def _transposed(t):
     """A matrix operand's transpose as a kernel reads it: CSR through the
     remembered transposed pattern, dense as a C-ordered copy."""
     from spfuse.lowering.transposes import transposed_csr
-    from spfuse.tensor import Tensor
     if not t.format.is_dense:
         return transposed_csr(t)
     return Tensor.from_numpy(np.ascontiguousarray(np.asarray(t.todense()).T))
@@ -953,13 +951,12 @@ def _subplan(plan, g: Group):
 
 
 def _run_generic(plan, tensors, nt: int) -> dict:
-    from spfuse.lowering.looptree import lower_cached
-    from spfuse.lowering.templates import PARALLEL_MIN_WORK
-    from spfuse.runtime import looptree as lt
-    work = sum(t.values.size for t in tensors.values()) + sum(
-        prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+    if nt > 1:
+        work = sum(t.values.size for t in tensors.values()) + sum(
+            prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+        nt = nt if work >= templates.PARALLEL_MIN_WORK else 1
     lowered = lower_cached(plan, tensors)
-    return lowered.results(lt.run(lowered.plan, num_threads=nt if work >= PARALLEL_MIN_WORK else 1))
+    return lowered.results(lt.run(lowered.plan, num_threads=nt))
 
 
 def _run_unpropagated(plan, tensors, nt: int) -> dict:

@@ -1510,6 +1510,9 @@ def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
 _PROGRAM_KEY = "_program_"
 #: ... under these names (one per executor index type)
 _PROGRAM_KEYS = tuple(_PROGRAM_KEY + ex.INDEX_DTYPE.name for ex in (_looptree, _looptree32))
+#: executor module -> its key (``dtype.name`` costs microseconds per call)
+_PROGRAM_KEY_OF = {ex: key for ex, key in zip((_looptree, _looptree32), _PROGRAM_KEYS, strict=True)}
+_INT32 = np.dtype(np.int32)
 
 
 def _executor(plan: LoopTreePlan):
@@ -1517,7 +1520,7 @@ def _executor(plan: LoopTreePlan):
     every array is int32 (no widening copy), else the int64 one (which
     widens the int32 arrays)."""
     arrays = plan.index_arrays
-    if arrays and all(a.dtype == np.int32 for a in arrays):
+    if arrays and all(a.dtype == _INT32 for a in arrays):
         return _looptree32
     return _looptree
 
@@ -1529,7 +1532,7 @@ def _program(plan: LoopTreePlan, blocks: bool):
     if not blocks:
         return ex._Program(plan, False)
     structure = plan.__dict__.get("_structure", plan)
-    key = _PROGRAM_KEY + ex.INDEX_DTYPE.name
+    key = _PROGRAM_KEY_OF[ex]
     base = structure.__dict__.get(key)
     if base is None:
         base = ex._Program(structure, True)
