@@ -142,7 +142,9 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
     A ``Tensor`` the caller passes in may share index arrays with objects the
     caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
     checked again -- the one-pass scan -- unless this call made it
-    (``trusted``).
+    (``trusted``); a trusted scipy CSR/CSC operand (a result spfuse made
+    earlier in the same call: a differentiated program's statements) is
+    wrapped without a scan too.
 
     With ``defer``, a scipy CSR/CSC operand is wrapped with its ``indptr``
     checked but its ``indices`` not yet scanned; such names are returned
@@ -168,6 +170,14 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
+        elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
+            t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
+                                        scan=False)   # (spfuse made it this call: its indices were checked)
+            if t is not None:
+                tensors[name] = t
+                continue
+            tensors[name] = as_tensor(obj, name=name)
+            continue
         elif defer and sp.issparse(obj) and obj.format in ("csr", "csc"):
             t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
                                         scan=False)

@@ -248,3 +248,53 @@ def test_explain_vjp_shows_the_measured_execution(rng):
           W=rng.standard_normal((3, 2)))
     shown = k.explain_vjp(("B", "W"))
     assert "execution: " in shown and "ms fused" in shown
+
+
+# ---------------------------------------------------------------------------
+# operands validated once per call
+# ---------------------------------------------------------------------------
+def _scans(monkeypatch):
+    """Names the call path scans again (a Tensor rechecked, a scipy operand's indices scanned)."""
+    from spfuse import api
+    seen: list = []
+    recheck, scan_ok = api._rechecked, api._scan_ok
+    monkeypatch.setattr(api, "_rechecked", lambda t, name: seen.append(name) or recheck(t, name))
+    monkeypatch.setattr(api, "_scan_ok", lambda t: seen.append(t.name) or scan_ok(t))
+    return seen
+
+
+def test_a_training_step_scans_its_operands_once(monkeypatch, rng):
+    """The torch bridge validates its inputs when it converts them; the
+    forward's and the adjoint's statements (one evaluate() each, split or
+    fused) do not scan them, their transposes, patterns or spfuse's own
+    intermediate results again -- and the gradients are unchanged."""
+    torch = pytest.importorskip("torch")
+    import spfuse.torch
+    from spfuse.examples import attention
+    A = attention.pattern(40, 4)
+    A_t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int64)),
+                                  torch.from_numpy(A.indices.astype(np.int64)), torch.from_numpy(A.data),
+                                  size=A.shape)
+    X = torch.from_numpy(rng.standard_normal((40, 6)))
+    W = {n: torch.from_numpy(rng.standard_normal(s)).requires_grad_() for n, s in
+         (("Wq", (6, 4)), ("Wk", (6, 4)), ("Wv", (6, 3)))}
+    layer = spfuse.torch.function(attention.PROGRAM)
+    s = torch.tensor(0.5, dtype=torch.float64)
+    layer(A=A_t, X=X, s=s, **W).sum().backward()  # plans
+    first = {n: w.grad.clone() for n, w in W.items()}
+    for w in W.values():
+        w.grad = None
+    seen = _scans(monkeypatch)
+    layer(A=A_t, X=X, s=s, **W).sum().backward()
+    assert seen == []
+    for n, w in W.items():
+        np.testing.assert_array_equal(w.grad.numpy(), first[n].numpy())
+
+
+def test_a_callers_own_tensor_is_still_scanned_per_statement(monkeypatch, rng):
+    A = as_tensor(_csr(rng, 6, 5))
+    X = rng.standard_normal((6, 5))
+    seen = _scans(monkeypatch)
+    g = spfuse.vjp("y[i] = sum(j, A[i,j] * X[i,j])", np.ones(6), wrt=("X",), A=A, X=X)
+    assert "A" in seen   # the caller may still write to its arrays: evaluate() rescans it, as always
+    np.testing.assert_allclose(g["X"], A.todense())
