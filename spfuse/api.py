@@ -322,7 +322,9 @@ def _template(plan: Plan):
 
 
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
-         trusted: frozenset = frozenset(), defer: bool = True):
+         trusted: frozenset = frozenset(), defer: bool = True, raw: bool = False):
+    """:func:`evaluate` on a parsed program.  ``trusted``: see :func:`_prepare`;
+    ``raw``: results as spfuse makes them (see :meth:`_Dispatch.__call__`)."""
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
@@ -344,7 +346,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
                     _dispatch_cache.pop(next(iter(_dispatch_cache)))
                 _dispatch_cache[key] = dispatch
     if not unscanned:
-        return dispatch(tensors, num_threads)
+        return dispatch(tensors, num_threads, raw=raw)
     # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
     # they read them (saving a pass over the largest array); the generic
     # executor's are scanned just before it reads them as they are;
@@ -360,11 +362,11 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
             kernel_checks = ()  # a conversion reads every index before any kernel does
         for name in unscanned:
             if name not in kernel_checks and not _scan_ok(tensors[name]):
-                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
     try:
-        return dispatch(tensors, num_threads, deferred)
+        return dispatch(tensors, num_threads, deferred, raw=raw)
     except IndexCheckFailed:
-        return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+        return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
 
 
 def _any_complex(values) -> bool:
@@ -438,8 +440,15 @@ class _Dispatch:
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
-    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = ()):
-        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`)."""
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = (),
+                 raw: bool = False):
+        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`).
+
+        ``raw``: results in the result dtype but as spfuse makes them -- a
+        dense ``ndarray``, a sparse :class:`Tensor` that may share index
+        arrays with an operand -- not in the caller's world: for spfuse's
+        own next statement (a differentiated program's), which reads them
+        without a conversion, a copy of the pattern or a scan."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
         # every kernel runs less work than this on one thread anyway
@@ -450,11 +459,20 @@ class _Dispatch:
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
-        raw = self.template.run(tensors, threads) if self.template is not None else \
+        raw_values = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
         results = {}
+        if raw:
+            for name in plan.results:
+                value = raw_values[name]
+                if isinstance(value, np.ndarray):
+                    value = value.astype(self.dtype, copy=False)
+                    results[name] = value[()] if value.ndim == 0 else value
+                else:
+                    results[name] = value.astype(self.dtype) if value.dtype != self.dtype else value
+            return results[plan.results[0]] if len(results) == 1 else results
         for name in plan.results:
-            value = raw[name]
+            value = raw_values[name]
             if (self.all_sparse and self.out_format is None and isinstance(value, np.ndarray)
                     and (value.ndim == 2 or (value.ndim > 2 and self.flavour != "spmatrix"))):
                 # sparse in -> sparse out (scipy: 2-d CSR/CSC, N-d coo_array; pydata: its type)

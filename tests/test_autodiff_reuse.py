@@ -298,3 +298,29 @@ def test_a_callers_own_tensor_is_still_scanned_per_statement(monkeypatch, rng):
     g = spfuse.vjp("y[i] = sum(j, A[i,j] * X[i,j])", np.ones(6), wrt=("X",), A=A, X=X)
     assert "A" in seen   # the caller may still write to its arrays: evaluate() rescans it, as always
     np.testing.assert_allclose(g["X"], A.todense())
+
+
+def test_statement_results_are_handed_on_as_made(rng):
+    """Between a differentiated program's statements results stay spfuse's
+    own: a sparse one a Tensor on its operand's very pattern arrays (no
+    scipy conversion, no copy of the pattern; the next statement's transpose
+    is found again by those arrays), a dense one an ndarray; same values as
+    evaluate() gives the caller."""
+    from spfuse import api
+    from spfuse.tensor import Tensor
+    A = _csr(rng, 7, 6)
+    tA = as_tensor(A)
+    X = rng.standard_normal((7, 6))
+    text = "E[i,j] = A[i,j] * exp(X[i,j]); y[j] = sum(i, E[i,j])"
+    got = api._run(api._parse(text), {"A": tA, "X": X}, None, "auto", None, raw=True)
+    want = spfuse.evaluate(text, A=tA, X=X)
+    assert isinstance(got, np.ndarray)   # (E is consumed: y is the one result)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    single = api._run(api._parse("E[i,j] = A[i,j] * exp(X[i,j])"), {"A": tA, "X": X}, None, "auto", None,
+                      raw=True)
+    assert isinstance(single, Tensor)
+    assert single.levels[1].crd is tA.levels[1].crd or np.shares_memory(single.levels[1].crd, tA.levels[1].crd)
+    np.testing.assert_allclose(single.todense(), A.toarray() * np.exp(X), rtol=1e-14)
+    f32 = api._run(api._parse("y[j] = sum(i, A[i,j] * X[i,j])"), {"A": as_tensor(A.astype(np.float32)),
+                   "X": X.astype(np.float32)}, None, "auto", None, raw=True)
+    assert f32.dtype == np.float32   # the result dtype, as evaluate() gives it

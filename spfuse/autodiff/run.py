@@ -139,9 +139,13 @@ def _extents(program: Program, shapes: tuple) -> list:
 def _evaluate(text: str, operands: Mapping[str, Any], fusion: str, num_threads: int | None,
               trusted: set) -> Any:
     """:func:`spfuse.evaluate`, without scanning again the operands named in
-    ``trusted``: validated when this call began, or made by spfuse since."""
+    ``trusted`` (validated when this call began, or made by spfuse since),
+    its results as spfuse makes them (ndarrays and Tensors, a sparse one
+    sharing its pattern with the operand it lives on): the next statement
+    reads them without a conversion, a copy or a scan, and a transposed
+    pattern is found again by its arrays."""
     from spfuse import api
-    return api._run(api._parse(text), operands, None, fusion, num_threads, trusted)
+    return api._run(api._parse(text), operands, None, fusion, num_threads, trusted, raw=True)
 
 
 def _run_statements(program: Program, env: dict, fusion: str, num_threads: int | None, trusted: set) -> dict:
