@@ -17,7 +17,7 @@ import scipy.sparse as sp
 
 from spfuse.autodiff.transform import Adjoint, adjoint, split_reducing_terms
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import Literal, Program
+from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.lowering.transposes import transposed_csr
