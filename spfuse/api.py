@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -135,7 +135,7 @@ def _diagonals(program: Program, tensors: dict) -> Program:
     return Program(stmts, program.text)
 
 
-def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset(),
+def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[str] = frozenset(),
              defer: bool = False):
     """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
@@ -322,7 +322,7 @@ def _template(plan: Plan):
 
 
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
-         trusted: frozenset = frozenset(), defer: bool = True, raw: bool = False):
+         trusted: Container[str] = frozenset(), defer: bool = True, raw: bool = False):
     """:func:`evaluate` on a parsed program.  ``trusted``: see :func:`_prepare`;
     ``raw``: results as spfuse makes them (see :meth:`_Dispatch.__call__`)."""
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -137,7 +137,7 @@ def _extents(program: Program, shapes: tuple) -> list:
 
 
 def _evaluate(text: str, operands: Mapping[str, Any], fusion: str, num_threads: int | None,
-              trusted: set) -> Any:
+              trusted: Container[str]) -> Any:
     """:func:`spfuse.evaluate`, without scanning again the operands named in
     ``trusted`` (validated when this call began, or made by spfuse since),
     its results as spfuse makes them (ndarrays and Tensors, a sparse one
@@ -148,25 +148,26 @@ def _evaluate(text: str, operands: Mapping[str, Any], fusion: str, num_threads: 
     return api._run(api._parse(text), operands, None, fusion, num_threads, trusted, raw=True)
 
 
-def _run_statements(program: Program, env: dict, fusion: str, num_threads: int | None, trusted: set) -> dict:
+def _run_statements(program: Program, env: dict, fusion: str, num_threads: int | None,
+                    trusted: Iterable[str]) -> dict:
     """Run ``program`` one statement per call on ``env`` (updated in place)."""
-    trusted = set(trusted)
+    made = set(trusted)
     for target, text, reads in _statements(program):
-        env[target] = _evaluate(text, {n: env[n] for n in reads}, fusion, num_threads, trusted)
-        trusted.add(target)   # spfuse's own result
+        env[target] = _evaluate(text, {n: env[n] for n in reads}, fusion, num_threads, made)
+        made.add(target)   # spfuse's own result
     return env
 
 
 def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None,
-               trusted: set = frozenset()) -> dict:
+               trusted: Iterable[str] = ()) -> dict:
     env = _run_statements(program, dict(ops), fusion, num_threads, trusted)
     return {n: env[n] for n in program.results}
 
 
 def _run_fused(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None,
-               trusted: set = frozenset()) -> dict:
+               trusted: Iterable[str] = ()) -> dict:
     reads = set(program.inputs)
-    raw = _evaluate(program.text, {n: v for n, v in ops.items() if n in reads}, fusion, num_threads, trusted)
+    raw = _evaluate(program.text, {n: v for n, v in ops.items() if n in reads}, fusion, num_threads, set(trusted))
     return raw if isinstance(raw, dict) else {program.results[0]: raw}
 
 

@@ -304,7 +304,8 @@ def split_reducing_terms(statement: Assignment, taken: set[str]) -> list[Assignm
                 name += "_"
             taken.add(name)
             names[k] = name
-    out, found = [], {}
+    out: list[Assignment] = []
+    found: dict[Expr, str] = {}
     for k in sorted(names, key=lambda k: _node_count(terms[k][1])):  # contained terms first
         term = terms[k][1]
         out.append(Assignment(Access(names[k], tuple(free_indices(term))), _reading(term, found)))

@@ -66,7 +66,7 @@ class Group:
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
         if self.kernel == "copy":
-            return f"no loop (the array of {self.ops[0].args[0].name}, copied only if it is a result too): {what}"
+            return f"no loop (the array of {self.ops[0].refs[0].name}, copied only if it is a result too): {what}"
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
         if self.on_pattern is not None:
@@ -784,11 +784,11 @@ def _checked_in_kernel(plan, groups) -> frozenset:
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     """Run ``groups`` in order, passing crossing temporaries as dense operands."""
     env = dict(tensors)
-    out = {}
-    arrays = {}   # crossing temporaries' dense arrays, for the copies
+    out: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}   # crossing temporaries' dense arrays, for the copies
     for g in groups:
         if g.kernel == "copy":
-            out[g.outputs[0]] = _copied(g.ops[0].args[0].name, out, arrays, env)
+            out[g.outputs[0]] = _copied(g.ops[0].refs[0].name, out, arrays, env)
             continue
         try:
             if g.on_pattern is not None:
@@ -817,7 +817,7 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     return out
 
 
-def _copied(src: str, out: Mapping, arrays: Mapping, env: Mapping) -> np.ndarray:
+def _copied(src: str, out: Mapping, arrays: dict, env: Mapping) -> np.ndarray:
     """A copy group's result: the crossing temporary ``src``'s dense array
     itself (made fresh this call and read nowhere else once the groups have
     run), or a copy of a result's (the caller gets both)."""
