@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any, cast
 
 import numpy as np
@@ -135,14 +135,16 @@ def _diagonals(program: Program, tensors: dict) -> Program:
     return Program(stmts, program.text)
 
 
-def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset = frozenset(),
+def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[str] = frozenset(),
              defer: bool = False):
     """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
     A ``Tensor`` the caller passes in may share index arrays with objects the
     caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
     checked again -- the one-pass scan -- unless this call made it
-    (``trusted``).
+    (``trusted``); a trusted scipy CSR/CSC operand (a result spfuse made
+    earlier in the same call: a differentiated program's statements) is
+    wrapped without a scan too.
 
     With ``defer``, a scipy CSR/CSC operand is wrapped with its ``indptr``
     checked but its ``indices`` not yet scanned; such names are returned
@@ -168,6 +170,14 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: frozenset =
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
+        elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
+            t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
+                                        scan=False)   # (spfuse made it this call: its indices were checked)
+            if t is not None:
+                tensors[name] = t
+                continue
+            tensors[name] = as_tensor(obj, name=name)
+            continue
         elif defer and sp.issparse(obj) and obj.format in ("csr", "csc"):
             t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
                                         scan=False)
@@ -312,7 +322,9 @@ def _template(plan: Plan):
 
 
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
-         trusted: frozenset = frozenset(), defer: bool = True):
+         trusted: Container[str] = frozenset(), defer: bool = True, raw: bool = False):
+    """:func:`evaluate` on a parsed program.  ``trusted``: see :func:`_prepare`;
+    ``raw``: results as spfuse makes them (see :meth:`_Dispatch.__call__`)."""
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
@@ -334,7 +346,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
                     _dispatch_cache.pop(next(iter(_dispatch_cache)))
                 _dispatch_cache[key] = dispatch
     if not unscanned:
-        return dispatch(tensors, num_threads)
+        return dispatch(tensors, num_threads, raw=raw)
     # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
     # they read them (saving a pass over the largest array); the generic
     # executor's are scanned just before it reads them as they are;
@@ -350,11 +362,11 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
             kernel_checks = ()  # a conversion reads every index before any kernel does
         for name in unscanned:
             if name not in kernel_checks and not _scan_ok(tensors[name]):
-                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+                return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
     try:
-        return dispatch(tensors, num_threads, deferred)
+        return dispatch(tensors, num_threads, deferred, raw=raw)
     except IndexCheckFailed:
-        return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False)
+        return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
 
 
 def _any_complex(values) -> bool:
@@ -428,8 +440,15 @@ class _Dispatch:
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
-    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = ()):
-        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`)."""
+    def __call__(self, tensors: Mapping[str, Tensor], num_threads: int | None, deferred: tuple = (),
+                 raw: bool = False):
+        """Run on validated ``tensors`` (``deferred``: see :func:`_execute_generic`).
+
+        ``raw``: results in the result dtype but as spfuse makes them -- a
+        dense ``ndarray``, a sparse :class:`Tensor` that may share index
+        arrays with an operand -- not in the caller's world: for spfuse's
+        own next statement (a differentiated program's), which reads them
+        without a conversion, a copy of the pattern or a scan."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
         # every kernel runs less work than this on one thread anyway
@@ -440,11 +459,20 @@ class _Dispatch:
         if self.conversions:
             tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
-        raw = self.template.run(tensors, threads) if self.template is not None else \
+        raw_values = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
         results = {}
+        if raw:
+            for name in plan.results:
+                value = raw_values[name]
+                if isinstance(value, np.ndarray):
+                    value = value.astype(self.dtype, copy=False)
+                    results[name] = value[()] if value.ndim == 0 else value
+                else:
+                    results[name] = value.astype(self.dtype) if value.dtype != self.dtype else value
+            return results[plan.results[0]] if len(results) == 1 else results
         for name in plan.results:
-            value = raw[name]
+            value = raw_values[name]
             if (self.all_sparse and self.out_format is None and isinstance(value, np.ndarray)
                     and (value.ndim == 2 or (value.ndim > 2 and self.flavour != "spmatrix"))):
                 # sparse in -> sparse out (scipy: 2-d CSR/CSC, N-d coo_array; pydata: its type)

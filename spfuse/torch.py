@@ -134,7 +134,13 @@ class _Input:
         torch = _torch()
         self.source = source
         self.layout = source.layout if isinstance(source, torch.Tensor) else None
-        tensor = _csr_tensor(source) if self.layout == torch.sparse_csr and source.device.type == "cpu" else None
+        tensor = None
+        if self.layout is not None and source.device.type == "cpu":
+            # the common layouts without the general conversion (per input per call)
+            if self.layout == torch.strided:
+                tensor = Tensor._fast_dense(source.detach().numpy())
+            elif self.layout == torch.sparse_csr:
+                tensor = _csr_tensor(source)
         self.tensor = tensor if tensor is not None else as_tensor(to_spfuse(source, name), name=name)
 
     @property
@@ -192,8 +198,9 @@ def _autograd_function():
                     continue
                 c = to_spfuse(g, f"cotangent of {r}")
                 cotangents[r] = float(c) if np.ndim(c) == 0 and isinstance(c, np.ndarray) else c
+            # inputs were validated when converted, saved temporaries are spfuse's own
             raw = run_adjoint(adj, {n: i.tensor for n, i in inputs.items()}, cotangents, saved,
-                              fusion=spec.fusion, num_threads=spec.num_threads)
+                              fusion=spec.fusion, num_threads=spec.num_threads, trusted=(*inputs, *saved))
             return (None, *(inputs[n].gradient(raw[n]) if n in adj.wrt else None for n in spec.names))
 
     return _ProgramFunction
@@ -220,7 +227,9 @@ class SpfuseFunction:
         """The results, and the temporaries ``adj`` keeps for the backward pass
         (:func:`spfuse.autodiff.run.run_forward`)."""
         ops = {n: (t.asformat(self.formats[n]) if n in self.formats else t) for n, t in tensors.items()}
-        return run_forward(self.program, adj, ops, fusion=self.fusion, num_threads=self.num_threads)
+        # (the tensors were validated when converted from torch, this call)
+        return run_forward(self.program, adj, ops, fusion=self.fusion, num_threads=self.num_threads,
+                           trusted=tuple(ops))
 
     def __call__(self, *args: Any, **kwargs: Any):
         if len(args) > len(self.names):

@@ -191,6 +191,35 @@ def test_hoisted_statements_are_shared_across_index_names():
     assert adj.program == parse_program(adj.text)
 
 
+def test_forward_extrema_are_kept_not_reduced_again():
+    """The pattern max ``max(j, A/A*(S - min)) + min`` is split in the forward
+    (min first, read by the max): the adjoint reads both kept values as the
+    extrema its tie tests compare with, and reduces neither again."""
+    from spfuse.examples import attention
+    adj = adjoint(attention.PROGRAM, wrt=("Wq", "Wk", "Wv"), sparse=("A",))
+    assert {"m_term0", "m_term1"} <= set(adj.kept), adj.describe()
+    bodies = [s.split("=", 1)[1].strip() for s in adj.text.splitlines()]
+    assert not any(b.startswith(("max(", "min(")) for b in bodies), adj.text
+    forward = adj.forward.text.splitlines()
+    assert sum("min(" in line for line in forward) == 1, adj.forward.text   # the min computed once
+    # a gradient that is another statement's cotangent is read, not copied
+    from spfuse.frontend.ast import Access
+    assert not any(isinstance(st.value, Access) for st in adj.program.statements), adj.text
+
+
+@pytest.mark.parametrize("text", [
+    "m[i] = max(j, X[i,j] - min(k, X[i,k])) + min(k, X[i,k])",
+    "m[i] = min(j, X[i,j]) - 2.0 * max(j, X[i,j] * X[i,j]) + x[i]",
+    "T[i,j] = X[i,j] * x[j]; m[i] = max(j, T[i,j]) + sum(j, T[i,j]); y = sum(i, m[i] * m[i])",
+])
+@pytest.mark.parametrize("policy", ["auto", "recompute"])
+def test_split_extremum_terms_match_torch(text, policy, rng):
+    ops = {"X": rng.integers(-2, 3, (6, 5)).astype(float),   # small integers: ties
+           "x": rng.standard_normal(6 if "x[i]" in text else 5)}
+    program = parse_program(text)
+    check_gradients(program, {n: ops[n] for n in program.inputs}, rng, temporaries=policy)
+
+
 def test_a_shared_sparse_prefix_is_computed_once(rng):
     text = "A[i,j] = B[i,j] * (C[i,k] * D[k,j])"
     lines = adjoint(text, wrt=("C", "D"), sparse=("B",)).text.splitlines()
@@ -219,3 +248,79 @@ def test_explain_vjp_shows_the_measured_execution(rng):
           W=rng.standard_normal((3, 2)))
     shown = k.explain_vjp(("B", "W"))
     assert "execution: " in shown and "ms fused" in shown
+
+
+# ---------------------------------------------------------------------------
+# operands validated once per call
+# ---------------------------------------------------------------------------
+def _scans(monkeypatch):
+    """Names the call path scans again (a Tensor rechecked, a scipy operand's indices scanned)."""
+    from spfuse import api
+    seen: list = []
+    recheck, scan_ok = api._rechecked, api._scan_ok
+    monkeypatch.setattr(api, "_rechecked", lambda t, name: seen.append(name) or recheck(t, name))
+    monkeypatch.setattr(api, "_scan_ok", lambda t: seen.append(t.name) or scan_ok(t))
+    return seen
+
+
+def test_a_training_step_scans_its_operands_once(monkeypatch, rng):
+    """The torch bridge validates its inputs when it converts them; the
+    forward's and the adjoint's statements (one evaluate() each, split or
+    fused) do not scan them, their transposes, patterns or spfuse's own
+    intermediate results again -- and the gradients are unchanged."""
+    torch = pytest.importorskip("torch")
+    import spfuse.torch
+    from spfuse.examples import attention
+    A = attention.pattern(40, 4)
+    A_t = torch.sparse_csr_tensor(torch.from_numpy(A.indptr.astype(np.int64)),
+                                  torch.from_numpy(A.indices.astype(np.int64)), torch.from_numpy(A.data),
+                                  size=A.shape)
+    X = torch.from_numpy(rng.standard_normal((40, 6)))
+    W = {n: torch.from_numpy(rng.standard_normal(s)).requires_grad_() for n, s in
+         (("Wq", (6, 4)), ("Wk", (6, 4)), ("Wv", (6, 3)))}
+    layer = spfuse.torch.function(attention.PROGRAM)
+    s = torch.tensor(0.5, dtype=torch.float64)
+    layer(A=A_t, X=X, s=s, **W).sum().backward()  # plans
+    first = {n: w.grad.clone() for n, w in W.items()}
+    for w in W.values():
+        w.grad = None
+    seen = _scans(monkeypatch)
+    layer(A=A_t, X=X, s=s, **W).sum().backward()
+    assert seen == []
+    for n, w in W.items():
+        np.testing.assert_array_equal(w.grad.numpy(), first[n].numpy())
+
+
+def test_a_callers_own_tensor_is_still_scanned_per_statement(monkeypatch, rng):
+    A = as_tensor(_csr(rng, 6, 5))
+    X = rng.standard_normal((6, 5))
+    seen = _scans(monkeypatch)
+    g = spfuse.vjp("y[i] = sum(j, A[i,j] * X[i,j])", np.ones(6), wrt=("X",), A=A, X=X)
+    assert "A" in seen   # the caller may still write to its arrays: evaluate() rescans it, as always
+    np.testing.assert_allclose(g["X"], A.todense())
+
+
+def test_statement_results_are_handed_on_as_made(rng):
+    """Between a differentiated program's statements results stay spfuse's
+    own: a sparse one a Tensor on its operand's very pattern arrays (no
+    scipy conversion, no copy of the pattern; the next statement's transpose
+    is found again by those arrays), a dense one an ndarray; same values as
+    evaluate() gives the caller."""
+    from spfuse import api
+    from spfuse.tensor import Tensor
+    A = _csr(rng, 7, 6)
+    tA = as_tensor(A)
+    X = rng.standard_normal((7, 6))
+    text = "E[i,j] = A[i,j] * exp(X[i,j]); y[j] = sum(i, E[i,j])"
+    got = api._run(api._parse(text), {"A": tA, "X": X}, None, "auto", None, raw=True)
+    want = spfuse.evaluate(text, A=tA, X=X)
+    assert isinstance(got, np.ndarray)   # (E is consumed: y is the one result)
+    np.testing.assert_allclose(got, want, rtol=1e-14)
+    single = api._run(api._parse("E[i,j] = A[i,j] * exp(X[i,j])"), {"A": tA, "X": X}, None, "auto", None,
+                      raw=True)
+    assert isinstance(single, Tensor)
+    assert single.levels[1].crd is tA.levels[1].crd or np.shares_memory(single.levels[1].crd, tA.levels[1].crd)
+    np.testing.assert_allclose(single.todense(), A.toarray() * np.exp(X), rtol=1e-14)
+    f32 = api._run(api._parse("y[j] = sum(i, A[i,j] * X[i,j])"), {"A": as_tensor(A.astype(np.float32)),
+                   "X": X.astype(np.float32)}, None, "auto", None, raw=True)
+    assert f32.dtype == np.float32   # the result dtype, as evaluate() gives it

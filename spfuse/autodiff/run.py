@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.autodiff.transform import Adjoint, adjoint
+from spfuse.autodiff.transform import Adjoint, adjoint, split_reducing_terms
 from spfuse.errors import ProgramError
-from spfuse.frontend.ast import Literal, Program
+from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.lowering.transposes import transposed_csr
@@ -92,54 +92,17 @@ def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
 SPLIT_ABOVE = 10
 
 
-def _terms(e, negate: bool = False) -> list:
-    """``e``'s top-level ``+``/``-`` terms as ``(negated, term)``."""
-    from spfuse.frontend.ast import Binary
-    if isinstance(e, Binary) and e.op in ("+", "-"):
-        return _terms(e.left, negate) + _terms(e.right, negate ^ (e.op == "-"))
-    return [(negate, e)]
-
-
-def _split_terms(st, taken: set) -> list:
-    """A statement summing two or more terms of which some reduce, as one
-    statement per term and one adding them up: each term is then planned
-    alone and can reach its template (a gradient summing an SpMM-shaped and
-    a GEMM-shaped contribution), where the whole sum runs on the generic
-    executor.  Other statements are returned as they are."""
-    from spfuse.autodiff.transform import _has_reduce
-    from spfuse.frontend.ast import Access, Assignment, Binary
-    from spfuse.frontend.reductions import free_indices
-    terms = _terms(st.value)
-    if len(terms) < 2 or sum(_has_reduce(t) for _, t in terms) < 1:
-        return [st]
-    out, total = [], None
-    for k, (negate, term) in enumerate(terms):
-        if _has_reduce(term):
-            name = f"{st.target.name}_term{k}"
-            while name in taken:
-                name += "_"
-            taken.add(name)
-            out.append(Assignment(Access(name, tuple(free_indices(term))), term))
-            term = Access(name, tuple(free_indices(term)))
-        if total is None:
-            total = Binary("-", Literal(0.0), term) if negate else term
-        else:
-            total = Binary("-" if negate else "+", total, term)
-    out.append(Assignment(st.target, total))
-    return out
-
-
 @functools.lru_cache(maxsize=256)
 def _statements(program: Program) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """Per statement: its target, its text and the names it reads (made once
-    per program); a sum of reducing terms split (:func:`_split_terms`)."""
+    per program); a sum of reducing terms split (:func:`~spfuse.autodiff.transform.split_reducing_terms`)."""
     from spfuse.frontend.ast import iter_accesses
     from spfuse.frontend.canonical import to_text
     taken = {a.name for st in program.statements for a in iter_accesses(st.value)} | {
         st.target.name for st in program.statements}
     out = []
     for whole in program.statements:
-        for st in _split_terms(whole, taken):
+        for st in split_reducing_terms(whole, taken):
             text = to_text(st)
             out.append((st.target.name, text, tuple(parse_program(text).inputs)))
     return tuple(out)
@@ -173,19 +136,38 @@ def _extents(program: Program, shapes: tuple) -> list:
     return check_program(program, dict(shapes))
 
 
-def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None) -> dict:
-    from spfuse.api import evaluate
-    env = dict(ops)
+def _evaluate(text: str, operands: Mapping[str, Any], fusion: str, num_threads: int | None,
+              trusted: Container[str]) -> Any:
+    """:func:`spfuse.evaluate`, without scanning again the operands named in
+    ``trusted`` (validated when this call began, or made by spfuse since),
+    its results as spfuse makes them (ndarrays and Tensors, a sparse one
+    sharing its pattern with the operand it lives on): the next statement
+    reads them without a conversion, a copy or a scan, and a transposed
+    pattern is found again by its arrays."""
+    from spfuse import api
+    return api._run(api._parse(text), operands, None, fusion, num_threads, trusted, raw=True)
+
+
+def _run_statements(program: Program, env: dict, fusion: str, num_threads: int | None,
+                    trusted: Iterable[str]) -> dict:
+    """Run ``program`` one statement per call on ``env`` (updated in place)."""
+    made = set(trusted)
     for target, text, reads in _statements(program):
-        env[target] = evaluate(text, fusion=fusion, num_threads=num_threads, **{n: env[n] for n in reads})
+        env[target] = _evaluate(text, {n: env[n] for n in reads}, fusion, num_threads, made)
+        made.add(target)   # spfuse's own result
+    return env
+
+
+def _run_split(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None,
+               trusted: Iterable[str] = ()) -> dict:
+    env = _run_statements(program, dict(ops), fusion, num_threads, trusted)
     return {n: env[n] for n in program.results}
 
 
-def _run_fused(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None) -> dict:
-    from spfuse.api import evaluate
+def _run_fused(program: Program, ops: Mapping[str, Any], fusion: str, num_threads: int | None,
+               trusted: Iterable[str] = ()) -> dict:
     reads = set(program.inputs)
-    raw = evaluate(program.text, fusion=fusion, num_threads=num_threads,
-                   **{n: v for n, v in ops.items() if n in reads})
+    raw = _evaluate(program.text, {n: v for n, v in ops.items() if n in reads}, fusion, num_threads, set(trusted))
     return raw if isinstance(raw, dict) else {program.results[0]: raw}
 
 
@@ -255,8 +237,8 @@ _MAX_CHOICES = 256
 
 
 def _signature(ops: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((n, type(v).__name__, tuple(getattr(v, "shape", ())), str(getattr(v, "format", "")))
-                        for n, v in ops.items()))
+    # (per call: the objects themselves, hashable, rather than their texts)
+    return tuple(sorted((n, type(v), getattr(v, "shape", ()), getattr(v, "format", None)) for n, v in ops.items()))
 
 
 def execution_choices(program: Program) -> list[ExecutionChoice]:
@@ -280,7 +262,8 @@ def _measured(key: tuple, run: Callable[[bool], Any]) -> Any:
 
 
 def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *, fusion: str = "auto",
-                num_threads: int | None = None, results: bool = True) -> tuple[dict, dict]:
+                num_threads: int | None = None, results: bool = True,
+                trusted: Iterable[str] = ()) -> tuple[dict, dict]:
     """The forward pass of a differentiated program: ``(results, saved)``, the
     program's results and the forward temporaries ``adj`` keeps.
 
@@ -292,6 +275,8 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     plan of a multi-statement forward can be slower than its statements
     planned alone, each of which may reach a template kernel.
     ``results=False``: only what the kept temporaries need is run.
+    ``trusted``: operands validated by the caller in this call (their
+    indices are not scanned again per statement).
 
     >>> import numpy as np
     >>> from spfuse.autodiff import adjoint
@@ -301,21 +286,19 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     >>> float(out["y"]), saved["T"].tolist()
     (4.0, [0.0, 2.0])
     """
-    from spfuse.api import evaluate
+    trusted = set(trusted)
     kept = adj.kept if adj is not None else ()
     saving = _saving_program(adj, results) if kept else None
     if saving is None:
-        raw = _run_fused(program, ops, fusion, num_threads)
+        raw = _run_fused(program, ops, fusion, num_threads, trusted)
         return raw, {}
     statements = _without_copies(saving, frozenset(adj.saved[t] for t in kept))
 
     def run(split: bool):
         if split:
-            env = dict(ops)
-            for target, text, reads in _statements(statements):
-                env[target] = evaluate(text, fusion=fusion, num_threads=num_threads, **{n: env[n] for n in reads})
+            env = _run_statements(statements, dict(ops), fusion, num_threads, trusted)
             return ({r: env[r] for r in program.results} if results else {}), {t: env[t] for t in kept}
-        raw = _run_fused(saving, ops, fusion, num_threads)
+        raw = _run_fused(saving, ops, fusion, num_threads, trusted)
         return ({r: raw[r] for r in program.results} if results else {}), {t: raw[adj.saved[t]] for t in kept}
 
     return _measured((saving, _signature(ops), fusion, num_threads), run)
@@ -323,7 +306,8 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
 
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
                 saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
-                num_threads: int | None = None, split: bool | None = None) -> dict[str, Any]:
+                num_threads: int | None = None, split: bool | None = None,
+                trusted: Iterable[str] = ()) -> dict[str, Any]:
     """Evaluate ``adj`` and return, per ``wrt`` name, the raw gradient: a dense
     ``ndarray`` of the operand's shape, or for a sparse operand the values
     array on its pattern (storage order of ``tensors[name]``).
@@ -333,22 +317,31 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     ``split``: run the adjoint program as one fused program (False) or one
     statement at a time (True); by default split when it has more than
     :data:`SPLIT_ABOVE` statements, else measured (:class:`ExecutionChoice`).
+    ``trusted``: names in ``tensors`` validated by the caller in this call
+    (not scanned again per statement); the operands made here from them,
+    the kept temporaries and the transposes are trusted too.
     """
+    trusted = set(trusted)
     dtype = np.result_type(*(t.dtype for t in tensors.values())) if tensors else np.float64
     out: dict[str, Any] = {}
     if adj.program is not None:
         if adj.kept and saved is None:
             used = set(_saving_program(adj, False).inputs)
             _, saved = run_forward(adj.forward, adj, {n: t for n, t in tensors.items() if n in used},
-                                   fusion=fusion, num_threads=num_threads, results=False)
+                                   fusion=fusion, num_threads=num_threads, results=False, trusted=trusted)
+            trusted |= set(saved)   # made here
         shapes = {n: t.shape for n, t in tensors.items()}
         ops: dict[str, Any] = dict(tensors)
         ops.update({adj.cotangents[r]: v for r, v in cotangents.items() if r in adj.cotangents})
         for name, pattern in adj.patterns.items():
             t = tensors[name]
             ops[pattern] = t.with_values(np.ones(t.nnz, dtype=t.dtype))
+            if name in trusted:   # (its index arrays)
+                trusted.add(pattern)
         for name, transposed in adj.transposed.items():
             ops[transposed] = transposed_csr(tensors[name])
+            if name in trusted:
+                trusted.add(transposed)
         if adj.ones:
             extents = _extents(adj.forward, tuple(sorted(shapes.items())))
             for name, (statement, index) in adj.ones.items():
@@ -363,12 +356,12 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             result = next(r for r, c in adj.cotangents.items() if c == name)
             ops[name] = np.zeros(result_shapes(adj.forward, shapes)[result], dtype=dtype)
         if split is not None or len(program.statements) < 2:
-            raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads)
+            raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted)
         elif len(program.statements) > SPLIT_ABOVE:
-            raw = _run_split(program, ops, fusion, num_threads)
+            raw = _run_split(program, ops, fusion, num_threads, trusted)
         else:
             raw = _measured((program, _signature(ops), fusion, num_threads), lambda split: (
-                _run_split if split else _run_fused)(program, ops, fusion, num_threads))
+                _run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted))
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:
@@ -455,5 +448,7 @@ def vjp(program: str | Program, cotangent: Any, wrt: Iterable[str] | None = None
     wrt = tuple(program.inputs) if wrt is None else ((wrt,) if isinstance(wrt, str) else tuple(wrt))
     sparse = frozenset(n for n, t in tensors.items() if _is_sparse(t))
     adj = cached_adjoint(program, wrt, tuple(cotangents), sparse, temporaries)
-    raw = run_adjoint(adj, tensors, cotangents, fusion=fusion, num_threads=num_threads)
+    # operands as_tensor made are validated now; a caller's own Tensor is scanned per call as evaluate() does
+    made = [n for n, v in operands.items() if not isinstance(v, Tensor)]
+    raw = run_adjoint(adj, tensors, cotangents, fusion=fusion, num_threads=num_threads, trusted=made)
     return {n: _in_world(operands[n], tensors[n], raw[n]) for n in wrt}

@@ -248,6 +248,117 @@ def _needed_statements(statements, wanted: set[str]) -> list[Assignment]:
     return keep[::-1]
 
 
+def sum_terms(e: Expr, negate: bool = False) -> list[tuple[bool, Expr]]:
+    """``e``'s top-level ``+``/``-`` terms as ``(negated, term)``.
+
+    >>> from spfuse.frontend.parser import parse_expression
+    >>> [(n, to_text(t)) for n, t in sum_terms(parse_expression("a[i] - (b[i] - c[i])"))]
+    [(False, 'a[i]'), (True, 'b[i]'), (False, 'c[i]')]
+    """
+    if isinstance(e, Binary) and e.op in ("+", "-"):
+        return sum_terms(e.left, negate) + sum_terms(e.right, negate ^ (e.op == "-"))
+    return [(negate, e)]
+
+
+def _node_count(e: Expr) -> int:
+    return 1 + sum(_node_count(c) for c in children(e))
+
+
+def _reading(e: Expr, found: Mapping[Expr, str]) -> Expr:
+    """``e`` with every sub-expression equal (up to index names) to one in
+    ``found`` replaced by a read of the statement computing it."""
+    if not isinstance(e, (Access, Literal)):
+        name = found.get(_canonical(e))
+        if name is not None:
+            return Access(name, tuple(free_indices(e)))
+    return map_children(e, lambda c: _reading(c, found))
+
+
+def split_reducing_terms(statement: Assignment, taken: set[str]) -> list[Assignment]:
+    """A statement adding up two or more terms of which some reduce, as one
+    statement per reducing term (``{target}_term{k}``, a name not in
+    ``taken``, which is updated) and one adding them up; other statements
+    are returned as they are.
+
+    Each term is then planned alone and can reach its template kernel (a
+    gradient summing an SpMM-shaped and a GEMM-shaped contribution), where
+    the whole sum would run on the generic executor.  A term that another
+    contains is computed first and read there: the pattern max
+    ``max(j, S - min(j, S)) + min(j, S)`` computes its min once.
+
+    >>> st = parse_program("m[i] = max(j, S[i,j] - min(k, S[i,k])) + min(k, S[i,k])").statements[0]
+    >>> for s in split_reducing_terms(st, {"m", "S"}):
+    ...     print(to_text(s))
+    m_term1[i] = min(k, S[i, k])
+    m_term0[i] = max(j, S[i, j] - m_term1[i])
+    m[i] = m_term0[i] + m_term1[i]
+    """
+    terms = sum_terms(statement.value)
+    if len(terms) < 2 or not any(_has_reduce(t) for _, t in terms):
+        return [statement]
+    names: dict[int, str] = {}
+    for k, (_, term) in enumerate(terms):
+        if _has_reduce(term):
+            name = f"{statement.target.name}_term{k}"
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            names[k] = name
+    out: list[Assignment] = []
+    found: dict[Expr, str] = {}
+    for k in sorted(names, key=lambda k: _node_count(terms[k][1])):  # contained terms first
+        term = terms[k][1]
+        out.append(Assignment(Access(names[k], tuple(free_indices(term))), _reading(term, found)))
+        found.setdefault(_canonical(term), names[k])
+    total: Expr | None = None
+    for k, (negate, term) in enumerate(terms):
+        if k in names:
+            term = Access(names[k], tuple(free_indices(term)))
+        if total is None:
+            total = Binary("-", Literal(0.0), term) if negate else term
+        else:
+            total = Binary("-" if negate else "+", total, term)
+    assert total is not None
+    out.append(Assignment(statement.target, total))
+    return out
+
+
+def _extremum_terms(e: Expr) -> bool:
+    """Is one of ``e``'s terms a max/min reduction, or contained in another
+    term?  Split, such a term's value is a kept forward temporary the adjoint
+    reads (a max's ties), or is computed once."""
+    terms = [t for _, t in sum_terms(e) if _has_reduce(t)]
+    if len(terms) < 1 or len(sum_terms(e)) < 2:
+        return False
+    inside = {_canonical(x) for t in terms for x in _subexpressions(t) if x is not t}
+    return any((isinstance(t, Reduce) and t.op in ("max", "min")) or _canonical(t) in inside for t in terms)
+
+
+def _subexpressions(e: Expr) -> list[Expr]:
+    return [e] + [x for c in children(e) for x in _subexpressions(c)]
+
+
+def split_forward(program: Program) -> Program:
+    """``program`` with every sum of terms of which one is a max/min
+    reduction or is contained in another split (:func:`split_reducing_terms`):
+    the adjoint is derived over this form, so such a term is a forward
+    temporary of its own, kept by the forward run instead of reduced again
+    by the adjoint (the pattern max's min and max).
+
+    >>> print(split_forward(parse_program("y[i] = max(j, A[i,j]) + x[i]")).text)
+    y_term0[i] = max(j, A[i, j])
+    y[i] = y_term0[i] + x[i]
+    >>> split_forward(parse_program("y[i] = sum(j, A[i,j]) + x[i]")).text
+    'y[i] = sum(j, A[i,j]) + x[i]'
+    """
+    taken = set(program.inputs) | set(program.assigned)
+    statements = [part for st in program.statements
+                  for part in (split_reducing_terms(st, taken) if _extremum_terms(st.value) else [st])]
+    if len(statements) == len(program.statements):
+        return program
+    return parse_program(to_text(Program(tuple(statements))))
+
+
 @dataclass
 class _Contribution:
     """``cotangent (op factor)*``, negated or not, in the forward statement's index names."""
@@ -417,7 +528,12 @@ class _Builder:
                 # amax/amin: the body is materialised once so that the extremum
                 # and the tie test read the very same values
                 body = self.hoist(self.hoist_reductions(e.body, base), base)
-                extremum = self.hoist(Reduce(e.op, e.index, body), base)
+                if e is value and target.name in self.temporaries:
+                    # a temporary's extremum is the temporary: the forward's
+                    # values, read (kept) rather than reduced again
+                    extremum = target
+                else:
+                    extremum = self.hoist(Reduce(e.op, e.index, body), base)
                 # the same extremum written over the un-hoisted body reads this one
                 self.hoisted.setdefault(_canonical(e), extremum)
                 tie = Where(Binary("-", body, extremum), ZERO, ONE)
@@ -580,7 +696,11 @@ class _Builder:
                 if found is None:
                     continue  # no adjoint reaches this temporary
                 self.grad[name] = self.names.fresh(f"grad_{name}")
-                grads.append(self.gradient_statement(name, found))
+                g = self.gradient_statement(name, found)
+                if isinstance(g.value, Access) and g.value.indices == g.target.indices:
+                    self.grad[name] = g.value.name  # the very cotangent of another statement: read it
+                else:
+                    grads.append(g)
             elif name not in self.grad or name not in self.active:
                 continue
             value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
@@ -705,4 +825,4 @@ def adjoint(program: str | Program, wrt: Iterable[str] | None = None,
             raise ValueError(f"a cotangent is given for {name!r}, which is not a result; "
                              f"results: {', '.join(results)}")
     sparse = frozenset(sparse) & set(inputs)
-    return _Builder(program, wrt, cots, sparse, temporaries).build()
+    return _Builder(split_forward(program), wrt, cots, sparse, temporaries).build()

@@ -25,12 +25,17 @@ from typing import Any
 
 import numpy as np
 
+from spfuse._kernels import _dense_kernels
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
+from spfuse.lowering import templates
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.fusion import ops_under
+from spfuse.runtime import looptree as lt
+from spfuse.tensor import Tensor
 
 __all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
 
@@ -39,8 +44,10 @@ __all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", 
 class Group:
     """One top-level subtree of a plan and how it runs.
 
-    ``kernel`` is ``"gemm"``, a template name, or ``"generic"``; ``einsum``
-    holds ``(out_name, out_indices, summed, factors)`` for template groups.
+    ``kernel`` is ``"gemm"``, a template name, ``"generic"``, or ``"copy"``
+    (a result copying a temporary or result whole: no loop, see
+    :func:`copy_source`); ``einsum`` holds ``(out_name, out_indices,
+    summed, factors)`` for template groups.
     """
 
     node: Any
@@ -58,6 +65,8 @@ class Group:
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
+        if self.kernel == "copy":
+            return f"no loop (the array of {self.ops[0].refs[0].name}, copied only if it is a result too): {what}"
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
         if self.on_pattern is not None:
@@ -149,14 +158,12 @@ def _gemm_roles(einsum, infos) -> tuple | None:
 
 
 def _run_gemm(roles, out_shape, tensors, nt):
-    from spfuse._kernels import _dense_kernels as dense
-    from spfuse.lowering.templates import _dense, _dense_t, _types
     x, y, xt, yt, ot = roles
-    _, dtype = _types([tensors[x], tensors[y]])
-    X = _dense_t(tensors[x], dtype) if xt else _dense(tensors[x], dtype)
-    Y = _dense_t(tensors[y], dtype) if yt else _dense(tensors[y], dtype)
+    _, dtype = templates._types([tensors[x], tensors[y]])
+    X = templates._dense_t(tensors[x], dtype) if xt else templates._dense(tensors[x], dtype)
+    Y = templates._dense_t(tensors[y], dtype) if yt else templates._dense(tensors[y], dtype)
     out = np.empty((X.shape[0], Y.shape[1]), dtype)
-    dense.gemm(X, Y, out, nt)
+    _dense_kernels.gemm(X, Y, out, nt)
     return np.ascontiguousarray(out.T) if ot else out
 
 
@@ -586,6 +593,68 @@ def _routes_whole(plan, ops, available) -> bool:
     return len(roots) == 1 and _head_route(plan, ops, roots[0], available | {o.out for o in ops}) is not None
 
 
+def copy_source(plan, op: UnitOp) -> str | None:
+    """The name a dense result copies whole, or None.
+
+    ``T_saved[i,h] = T[i,h]`` (a differentiated program's saving forward
+    keeps ``T`` this way) reads a temporary or result at its own indices in
+    the same order.  Such a statement needs no loop: the result is the
+    source's dense array (copied once when the source is a result too).
+    Fused into its producer's loop it would make a two-statement loop body,
+    which the generic executor runs element by element, about ten times
+    slower than the producer alone.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> from spfuse.planner import plan_program
+    >>> p = plan_program(parse_program("H[i,h] = relu(X[i,h]); S[i,h] = H[i,h]; Y[i] = sum(h, H[i,h])"),
+    ...                  {"X": TensorInfo.dense("X", (4, 3))})
+    >>> [copy_source(p, op) for op in p.ops]
+    [None, 'H', None]
+    """
+    if op.operator is not None or op.reduction is not None or len(op.args) != 1:
+        return None
+    (src,) = op.args
+    if not isinstance(src, Ref) or src.indices != op.out_indices or op.out not in plan.results:
+        return None
+    producer = next((o for o in plan.ops if o.out == src.name), None)
+    shape = plan.shapes.get(src.name)
+    if producer is None or shape is None or None in shape or not _dense_result(plan, op.out):
+        return None
+    # the source is handed on dense: a dense result, or a temporary computed whole
+    if src.name in plan.results:
+        return src.name if _dense_result(plan, src.name) else None
+    return src.name if _computed_whole(plan, producer) else None
+
+
+def _dense_result(plan, name: str) -> bool:
+    decision = plan.formats.get(name)
+    return decision is not None and all(lv == "dense" for lv in decision.levels)
+
+
+def _without_copies(plan) -> list[tuple[Any, tuple, dict | None]]:
+    """The plan's top-level subtrees as pieces ``(node, ops, temporaries)``,
+    each whole-result copy (:func:`copy_source`) of a result or of a
+    temporary read outside its group taken out of the group as a piece of
+    its own, ``(None, (op,), None)``, after the rest of the group (re-fused
+    by :func:`_refused`).  A group that cannot be re-fused keeps its copies."""
+    out: list = []
+    for node in plan.tree.children:
+        ops = tuple(ops_under(node))
+        # only copies of what is stored whole anyway: a result, or a temporary
+        # read outside the group (taking out another copy would store its
+        # source whole where the group now keeps a row or a scalar of it)
+        outside = {r.name for o in plan.ops if o not in ops and copy_source(plan, o) is None for r in o.refs}
+        copies = [o for o in ops if copy_source(plan, o) in outside | set(plan.results)]
+        rest = [o for o in ops if o not in copies]
+        pieces = (_refused(plan, rest) if rest else []) if copies else None
+        if pieces is None:
+            out.append((node, ops, None))
+        else:
+            out += [*pieces, *((None, (o,), None) for o in copies)]
+    return out
+
+
 def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     """The plan's top-level subtrees as ``(node, ops, temporaries)``, a group
     split by :func:`_template_head` replaced by its head and its tail (the
@@ -595,7 +664,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     and its tail."""
     available = set(plan.inputs)
     out: list = []
-    todo = [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
+    todo = _without_copies(plan)
     while todo:
         node, ops, temps = todo.pop(0)
         whole = len(ops) < 2 or _routes_whole(plan, ops, available)
@@ -675,6 +744,9 @@ def split_groups(plan) -> tuple[Group, ...]:
     for n, (node, ops, temps) in enumerate(pieces):
         outs = tuple(dict.fromkeys([op.out for op in ops if op.out in plan.results]
                                    + sorted(later_reads[n])))
+        if node is None:  # a whole-result copy (_without_copies)
+            groups.append(Group(node, ops, outs, "copy"))
+            continue
         found = None
         if len(outs) == 1 and plan.shapes.get(outs[0]) is not None and None not in plan.shapes[outs[0]]:
             found = _head_route(plan, ops, outs[0], set(infos) | set(produced_in))
@@ -694,8 +766,8 @@ def lower_groups(plan):
     be split)."""
     from spfuse.lowering.templates import TemplateMatch
     groups = split_groups(plan)
-    if all(g.kernel == "generic" for g in groups):
-        return None
+    if all(g.kernel in ("generic", "copy") for g in groups):
+        return None  # the whole-plan generic executor: one call, copies in its loops
     roles = {}
     for g in groups:
         if g.kernel == "gemm":
@@ -704,7 +776,7 @@ def lower_groups(plan):
             roles[g.names[0]] = "csr"
         elif g.on_pattern is not None:
             roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
-        elif g.kernel != "generic":
+        elif g.kernel not in ("generic", "copy"):
             from spfuse.lowering.templates import SIGNATURES
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
@@ -738,11 +810,13 @@ def _checked_in_kernel(plan, groups) -> frozenset:
 
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
     """Run ``groups`` in order, passing crossing temporaries as dense operands."""
-    from spfuse.lowering.looptree import UnrealizableMask
-    from spfuse.tensor import Tensor
     env = dict(tensors)
-    out = {}
+    out: dict[str, Any] = {}
+    arrays: dict[str, np.ndarray] = {}   # crossing temporaries' dense arrays, for the copies
     for g in groups:
+        if g.kernel == "copy":
+            out[g.outputs[0]] = _copied(g.ops[0].refs[0].name, out, arrays, env)
+            continue
         try:
             if g.on_pattern is not None:
                 values = run_pattern_group(g.on_pattern, env, plan.shapes)
@@ -764,10 +838,23 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 dense = v.todense() if isinstance(v, Tensor) else v
                 dense = np.asarray(dense)
                 # (ascontiguousarray would make a 0-d temporary 1-d)
-                dense = np.ascontiguousarray(dense).reshape(dense.shape)
+                dense = arrays[name] = np.ascontiguousarray(dense).reshape(dense.shape)
                 fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
                 env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
+
+
+def _copied(src: str, out: Mapping, arrays: dict, env: Mapping) -> np.ndarray:
+    """A copy group's result: the crossing temporary ``src``'s dense array
+    itself (made fresh this call and read nowhere else once the groups have
+    run), or a copy of a result's (the caller gets both)."""
+    if src in out:
+        v = out[src]
+        return np.array(v.todense() if isinstance(v, Tensor) else v)
+    if src in arrays:
+        return arrays.pop(src)   # (a second copy of it is a copy)
+    v = env[src]   # not expected: a copy's source is read dense (copy_source)
+    return np.array(v.todense() if isinstance(v, Tensor) else v)
 
 
 def _checked_pattern(route: Route, factor: str) -> bool:
@@ -788,7 +875,6 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     """Run a template group as its :class:`Route` says; None when merged
     factors turn out to store different patterns (the caller then runs the
     group on the generic executor)."""
-    from spfuse.lowering.templates import _run_einsum
     r, ein = g.route, g.einsum
     assert r is not None and ein is not None  # a routed group
     name = g.outputs[0]
@@ -830,7 +916,7 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     if g.kernel == "gemm":
         value = _run_gemm(g.names, shape, local, nt)
     else:
-        value = _run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
+        value = templates._run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
                             nt)
     if r.out_swapped:
         value = np.ascontiguousarray(value.T) if isinstance(value, np.ndarray) else value.T
@@ -869,7 +955,6 @@ def _transposed(t):
     """A matrix operand's transpose as a kernel reads it: CSR through the
     remembered transposed pattern, dense as a C-ordered copy."""
     from spfuse.lowering.transposes import transposed_csr
-    from spfuse.tensor import Tensor
     if not t.format.is_dense:
         return transposed_csr(t)
     return Tensor.from_numpy(np.ascontiguousarray(np.asarray(t.todense()).T))
@@ -893,13 +978,12 @@ def _subplan(plan, g: Group):
 
 
 def _run_generic(plan, tensors, nt: int) -> dict:
-    from spfuse.lowering.looptree import lower_cached
-    from spfuse.lowering.templates import PARALLEL_MIN_WORK
-    from spfuse.runtime import looptree as lt
-    work = sum(t.values.size for t in tensors.values()) + sum(
-        prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+    if nt > 1:
+        work = sum(t.values.size for t in tensors.values()) + sum(
+            prod(e or 0 for e in plan.shapes[r]) for r in plan.results)
+        nt = nt if work >= templates.PARALLEL_MIN_WORK else 1
     lowered = lower_cached(plan, tensors)
-    return lowered.results(lt.run(lowered.plan, num_threads=nt if work >= PARALLEL_MIN_WORK else 1))
+    return lowered.results(lt.run(lowered.plan, num_threads=nt))
 
 
 def _run_unpropagated(plan, tensors, nt: int) -> dict:

@@ -177,11 +177,16 @@ def _dense_view(t, dtype) -> np.ndarray:
     """A dense tensor as an ndarray in its logical mode order: a view of its
     storage (transposed when stored in another mode order, as a Fortran
     array is), copied only to change the dtype."""
-    if not t.format.is_dense:
+    fmt = t.format
+    if not fmt.is_dense:
         return np.asarray(t.todense(), dtype=dtype)
-    order = t.format.mode_order
-    a = _as(t.values, dtype).reshape(tuple(t.shape[m] for m in order))
-    return a if t.format.is_identity_order else a.transpose(np.argsort(order))
+    values = t.values
+    if values.dtype != dtype:
+        values = values.astype(dtype)
+    if fmt.is_identity_order:  # (the common case, per kernel operand per call)
+        return values.reshape(t.shape)
+    order = fmt.mode_order
+    return values.reshape(tuple(t.shape[m] for m in order)).transpose(np.argsort(order))
 
 
 def _dense(t, dtype) -> np.ndarray:
@@ -211,10 +216,17 @@ def _csf(t, itype, dtype):
     return arrs + [_as(t.values, dtype)]
 
 
+_F32, _F64, _I32, _I64 = (np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64))
+
+
 def _types(tensors):
     """One value dtype and one index dtype for every array of a kernel call."""
-    dtype = np.dtype(np.float32) if all(t.dtype == np.float32 for t in tensors) else np.dtype(np.float64)
-    itype = np.dtype(np.int64) if any(t.index_dtype == np.int64 for t in tensors) else np.dtype(np.int32)
+    dtype, itype = _F32, _I32   # (compared with dtype objects: per kernel call, no conversions)
+    for t in tensors:
+        if t.dtype != _F32:
+            dtype = _F64
+        if t.index_dtype == _I64:
+            itype = _I64
     return itype, dtype
 
 
@@ -226,6 +238,8 @@ PARALLEL_MIN_WORK = 100_000
 
 
 def _threads(ts, nt: int) -> int:
+    if nt == 1:
+        return 1
     return nt if sum(t.values.size for t in ts) >= PARALLEL_MIN_WORK else 1
 
 

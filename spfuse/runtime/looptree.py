@@ -1267,25 +1267,30 @@ class _Lowerer:
     def block_ok(node: _LoopNode) -> bool:
         """May this loop run in blocks (see ``_looptree.pyx``, block mode)?
 
-        Its body must be statements only, none reading a buffer written in
-        the body, no buffer written by two statements: then evaluating each
-        statement over a block of iterations is bitwise the same as
-        interpreting iteration by iteration."""
+        Its body must be statements only, no buffer written by two
+        statements, and a buffer written in the body read only by a later
+        statement at the element the same iteration wrote (the same
+        reference, moving with this loop: ``H[i,h] = relu(T[i,h]); S[i,h] =
+        H[i,h]``).  Block mode runs each statement over the whole block,
+        storing before the next statement starts, so evaluating statement
+        by statement is then bitwise the same as interpreting iteration by
+        iteration."""
         if not node.children or not all(isinstance(c, _StmtNode) for c in node.children):
             return False
-        written: list = []
-        for c in node.children:
+        written: dict = {}   # buffer id -> (position in the body, target)
+        for k, c in enumerate(node.children):
             t = c.target
-            if isinstance(t, BufferRef):
-                written.append(t.buffer.id)
-            elif isinstance(t, PatternOutput):
-                written.append(t.buffer.id)
-        if len(set(written)) != len(written):
-            return False
-        for c in node.children:
+            if isinstance(t, (BufferRef, PatternOutput)):
+                if t.buffer.id in written:
+                    return False
+                written[t.buffer.id] = (k, t)
+        for k, c in enumerate(node.children):
             for leaf in _expr_leaves(c.expr, []):
                 if isinstance(leaf, BufferRef) and leaf.buffer.id in written:
-                    return False
+                    at, target = written[leaf.buffer.id]
+                    if not (at < k and isinstance(target, BufferRef) and target.vars == leaf.vars
+                            and target.strides().get(node.var, 0) != 0):
+                        return False
         return True
 
     def check_bound_access(self, a: Access, depth: list, verb: str) -> None:
@@ -1505,6 +1510,9 @@ def without_arrays(plan: LoopTreePlan) -> LoopTreePlan:
 _PROGRAM_KEY = "_program_"
 #: ... under these names (one per executor index type)
 _PROGRAM_KEYS = tuple(_PROGRAM_KEY + ex.INDEX_DTYPE.name for ex in (_looptree, _looptree32))
+#: executor module -> its key (``dtype.name`` costs microseconds per call)
+_PROGRAM_KEY_OF = {ex: key for ex, key in zip((_looptree, _looptree32), _PROGRAM_KEYS, strict=True)}
+_INT32 = np.dtype(np.int32)
 
 
 def _executor(plan: LoopTreePlan):
@@ -1512,7 +1520,7 @@ def _executor(plan: LoopTreePlan):
     every array is int32 (no widening copy), else the int64 one (which
     widens the int32 arrays)."""
     arrays = plan.index_arrays
-    if arrays and all(a.dtype == np.int32 for a in arrays):
+    if arrays and all(a.dtype == _INT32 for a in arrays):
         return _looptree32
     return _looptree
 
@@ -1524,7 +1532,7 @@ def _program(plan: LoopTreePlan, blocks: bool):
     if not blocks:
         return ex._Program(plan, False)
     structure = plan.__dict__.get("_structure", plan)
-    key = _PROGRAM_KEY + ex.INDEX_DTYPE.name
+    key = _PROGRAM_KEY_OF[ex]
     base = structure.__dict__.get(key)
     if base is None:
         base = ex._Program(structure, True)
