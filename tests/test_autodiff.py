@@ -292,6 +292,8 @@ def test_zero_size_and_empty_rows(rng):
 @given(seed=st.integers(0, 2**32 - 1), zero_size=st.booleans(), density=st.sampled_from([0.0, 0.3, 0.8]))
 # a hoisted min(m, where(A[m], 3.0, 0.25)) whose every use simplified away
 @example(seed=764443205, zero_size=True, density=0.0)
+# a dense operand read across a sparse pattern (C[j,i] beside D[j]) in a pattern-route group
+@example(seed=90, zero_size=False, density=0.3)
 def test_random_programs_match_torch(seed, zero_size, density):
     rng = np.random.default_rng(seed)
     program, shapes = random_program(rng, n_statements=(1, 2), max_depth=3, max_ndim=2, max_extent=4,

@@ -136,6 +136,18 @@ def test_not_restricted_to_the_pattern_stays_generic():
     np.testing.assert_allclose(_dense(spfuse.evaluate(program, **ops)), dense_reference(program, ops), rtol=1e-12)
 
 
+def test_a_dense_operand_read_across_the_pattern_stays_generic():
+    """``D[j,i]`` at an entry (i, j) of the pattern is not a row of D: the
+    route gathers only ``D[i,j]``, ``w[j]`` and ``m[i]``, so this group runs on
+    the generic executor (the route indexed D[i,j] and went out of bounds)."""
+    ops = _operands(np.random.default_rng(11), 5, 3, 0.6, full_rows=True)
+    ops["D"] = np.random.default_rng(12).standard_normal((3, 5))
+    program = "Y[i,j] = A[i,j] * S[i,j] * D[j,i] + G[i,j]"
+    ops = {name: ops[name] for name in ("A", "S", "D", "G")}
+    assert "pattern" not in _kernels(program, ops)
+    np.testing.assert_allclose(_dense(spfuse.evaluate(program, **ops)), dense_reference(program, ops), rtol=1e-12)
+
+
 def test_inputs_are_not_mutated():
     ops = _operands(np.random.default_rng(8), 9, 9, 0.5, full_rows=True)
     ops = {name: ops[name] for name in ("A", "S", "G", "m", "g")}

@@ -136,6 +136,8 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
             if a.name not in produced and (info is None and plan.shapes.get(a.name) is None
                                            or info is not None and info.is_sparse):
                 return None
+            if tuple(a.indices) not in {(), (rows,), (cols,), (rows, cols)}:
+                return None  # a dense operand read across the pattern (D[j,i]): gathered as the executor does
         if wide:
             cm = _mask(plan, op, cols)
             if cm is None or not all(_pattern_atoms(plan, t, sparse, rows, cols, 1) for t in cm.terms):
