@@ -763,6 +763,7 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
     cdef double* acc
     cdef unsigned char* flag
     cdef int failed = 0
+    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m <= 0 or mip[m] == mip[0]:
         return
     cdef _Workspaces ws = _Workspaces(num_threads, 2)
@@ -796,6 +797,12 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
                     for q in range(aip[i], aip[i + 1]):
                         j = aind[q]
                         v = aval[q]
+                        # software pipeline over A's entries (contiguous across rows), as
+                        # spgemm_numeric: B's row pointer of q+3, B's row of q+2
+                        if q + 3 < annz:
+                            SPFUSE_PREFETCH_R(&bip[aind[q + 3]])
+                        if q + 2 < annz:
+                            SPFUSE_PREFETCH_R(&bind[bip[aind[q + 2]]])
                         for p in range(bip[j], bip[j + 1]):
                             k = bind[p]
                             if flag[k]:
@@ -845,6 +852,7 @@ def masked_spgemm_dot(const index_t[::1] m_indptr, const index_t[::1] m_indices,
     cdef double* row
     cdef unsigned char* flag
     cdef int failed = 0
+    cdef Py_ssize_t mnnz = mip[m] if m > 0 else 0
     if m <= 0 or mip[m] == mip[0]:
         return
     cdef _Workspaces ws = _Workspaces(num_threads, 2)
@@ -882,6 +890,9 @@ def masked_spgemm_dot(const index_t[::1] m_indptr, const index_t[::1] m_indices,
                         flag[aind[q]] = 1
                     for p in range(mip[i], mip[i + 1]):
                         k = mind[p]
+                        if p + 2 < mnnz:   # the Bᵀ row two entries ahead (rows are random)
+                            SPFUSE_PREFETCH_R(&bind[bip[mind[p + 2]]])
+                            SPFUSE_PREFETCH_R(&bval[bip[mind[p + 2]]])
                         sacc = 0.0
                         any_hit = 0
                         for q in range(bip[k], bip[k + 1]):
