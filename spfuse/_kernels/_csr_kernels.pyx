@@ -252,6 +252,15 @@ cdef inline void* _ws_get(void** ws, int k, int slot, size_t nbytes) noexcept no
     return mine[0]
 
 
+cdef inline void* _ws_zeroed(void** ws, int k, int slot, size_t nbytes) noexcept nogil:
+    """The calling thread's workspace ``slot``, calloc'ed (zeroed) on first
+    use: a caller that leaves it zeroed after each row never clears it whole."""
+    cdef void** mine = ws + <Py_ssize_t>omp_get_thread_num() * k + slot
+    if mine[0] == NULL:
+        mine[0] = calloc(nbytes, 1)
+    return mine[0]
+
+
 cdef inline void** _ws_slot(void** ws, int k, int slot) noexcept nogil:
     """Address of the calling thread's workspace ``slot`` (of ``k`` per thread)."""
     return ws + <Py_ssize_t>omp_get_thread_num() * k + slot
@@ -778,10 +787,7 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
         nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
             acc = <double*>_ws_get(wsp, 2, 0, n_cols * sizeof(double))
-            flag = <unsigned char*>_ws_slot(wsp, 2, 1)[0]
-            if flag == NULL:   # zeroed once per thread; each row leaves it zeroed
-                flag = <unsigned char*>calloc(n_cols + 1, 1)
-                _ws_slot(wsp, 2, 1)[0] = flag
+            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, n_cols + 1)   # each row leaves it zeroed
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL or flag == NULL:
                     failed += 1
@@ -868,14 +874,9 @@ def masked_spgemm_dot(const index_t[::1] m_indptr, const index_t[::1] m_indices,
         c1 = _split(mip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            row = <double*>_ws_slot(wsp, 2, 0)[0]
-            if row == NULL:   # zeroed once per thread; each row leaves them zeroed
-                row = <double*>calloc(n_inner + 1, sizeof(double))
-                _ws_slot(wsp, 2, 0)[0] = row
-            flag = <unsigned char*>_ws_slot(wsp, 2, 1)[0]
-            if flag == NULL:
-                flag = <unsigned char*>calloc(n_inner + 1, 1)
-                _ws_slot(wsp, 2, 1)[0] = flag
+            # each row leaves both zeroed
+            row = <double*>_ws_zeroed(wsp, 2, 0, (n_inner + 1) * sizeof(double))
+            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, n_inner + 1)
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if row == NULL or flag == NULL:
                     failed += 1
