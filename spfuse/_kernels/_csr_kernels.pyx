@@ -98,7 +98,7 @@ cdef extern from *:
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
     "spmv", "spmv_t", "spmm", "sddmm", "scale",
-    "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm", "masked_spgemm_dot",
+    "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
 ]
@@ -735,29 +735,103 @@ cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept n
     return sv[0] != NULL and sb[0] != NULL and sw[0] != NULL
 
 
+cdef inline void _masked_row_saxpy(Py_ssize_t i, const index_t* mip, const index_t* mind, const floating* mval,
+                                   const index_t* aip, const index_t* aind, const floating* aval,
+                                   const index_t* bip, const index_t* bind, const floating* bval,
+                                   Py_ssize_t annz, double* acc, unsigned char* flag,
+                                   floating* ov, unsigned char* hp) noexcept nogil:
+    """Row ``i`` of :func:`masked_spgemm` with B as CSR: M's row marks its
+    columns, A's row scatters B's rows only there (the flags left zeroed)."""
+    cdef Py_ssize_t p, q
+    cdef index_t j, k
+    cdef double v
+    for p in range(mip[i], mip[i + 1]):
+        flag[mind[p]] = 1
+        acc[mind[p]] = 0.0
+    for q in range(aip[i], aip[i + 1]):
+        j = aind[q]
+        v = aval[q]
+        # software pipeline over A's entries (contiguous across rows), as
+        # spgemm_numeric: B's row pointer of q+3, B's row of q+2
+        if q + 3 < annz:
+            SPFUSE_PREFETCH_R(&bip[aind[q + 3]])
+        if q + 2 < annz:
+            SPFUSE_PREFETCH_R(&bind[bip[aind[q + 2]]])
+        for p in range(bip[j], bip[j + 1]):
+            k = bind[p]
+            if flag[k]:
+                acc[k] += v * <double>bval[p]
+                flag[k] = 2
+    for p in range(mip[i], mip[i + 1]):
+        k = mind[p]
+        hp[p] = flag[k] == 2
+        ov[p] = <floating>(<double>mval[p] * acc[k]) if flag[k] == 2 else 0
+        flag[k] = 0
+
+
+cdef inline void _masked_row_dot(Py_ssize_t i, const index_t* mip, const index_t* mind, const floating* mval,
+                                 const index_t* aip, const index_t* aind, const floating* aval,
+                                 const index_t* bip, const index_t* bind, const floating* bval,
+                                 Py_ssize_t mnnz, double* row, unsigned char* flag,
+                                 floating* ov, unsigned char* hp) noexcept nogil:
+    """Row ``i`` of :func:`masked_spgemm` with B given as the CSR of Bᵀ: A's
+    row scattered dense, gathered at Bᵀ's row per stored mask entry (the
+    dense row and flags left zeroed)."""
+    cdef Py_ssize_t p, q
+    cdef index_t k
+    cdef double sacc
+    cdef unsigned char any_hit
+    for q in range(aip[i], aip[i + 1]):
+        row[aind[q]] = aval[q]
+        flag[aind[q]] = 1
+    for p in range(mip[i], mip[i + 1]):
+        k = mind[p]
+        if p + 2 < mnnz:   # the Bᵀ row two entries ahead (rows are random)
+            SPFUSE_PREFETCH_R(&bind[bip[mind[p + 2]]])
+            SPFUSE_PREFETCH_R(&bval[bip[mind[p + 2]]])
+        sacc = 0.0
+        any_hit = 0
+        for q in range(bip[k], bip[k + 1]):
+            # (selected, not multiplied by a zero: inf or nan in B where A
+            # stores nothing must not reach the sum)
+            sacc = sacc + spfuse_select(flag[bind[q]], row[bind[q]] * <double>bval[q], 0.0)
+            any_hit = any_hit | flag[bind[q]]
+        hp[p] = any_hit
+        ov[p] = <floating>(<double>mval[p] * sacc) if any_hit else 0
+    for q in range(aip[i], aip[i + 1]):
+        row[aind[q]] = 0.0
+        flag[aind[q]] = 0
+
+
 def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, const floating[::1] m_data,
                   const index_t[::1] a_indptr, const index_t[::1] a_indices, const floating[::1] a_data,
                   const index_t[::1] b_indptr, const index_t[::1] b_indices, const floating[::1] b_data,
-                  Py_ssize_t n_cols, floating[::1] out_data, unsigned char[::1] hit, int num_threads):
-    """masked_spgemm(m_indptr, m_indices, m_data, a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, n_cols, out_data, hit, num_threads)
+                  Py_ssize_t width, floating[::1] out_data, unsigned char[::1] hit, int num_threads,
+                  bint b_transposed=False):
+    """masked_spgemm(m_indptr, m_indices, m_data, a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, width, out_data, hit, num_threads, b_transposed=False)
 
-    ``C = M ∘ (A @ B)`` on M's pattern (masked Gustavson): for each stored
-    ``p`` of row ``i`` of CSR ``M`` (m x n_cols), ``k = m_indices[p]``,
-    ``out_data[p] = m_data[p] * sum_j A[i, j] * B[j, k]`` and ``hit[p] = 1``
-    when some stored ``A[i, j]`` meets a stored ``B[j, k]`` (else ``out_data[p]
-    = 0``, ``hit[p] = 0``: the caller drops those entries, as the product
-    stores none there).  Row i marks M's columns in a thread-private flag
-    per column, then scatters the products of A's row with B's rows into a
-    double accumulator where the flag is set: O(flops) tests, no assembly of
-    ``A @ B``.  Sums in the order of A's row then B's row, independent of
-    threads.  Preconditions: canonical CSR operands with A (m x n), B
-    (n x n_cols), ``len(out_data) == len(hit) == nnz(M)``.
-    Workspace per thread: 9 bytes per column.
+    ``C = M ∘ (A @ B)`` on M's pattern: for each stored ``p`` of row ``i`` of
+    CSR ``M``, ``k = m_indices[p]``, ``out_data[p] = m_data[p] * sum_j A[i, j]
+    * B[j, k]`` over the ``j`` where A and B both store an entry, and
+    ``hit[p] = 1`` when there is one (else ``out_data[p] = 0``, ``hit[p] = 0``:
+    the caller drops those entries, as the product stores none there).
+
+    * ``b_transposed`` False: B is CSR and ``width`` its column count.
+      Masked Gustavson: M's row marks its columns in a thread-private flag
+      per column, A's row scatters B's rows into a double accumulator where
+      the flag is set: O(flops) tests, ``A @ B`` never assembled.  Sums in the
+      order of A's row then B's row.
+    * ``b_transposed`` True: ``b_*`` is the CSR of ``Bᵀ`` (a CSC ``B``) and
+      ``width`` A's column count.  A's row is scattered into a thread-private
+      dense row; each mask entry gathers it at Bᵀ's row (branch-free, no
+      merge).  Sums in the order of Bᵀ's row.
+
+    Independent of threads.  Preconditions: canonical CSR operands with
+    ``len(out_data) == len(hit) == nnz(M)``.  Workspace per thread: 9 bytes
+    per column of the dense row.
     """
     cdef Py_ssize_t m = m_indptr.shape[0] - 1
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q
-    cdef index_t j, k
-    cdef double v
+    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1
     cdef const index_t* mip = &m_indptr[0]
     cdef const index_t* mind = _iptr(m_indices)
     cdef const floating* mval = _fptr(m_data)
@@ -769,145 +843,45 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
     cdef const floating* bval = _fptr(b_data)
     cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
     cdef unsigned char* hp = &hit[0] if hit.shape[0] > 0 else NULL
-    cdef double* acc
+    # blocks balanced by the rows' scatter (A) or their mask entries (M)
+    cdef const index_t* wp = mip if b_transposed else aip
+    cdef double* dense
     cdef unsigned char* flag
     cdef int failed = 0
-    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m <= 0 or mip[m] == mip[0]:
         return
+    cdef Py_ssize_t annz = aip[m], mnnz = mip[m]
     cdef _Workspaces ws = _Workspaces(num_threads, 2)
     cdef void** wsp = ws.ptr
     nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 4.0)
-                     + 4.0 * <double>(mip[m] - mip[0]), num_threads, m)
+                     + 4.0 * <double>(mnnz - mip[0]), num_threads, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
-        c0 = _split(aip, m, ch, nch)
-        c1 = _split(aip, m, ch + 1, nch)
+        c0 = _split(wp, m, ch, nch)
+        c1 = _split(wp, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            acc = <double*>_ws_get(wsp, 2, 0, n_cols * sizeof(double))
-            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, n_cols + 1)   # each row leaves it zeroed
+            # zeroed on first use; every row leaves them zeroed
+            dense = <double*>_ws_zeroed(wsp, 2, 0, (width + 1) * sizeof(double))
+            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, width + 1)
             for b in prange(nb, schedule="dynamic", chunksize=1):
-                if acc == NULL or flag == NULL:
+                if dense == NULL or flag == NULL:
                     failed += 1
                     continue
-                r0 = _sub(aip, c0, c1, b, nb)
-                r1 = _sub(aip, c0, c1, b + 1, nb)
+                r0 = _sub(wp, c0, c1, b, nb)
+                r1 = _sub(wp, c0, c1, b + 1, nb)
                 for i in range(r0, r1):
                     if mip[i] == mip[i + 1]:
                         continue
-                    for p in range(mip[i], mip[i + 1]):
-                        flag[mind[p]] = 1
-                        acc[mind[p]] = 0.0
-                    for q in range(aip[i], aip[i + 1]):
-                        j = aind[q]
-                        v = aval[q]
-                        # software pipeline over A's entries (contiguous across rows), as
-                        # spgemm_numeric: B's row pointer of q+3, B's row of q+2
-                        if q + 3 < annz:
-                            SPFUSE_PREFETCH_R(&bip[aind[q + 3]])
-                        if q + 2 < annz:
-                            SPFUSE_PREFETCH_R(&bind[bip[aind[q + 2]]])
-                        for p in range(bip[j], bip[j + 1]):
-                            k = bind[p]
-                            if flag[k]:
-                                acc[k] += v * <double>bval[p]
-                                flag[k] = 2
-                    for p in range(mip[i], mip[i + 1]):
-                        k = mind[p]
-                        hp[p] = flag[k] == 2
-                        ov[p] = <floating>(<double>mval[p] * acc[k]) if flag[k] == 2 else 0
-                        flag[k] = 0
+                    if b_transposed:
+                        _masked_row_dot(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, mnnz,
+                                        dense, flag, ov, hp)
+                    else:
+                        _masked_row_saxpy(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, annz,
+                                          dense, flag, ov, hp)
     if failed:
         raise MemoryError("masked_spgemm: no memory for a thread's workspace")
-
-
-def masked_spgemm_dot(const index_t[::1] m_indptr, const index_t[::1] m_indices, const floating[::1] m_data,
-                      const index_t[::1] a_indptr, const index_t[::1] a_indices, const floating[::1] a_data,
-                      const index_t[::1] bt_indptr, const index_t[::1] bt_indices, const floating[::1] bt_data,
-                      Py_ssize_t n_inner, floating[::1] out_data, unsigned char[::1] hit, int num_threads):
-    """masked_spgemm_dot(m_indptr, m_indices, m_data, a_indptr, a_indices, a_data, bt_indptr, bt_indices, bt_data, n_inner, out_data, hit, num_threads)
-
-    :func:`masked_spgemm` with ``B`` given by the CSR of ``Bᵀ`` (a CSC ``B``):
-    a dot per stored mask entry.  Row ``i`` of A is scattered into a
-    thread-private dense row (values and a flag per inner index); each
-    stored ``p`` of M's row ``i``, ``k = m_indices[p]``, then gathers that
-    row at Bᵀ's row ``k``: ``out_data[p] = m_data[p] * sum_j A[i, j] *
-    B[j, k]``, ``hit[p]`` whether some stored ``A[i, j]`` meets a stored
-    ``B[j, k]``.  Branch-free gathers instead of a merge per entry; sums in
-    the order of Bᵀ's row.  Preconditions as :func:`masked_spgemm`, with
-    ``Bᵀ`` (n_cols x n_inner).  Workspace per thread: 9 bytes per inner index.
-    """
-    cdef Py_ssize_t m = m_indptr.shape[0] - 1
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q
-    cdef index_t k
-    cdef double sacc
-    cdef unsigned char any_hit
-    cdef const index_t* mip = &m_indptr[0]
-    cdef const index_t* mind = _iptr(m_indices)
-    cdef const floating* mval = _fptr(m_data)
-    cdef const index_t* aip = &a_indptr[0]
-    cdef const index_t* aind = _iptr(a_indices)
-    cdef const floating* aval = _fptr(a_data)
-    cdef const index_t* bip = &bt_indptr[0]
-    cdef const index_t* bind = _iptr(bt_indices)
-    cdef const floating* bval = _fptr(bt_data)
-    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
-    cdef unsigned char* hp = &hit[0] if hit.shape[0] > 0 else NULL
-    cdef double* row
-    cdef unsigned char* flag
-    cdef int failed = 0
-    cdef Py_ssize_t mnnz = mip[m] if m > 0 else 0
-    if m <= 0 or mip[m] == mip[0]:
-        return
-    cdef _Workspaces ws = _Workspaces(num_threads, 2)
-    cdef void** wsp = ws.ptr
-    # work: a gather per entry of each masked Bᵀ row, plus A's row scatter
-    nch = num_chunks(4.0 * <double>(mip[m] - mip[0]) * (<double>(bip[bt_indptr.shape[0] - 1] - bip[0] + 1)
-                                                        / <double>(bt_indptr.shape[0]))
-                     + 4.0 * <double>(aip[m] - aip[0] + m), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(mip, m, ch, nch)
-        c1 = _split(mip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            # each row leaves both zeroed
-            row = <double*>_ws_zeroed(wsp, 2, 0, (n_inner + 1) * sizeof(double))
-            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, n_inner + 1)
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if row == NULL or flag == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(mip, c0, c1, b, nb)
-                r1 = _sub(mip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    if mip[i] == mip[i + 1]:
-                        continue
-                    for q in range(aip[i], aip[i + 1]):
-                        row[aind[q]] = aval[q]
-                        flag[aind[q]] = 1
-                    for p in range(mip[i], mip[i + 1]):
-                        k = mind[p]
-                        if p + 2 < mnnz:   # the Bᵀ row two entries ahead (rows are random)
-                            SPFUSE_PREFETCH_R(&bind[bip[mind[p + 2]]])
-                            SPFUSE_PREFETCH_R(&bval[bip[mind[p + 2]]])
-                        sacc = 0.0
-                        any_hit = 0
-                        for q in range(bip[k], bip[k + 1]):
-                            # (selected, not multiplied by a zero: inf or nan in B where A
-                            # stores nothing must not reach the sum)
-                            sacc = sacc + spfuse_select(flag[bind[q]], row[bind[q]] * <double>bval[q], 0.0)
-                            any_hit = any_hit | flag[bind[q]]
-                        hp[p] = any_hit
-                        ov[p] = <floating>(<double>mval[p] * sacc) if any_hit else 0
-                    for q in range(aip[i], aip[i + 1]):
-                        row[aind[q]] = 0.0
-                        flag[aind[q]] = 0
-    if failed:
-        raise MemoryError("masked_spgemm_dot: no memory for a thread's workspace")
 
 
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,

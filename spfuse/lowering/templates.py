@@ -368,8 +368,9 @@ def _run_masked_spgemm(kernel, ts, itype, dtype, out_shape, nt):
     m = _csr(M, itype, dtype)
     outv = np.empty(len(m[2]), dtype)
     hit = np.empty(len(m[2]), np.uint8)
-    width = out_shape[1] if kernel == "masked_spgemm" else ts[1].shape[1]   # the dense workspace's
-    getattr(csr, kernel)(*m, *_csr(ts[1], itype, dtype), *_csr(ts[2], itype, dtype), width, outv, hit, nt)
+    dot = kernel == "masked_spgemm_dot"   # B given as the CSR of Bᵀ
+    width = ts[1].shape[1] if dot else out_shape[1]   # the dense workspace's
+    csr.masked_spgemm(*m, *_csr(ts[1], itype, dtype), *_csr(ts[2], itype, dtype), width, outv, hit, nt, dot)
     if hit.all():
         return M._with_kernel_values(outv)
     keep = np.flatnonzero(hit)
