@@ -407,3 +407,40 @@ def test_masked_spgemm_keeps_its_operands_in_their_storage_order():
     plan = spfuse.compile("C[i,k] = M[i,k] * (A[i,j] * B[j,k])").plans(M=M, A=A, B=B)["auto"]
     assert not any("converted per call" in d for d in plan.decisions)
     assert _checks("C[i,k] = M[i,k] * (A[i,j] * B[j,k])", M=M, A=A, B=B)[0] == "masked_spgemm"
+
+
+# -- row and column maxima / minima --------------------------------------------
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.sampled_from(["y[i] = max(j, A[i,j])", "y[j] = max(i, A[i,j])", "y[i] = min(j, A[i,j])",
+                                "y[j] = min(i, A[i,j])"]),
+       n=st.sampled_from([1, 2, 9, 60]), m=st.sampled_from([1, 3, 40]), density=st.sampled_from([0.0, 0.2, 1.0]),
+       fmt=st.sampled_from(["csr", "csc"]), dtype=st.sampled_from([np.float64, np.float32]),
+       specials=st.booleans(), blocks=st.sampled_from([1, 2, 3]), seed=st.integers(0, 2**16))
+def test_extrema_kernels_give_the_executors_bits(program, n, m, density, fmt, dtype, specials, blocks, seed):
+    """Row / column maxima and minima (implicit zeros included) on the row
+    kernel or the fixed-block column scatter, in both storage orders: the
+    generic executor's result bit for bit -- NaN kept once met, the first of
+    equal values (signed zeros) kept -- on 1 and 2 threads, and numpy's
+    values."""
+    from spfuse.lowering import templates
+    from spfuse.runtime import looptree as lt
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
+    A.data = rng.standard_normal(A.nnz)
+    if specials and A.nnz:
+        A.data[rng.random(A.nnz) < 0.3] = rng.choice([np.nan, np.inf, -np.inf, 0.0, -0.0])
+    A = A.astype(dtype).asformat(fmt)
+    with pytest.MonkeyPatch.context() as patch:   # (undone after each example)
+        patch.setattr(lt, "reduction_block_count", lambda entries, cells: blocks)
+        got = [spfuse.evaluate(program, A=A, num_threads=t) for t in (1, 2)]
+    np.testing.assert_array_equal(got[0].view(np.uint8), got[1].view(np.uint8))
+    if n >= 60 and m >= 40:   # (a tiny reduction may be planned otherwise)
+        assert _checks(program, A=A)[0].split("_")[0] in ("row", "col")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(templates, "_match_extremum", lambda plan, infos: None)
+        generic = spfuse.evaluate(program, A=A)
+    np.testing.assert_array_equal(got[0].view(np.uint8), np.asarray(generic, dtype=got[0].dtype).view(np.uint8))
+    dense = A.toarray().astype(np.float64)
+    want = (np.max if "max" in program else np.min)(dense, axis=1 if program.startswith("y[i]") else 0)
+    np.testing.assert_allclose(got[0], want, rtol=1e-6)

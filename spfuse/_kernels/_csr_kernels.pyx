@@ -51,6 +51,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
+from libc.math cimport INFINITY
 from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
@@ -97,7 +98,7 @@ cdef extern from *:
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
-    "spmv", "spmv_t", "spmm", "sddmm", "scale",
+    "spmv", "spmv_t", "row_extremum", "col_extremum", "spmm", "sddmm", "scale",
     "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
@@ -444,6 +445,109 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     finally:
         free(accs)
     return -1
+
+
+cdef inline double _extremum(double acc, double v, bint is_min) noexcept nogil:
+    """``acc`` after ``max=`` (``min=``) ``v`` as the executor applies it: a
+    NaN, once met, stays; among equal values the first met stays."""
+    if (v < acc if is_min else v > acc) or v != v:
+        return v
+    return acc
+
+
+def row_extremum(const index_t[::1] indptr, const floating[::1] data, floating[::1] out,
+                 Py_ssize_t n_cols, bint is_min, int num_threads):
+    """row_extremum(indptr, data, out, n_cols, is_min, num_threads)
+
+    ``out[i] = max(j, A[i, j])`` (``min`` with ``is_min``) over all ``n_cols``
+    columns of CSR ``A``: the stored values of row ``i``, and the implicit
+    zeros when the row stores fewer than ``n_cols`` entries (an empty row
+    gives 0).  NaN and ties as the executor's ``max=`` (:func:`_extremum`).
+    Preconditions: canonical A (no duplicates: the count of a row decides
+    its implicit zeros), ``n_cols >= 1``.  Indices are not read.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1, p
+    cdef const index_t* ip = &indptr[0]
+    cdef const floating* val = _fptr(data)
+    cdef floating* op = &out[0] if m > 0 else NULL
+    cdef double acc, start = INFINITY if is_min else -INFINITY
+    cdef Py_ssize_t nch = num_chunks(<double>(ip[m] - ip[0] + m), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        c0 = _split(ip, m, ch, nch)
+        c1 = _split(ip, m, ch + 1, nch)
+        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
+        with nogil:
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, c0, c1, b, nb)
+                r1 = _sub(ip, c0, c1, b + 1, nb)
+                for i in range(r0, r1):
+                    acc = start
+                    for p in range(ip[i], ip[i + 1]):
+                        acc = _extremum(acc, <double>val[p], is_min)
+                    if ip[i + 1] - ip[i] < n_cols:
+                        acc = _extremum(acc, 0.0, is_min)
+                    op[i] = <floating>acc
+
+
+def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+                 floating[::1] out, bint is_min, int nblocks, int num_threads):
+    """col_extremum(indptr, indices, data, out, is_min, nblocks, num_threads)
+
+    ``out[j] = max(i, A[i, j])`` (``min`` with ``is_min``) over all ``m`` rows
+    of CSR ``A`` (m x n, ``len(out) == n``): the stored values of column
+    ``j``, and the implicit zeros when it stores fewer than ``m``.  The rows
+    are cut into ``nblocks`` fixed blocks (as :func:`spmv_t`); each keeps its
+    own extremum and count per column, combined in block order, so NaN and
+    ties come out as the executor's row-order walk gives them, on any thread
+    count.  Preconditions: canonical A with valid indices, ``m >= 1``,
+    ``nblocks >= 1``.  Workspace ``16 * n * nblocks`` bytes.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t n = out.shape[0]
+    cdef Py_ssize_t nch, ch, b, i, j, p, r0, r1, nb = nblocks
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef double acc, start = INFINITY if is_min else -INFINITY
+    cdef Py_ssize_t cnt
+    if nb < 1:
+        raise ValueError(f"col_extremum: nblocks must be >= 1, got {nblocks}")
+    if n == 0:
+        return
+    if nb > m:
+        nb = m if m > 0 else 1
+    cdef double[:, ::1] ext = np.full((nb, n), start)
+    cdef Py_ssize_t[:, ::1] counts = np.zeros((nb, n), dtype=np.intp)
+    cdef double* e
+    cdef Py_ssize_t* c
+    nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m) if m > 0 else 0
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        with nogil:
+            for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
+                r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                e = &ext[b, 0]
+                c = &counts[b, 0]
+                for i in range(r0, r1):
+                    for p in range(ip[i], ip[i + 1]):
+                        j = ind[p]
+                        e[j] = _extremum(e[j], <double>val[p], is_min)
+                        c[j] += 1
+    with nogil:
+        for j in prange(n, schedule="static", num_threads=num_threads):
+            acc = ext[0, j]
+            cnt = counts[0, j]
+            for b in range(1, nb):
+                acc = _extremum(acc, ext[b, j], is_min)
+                cnt = cnt + counts[b, j]
+            if cnt < m:
+                acc = _extremum(acc, 0.0, is_min)
+            out[j] = <floating>acc
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,

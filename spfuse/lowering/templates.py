@@ -383,6 +383,8 @@ _WHY = {
     "spmv": "gather-dot per row",
     "spmv_t": "scatter-axpy per row into fixed blocks' partial results, added in block order",
     "row_sums": "SpMV by ones: a sum per row",
+    "row_extremum": "one pass per stored row, its implicit zeros counted in",
+    "col_extremum": "a scatter per row into fixed blocks' extrema and counts, combined in block order",
     "scale": "d[i]·A[i,j]·e[j] on A's pattern, one pass over its values",
     "scale_rows": "d[i]·A[i,j] on A's pattern, one pass over its values",
     "scale_cols": "A[i,j]·e[j] on A's pattern, one pass over its values",
@@ -463,6 +465,42 @@ def _match_spadd(plan, infos):
     return [r.name for r in refs], np.array(op.coefficients, dtype=np.float64)
 
 
+def _match_extremum(plan, infos):
+    """``(name, along_rows, is_min)`` when the plan is one max/min over one
+    index of a CSR or CSC input, the other index the result's:
+    ``along_rows`` when the reduced index is the one the operand stores
+    within a row of its arrays (row maxima of CSR, column maxima of CSC)."""
+    if len(plan.ops) != 1:
+        return None
+    op = plan.ops[0]
+    if op.reduction not in ("max", "min") or op.operator is not None or len(op.args) != 1 or len(op.reduced) != 1:
+        return None
+    (ref,) = op.args
+    info = infos.get(getattr(ref, "name", None))
+    if (info is None or not info.is_sparse or info.ndim != 2 or info.levels != ("dense", "compressed")
+            or len(set(ref.indices)) != 2 or tuple(op.out_indices) not in ((ref.indices[0],), (ref.indices[1],))):
+        return None
+    inner = ref.indices[info.mode_order[1]]   # the index stored within a row of its arrays
+    return ref.name, op.reduced[0] == inner, op.reduction == "min"
+
+
+def _run_extremum(t, along_rows: bool, is_min: bool, nt: int) -> np.ndarray:
+    """Row or column maxima (minima) of a CSR or CSC matrix, implicit zeros
+    included, on the arrays as stored (a CSC matrix's are the CSR of Aᵀ)."""
+    itype, dtype = _types([t])
+    ip, ix, vals = _csr(t, itype, dtype)
+    nouter, ninner = len(ip) - 1, t.levels[1].size
+    nt = _threads([t], nt)
+    if along_rows:
+        out = np.empty(nouter, dtype)
+        csr.row_extremum(ip, vals, out, ninner, is_min, nt)
+    else:
+        from spfuse.runtime.looptree import reduction_block_count
+        out = np.empty(ninner, dtype)
+        csr.col_extremum(ip, ix, vals, out, is_min, reduction_block_count(len(vals), ninner), nt)
+    return out
+
+
 def _match_sddmm_div(plan, infos):
     ops = plan.ops
     if len(ops) != 2 or len(plan.program.statements) != 1:
@@ -538,6 +576,13 @@ def _match(plan) -> TemplateMatch | None:
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
                         frozenset(names[:1]) if kernel in CHECKS_INDICES else frozenset())
+    ext = _match_extremum(plan, infos)
+    if ext is not None and None not in out_shape:
+        name, along_rows, is_min = ext
+        kernel = ("row_" if along_rows else "col_") + ("min" if is_min else "max")
+        return TemplateMatch(kernel, {name: _kind(infos[name]) if _kind(infos[name]) == "csr" else "csc"},
+                             _WHY["row_extremum" if along_rows else "col_extremum"],
+                             lambda tensors, nt: {result: _run_extremum(tensors[name], along_rows, is_min, nt)})
     add = _match_spadd(plan, infos)
     if add is not None and None not in out_shape:
         names, coef = add
