@@ -6,7 +6,7 @@ Each test makes 10,000 untraced calls and reads RSS after 2,000 and after
 10,000 (growth must stay under ``RSS_BOUND`` -- about 100 bytes a call), then
 traces a further window with tracemalloc (a leak of a few bytes a call shows).
 Programs: SpMV and SDDMM (template kernels), SpGEMM (sparse output), and
-``y[i] = max(j, A[i,j])`` (generic loop-tree executor); plus calls that raise
+``y[i] = max(j, abs(A[i,j]))`` (generic loop-tree executor); plus calls that raise
 half of the time (bad operand, shape mismatch, max over an empty extent).
 """
 import gc
@@ -59,17 +59,17 @@ def _make(name):
         return lambda: spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=B)
     if name == "generic-max":
         small = random_sparse(rng, (8, 6), 0.3, "csr", canonical=False)
-        return lambda: spfuse.evaluate("y[i] = max(j, A[i,j])", A=small, num_threads=1)
+        return lambda: spfuse.evaluate("y[i] = max(j, abs(A[i,j]))", A=small, num_threads=1)
     if name == "raising":
         bad = _bad_csr((30, 20))
         empty = sp.csr_array((4, 0))
         calls = [
             lambda: spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x),
             lambda: spfuse.evaluate("y[i] = A[i,j] * x[j]", A=bad, x=x),            # InvalidOperandError
-            lambda: spfuse.evaluate("y[i] = max(j, A[i,j])", A=A, num_threads=1),
+            lambda: spfuse.evaluate("y[i] = max(j, abs(A[i,j]))", A=A, num_threads=1),
             lambda: spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x[:-1]),         # ProgramError
             lambda: spfuse.evaluate("y[i] = A[i,j] * x[j]", A=A, x=x),
-            lambda: spfuse.evaluate("y[i] = max(j, A[i,j])", A=empty, num_threads=1),  # empty max
+            lambda: spfuse.evaluate("y[i] = max(j, abs(A[i,j]))", A=empty, num_threads=1),  # empty max
         ]
         state = [0]
 
