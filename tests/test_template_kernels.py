@@ -152,6 +152,25 @@ def test_spmv_t(kind, shape, it, dt, blocks, rng):
     np.testing.assert_allclose(got, dense.T @ x.astype(np.float64), **tol(dt))
 
 
+@dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("blocks", [1, 2, 5])
+def test_bilinear(kind, shape, it, dt, blocks, rng):
+    """wᵀ·A·x with the rows summed in fixed blocks: one value on 1 and 2
+    threads; an out-of-range index is reported, never read."""
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    w, x = rng.standard_normal(shape[0]).astype(dt), rng.standard_normal(shape[1]).astype(dt)
+    got = [K.bilinear(ip, ind, val, w, x, blocks, nt) for nt in (1, 2)]
+    assert got[0] == got[1] and got[0][1] == -1
+    want = w.astype(np.float64) @ A.toarray() @ x.astype(np.float64)
+    np.testing.assert_allclose(got[0][0], want, **tol(dt))
+    if len(ind):
+        ind[len(ind) // 2] = shape[1]
+        assert K.bilinear(ip, ind, val, w, x, blocks, 2)[1] == len(ind) // 2
+
+
 @itypes
 @pytest.mark.parametrize("kernel", ["spmv", "spmv_t", "spmm"])
 @pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1])

@@ -98,7 +98,7 @@ cdef extern from *:
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
-    "spmv", "spmv_t", "row_extremum", "col_extremum", "spmm", "sddmm", "scale",
+    "spmv", "spmv_t", "bilinear", "row_extremum", "col_extremum", "spmm", "sddmm", "scale",
     "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
     "sddmm_spmm", "spmm_gemm", "sddmm_spmm_gemm",
@@ -445,6 +445,55 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     finally:
         free(accs)
     return -1
+
+
+def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
+             const floating[::1] w, const floating[::1] x, int nblocks, int num_threads):
+    """bilinear(indptr, indices, data, w, x, nblocks, num_threads) -> (value, bad)
+
+    ``wᵀ·A·x = sum_i w[i] * sum_p data[p] * x[indices[p]]`` for CSR ``A``
+    (m x n): SpMV whose rows are summed as they are made, never stored.  The
+    rows are cut into ``nblocks`` fixed blocks balanced by work; each sums its
+    rows in order (a row's dot in double, as :func:`spmv`), and the block
+    sums are added in block order: the value depends on ``nblocks``, never on
+    ``num_threads``.  Indices are checked as they are read: ``bad`` is -1 or
+    the position of an index outside ``[0, n)`` (the value is then garbage).
+    Preconditions: ``len(w) == m``, ``len(x) == n``, ``nblocks >= 1``.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1
+    cdef Py_ssize_t nch, ch, b, i, r0, r1, nb = nblocks
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* ind = _iptr(indices)
+    cdef const floating* val = _fptr(data)
+    cdef const floating* wp = _fptr(w)
+    cdef const floating* xp = _fptr(x)
+    cdef size_t n = <size_t>x.shape[0]
+    cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t* badp = &bad
+    cdef double total = 0.0
+    if nb < 1:
+        raise ValueError(f"bilinear: nblocks must be >= 1, got {nblocks}")
+    if m <= 0:
+        return 0.0, -1
+    if nb > m:
+        nb = m
+    cdef double[::1] sums = np.zeros(nb)
+    cdef double* sp = &sums[0]
+    nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        with nogil:
+            for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
+                r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                for i in range(r0, r1):
+                    sp[b] += <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+        if bad >= 0:
+            return 0.0, bad
+    for b in range(nb):
+        total += sp[b]
+    return total, -1
 
 
 cdef inline double _extremum(double acc, double v, bint is_min) noexcept nogil:

@@ -229,7 +229,7 @@ def _factor_source(name: str) -> str | None:
 
 
 #: Kernels whose result is a dense array (a transposed result is one copy away).
-_DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2",
+_DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "bilinear", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2",
                            "sddmm_spmm", "sddmm_spmm_gemm", "mttkrp", "mttkrp_gemm"})
 
 
@@ -244,7 +244,7 @@ _FRESH_SPARSE_RESULT = frozenset({"spgemm"})
 #: operand transposed (a pass over its pattern and a gather of its values per
 #: call) costs more than the kernel; Aᵀx runs as ``spmv_t`` instead.  A CSC
 #: operand's transpose is free: its arrays are the CSR of the transpose.
-_SCALAR_PER_ENTRY = frozenset({"spmv", "spmv_t", "row_sums", "col_sums"})
+_SCALAR_PER_ENTRY = frozenset({"spmv", "spmv_t", "bilinear", "row_sums", "col_sums"})
 
 
 def _free_transpose(info: TensorInfo) -> bool:
@@ -790,7 +790,7 @@ def _checked_in_kernel(plan, groups) -> frozenset:
     over with their own index arrays (not merged or restricted, and
     transposed only when that is free: CSC): the call path need not scan
     their indices first (SpMV+b is SpMV then a tail)."""
-    from spfuse.lowering.templates import CHECKS_INDICES
+    from spfuse.lowering.templates import CHECKS_INDICES, checked_operand
     readers: dict[str, list] = {}
     for g in groups:
         for name in {r.name for op in g.ops for r in op.refs}:
@@ -800,9 +800,10 @@ def _checked_in_kernel(plan, groups) -> frozenset:
         r = g.route
         if g.kernel not in CHECKS_INDICES or r is None or r.merged or r.flipped or r.pattern is not None:
             return False
+        checked = checked_operand(g.kernel, g.names)
         if name in r.transposed:
-            return _free_transpose(plan.inputs[name]) and g.names[:1] == (transposed_name(name),)
-        return g.names[:1] == (name,)
+            return _free_transpose(plan.inputs[name]) and checked == transposed_name(name)
+        return checked == name
 
     return frozenset(n for n, gs in readers.items()
                      if n in plan.inputs and all(plain(g, n) for g in gs))

@@ -92,6 +92,7 @@ def _einsum(program) -> tuple | None:
 SIGNATURES = {
     "spmv": ("i", [("csr", "ij"), ("dense", "j")]),
     "spmv_t": ("j", [("csr", "ij"), ("dense", "i")]),
+    "bilinear": ("", [("dense", "i"), ("csr", "ij"), ("dense", "j")]),
     "row_sums": ("i", [("csr", "ij")]),
     "col_sums": ("j", [("csr", "ij")]),
     # D1·A·D2 and its one-sided forms, on A's pattern
@@ -246,7 +247,16 @@ def _threads(ts, nt: int) -> int:
 #: Kernels that bounds-check their sparse operand's column indices as they
 #: read them (and take them in any order, duplicates summed): the call path
 #: need not scan that operand's indices first.
-CHECKS_INDICES = frozenset({"spmv", "spmv_t", "row_sums", "col_sums", "spmm"})
+CHECKS_INDICES = frozenset({"spmv", "spmv_t", "bilinear", "row_sums", "col_sums", "spmm"})
+
+
+def checked_operand(kernel: str, names) -> str:
+    """The operand a :data:`CHECKS_INDICES` kernel bounds-checks: its CSR one.
+
+    >>> checked_operand("bilinear", ["x", "A", "y"]), checked_operand("spmv", ["A", "x"])
+    ('A', 'A')
+    """
+    return next(n for n, (kind, _) in zip(names, SIGNATURES[kernel][1], strict=True) if kind == "csr")
 
 
 #: Per kernel, the dense factors (counted after the sparse operand) it reads
@@ -263,6 +273,15 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     nt = _threads(ts, nt)
     itype, dtype = _types(ts)
     S = ts[0]
+    if kernel == "bilinear":   # wᵀ·A·x: the SpMV's rows summed as made
+        w, S = ts[0], ts[1]
+        ip, ix, vals = _csr(S, itype, dtype)
+        from spfuse.runtime.looptree import reduction_block_count
+        value, bad = csr.bilinear(ip, ix, vals, _dense(w, dtype), _dense(ts[2], dtype),
+                                  reduction_block_count(len(vals), 1), nt)
+        if bad >= 0:
+            raise IndexCheckFailed(names[1], bad)
+        return np.array(value, dtype)
     if kernel in _SCALINGS:
         # ``d[i] * A[i,j] * e[j]`` (a missing side is ones)
         ip, ix, vals = _csr(S, itype, dtype)
@@ -382,6 +401,7 @@ def _run_masked_spgemm(kernel, ts, itype, dtype, out_shape, nt):
 _WHY = {
     "spmv": "gather-dot per row",
     "spmv_t": "scatter-axpy per row into fixed blocks' partial results, added in block order",
+    "bilinear": "SpMV whose rows are weighted and summed as they are made (fixed blocks, added in order)",
     "row_sums": "SpMV by ones: a sum per row",
     "row_extremum": "one pass per stored row, its implicit zeros counted in",
     "col_extremum": "a scatter per row into fixed blocks' extrema and counts, combined in block order",
@@ -575,7 +595,7 @@ def _match(plan) -> TemplateMatch | None:
                         "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
-                        frozenset(names[:1]) if kernel in CHECKS_INDICES else frozenset())
+                        frozenset({checked_operand(kernel, names)}) if kernel in CHECKS_INDICES else frozenset())
     ext = _match_extremum(plan, infos)
     if ext is not None and None not in out_shape:
         name, along_rows, is_min = ext
