@@ -303,7 +303,8 @@ def test_spmv_and_spmm_groups_check_their_operand_in_kernel():
     A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
     x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
     Q = rng.standard_normal((300, 4))
-    assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv → generic", frozenset({"A"}))
+    assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
+    assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv → generic", frozenset({"A"}))
     assert _checks("Y[i,k] = relu(A[i,j] * X[j,k])", A=A, X=X)[1] == frozenset({"A"})
     # read transposed: the pattern is gathered before the kernel sees it
     assert "A" not in _checks("Y[h,j] = relu(sum(i, A[i,j] * Q[i,h]))", A=A, Q=Q)[1]
@@ -467,3 +468,28 @@ def test_quadratic_forms_sum_the_spmv_rows_as_they_are_made(program, n, density,
     np.testing.assert_allclose(got[0], want, rtol=tol, atol=tol * max(1.0, float(abs(dense).sum())))
     if n >= 300 and density > 0:
         assert _checks(program, **ops) == ("bilinear", frozenset({"A"}))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=st.sampled_from(["y[i] = A[i,j] * x[j] + b[i]", "y[i] = b[i] + A[i,j] * x[j]",
+                                "y[i] = b[i] + x[j] * A[i,j]"]),
+       n=st.sampled_from([0, 1, 7, 300]), m=st.sampled_from([0, 1, 40]), density=st.sampled_from([0.0, 0.05, 1.0]),
+       dtype=st.sampled_from([np.float64, np.float32]), seed=st.integers(0, 2**16))
+def test_spmv_plus_a_vector_adds_it_as_each_row_is_stored(program, n, m, density, dtype, seed):
+    """``A·x + b`` is one SpMV pass (no temporary, no tail call), its index
+    check in the kernel; it matches numpy, the same bits on 1 and 2 threads,
+    and refuses an out-of-range index."""
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64).astype(dtype)
+    x, b = rng.standard_normal(m).astype(dtype), rng.standard_normal(n).astype(dtype)
+    got = [spfuse.evaluate(program, A=A, x=x, b=b, num_threads=t) for t in (1, 2)]
+    np.testing.assert_array_equal(got[0], got[1])
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got[0], A.toarray().astype(np.float64) @ x + b, rtol=tol, atol=tol)
+    if n >= 300 and m >= 40:
+        assert _checks(program, A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
+        if A.nnz:
+            bad = A.copy()
+            bad.indices[0] = m
+            with pytest.raises(spfuse.InvalidOperandError, match="out-of-range"):
+                spfuse.evaluate(program, A=bad, x=x, b=b)

@@ -308,10 +308,13 @@ def _set_chunk_work(double units):
 # SpMV, SpMM, SDDMM
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-         const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1):
-    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1) -> bad
+         const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1,
+         const floating[::1] add=None):
+    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1, add=None) -> bad
 
-    ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
+    ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot);
+    with ``add`` (length m), ``out[i] = dot + add[i]`` (``A·x + b`` in one
+    pass, the sum in double).
     ``x`` None: all ones, so ``out`` holds the row sums of the ``m x n_cols``
     matrix (its indices checked against ``n_cols``).
 
@@ -330,6 +333,7 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = NULL if x is None else _fptr(x)
+    cdef const floating* bp = NULL if add is None else _fptr(add)
     cdef floating* op = &out[0] if m > 0 else NULL
     cdef size_t n
     if x is None and n_cols < 0:
@@ -349,8 +353,12 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
             for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
                 r0 = _sub(ip, c0, c1, b, nb)
                 r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                if bp == NULL:
+                    for i in range(r0, r1):
+                        op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                else:
+                    for i in range(r0, r1):
+                        op[i] = <floating>(_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp) + <double>bp[i])
         if bad >= 0:
             break
     return bad
