@@ -18,12 +18,12 @@ from spfuse.runtime import looptree as lt
 
 #: program, operands it reads, numpy oracle on dense operands
 PROGRAMS = {
-    # (abs keeps these on the executor: plain Aᵀx and column sums run on the scatter kernel spmv_t)
+    # (abs keeps these on the executor: plain Aᵀx, column sums and xᵀAx run on kernels)
     "AT-x": ("y[j] = A[i,j] * abs(x[i])", lambda A, B, x, c: A.T @ abs(x)),
     "col-sums": ("y[j] = sum(i, abs(A[i,j]))", lambda A, B, x, c: abs(A).sum(axis=0)),
     "bias-AT-x": ("y[j] = A[i,j] * abs(x[i]) + c[j]", lambda A, B, x, c: A.T @ abs(x) + c),
     "inner": ("s = A[i,j] * B[i,j]", lambda A, B, x, c: (A * B).sum()),
-    "quadratic": ("s = x[i] * A[i,j] * x[j]", lambda A, B, x, c: x @ A @ x),
+    "quadratic": ("s = x[i] * abs(A[i,j]) * x[j]", lambda A, B, x, c: x @ abs(A) @ x),
     "AT-x-scaled": ("y[j] = 2.5 * A[i,j] * abs(x[i])", lambda A, B, x, c: 2.5 * (A.T @ abs(x))),
 }
 
