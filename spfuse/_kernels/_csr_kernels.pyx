@@ -244,6 +244,17 @@ cdef inline Py_ssize_t _sub(const index_t* ptr, Py_ssize_t c0, Py_ssize_t c1, Py
     return c0 + _split(ptr + c0, c1 - c0, b, nb)
 
 
+cdef inline Py_ssize_t _block_chunk(const index_t* ptr, Py_ssize_t m, Py_ssize_t b, Py_ssize_t nb,
+                                    Py_ssize_t c, Py_ssize_t nch) noexcept nogil:
+    """First row of chunk ``c`` of ``nch`` within fixed block ``b`` of ``nb``.
+
+    The kernels whose partial results follow fixed blocks (``spmv_t``,
+    ``bilinear``, ``col_extremum``) run each block's rows in ``nch``
+    interruptible chunks: the blocks, never the chunks or the threads,
+    decide which rows a partial result holds."""
+    return _sub(ptr, _split(ptr, m, b, nb), _split(ptr, m, b + 1, nb), c, nch)
+
+
 cdef inline void* _ws_get(void** ws, int k, int slot, size_t nbytes) noexcept nogil:
     """The calling thread's workspace ``slot`` (of ``k`` per thread), malloc'ed
     on first use (NULL if that fails; the caller counts the failure)."""
@@ -427,9 +438,8 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
                 PyErr_CheckSignals()
             with nogil:
                 for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                    # this chunk's share of the block's rows (blocks fixed, chunks within them)
-                    r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
-                    r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                    r0 = _block_chunk(ip, m, b, nb, ch, nch)
+                    r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
                     acc = accs[b]
                     for i in range(r0, r1):
                         if xp != NULL:
@@ -493,8 +503,8 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
             PyErr_CheckSignals()
         with nogil:
             for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
-                r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                r0 = _block_chunk(ip, m, b, nb, ch, nch)
+                r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
                 # summed in a private variable, stored once: the blocks' sums share a cache line
                 acc = 0.0
                 for i in range(r0, r1):
@@ -589,8 +599,8 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
             PyErr_CheckSignals()
         with nogil:
             for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch, nch)
-                r1 = _sub(ip, _split(ip, m, b, nb), _split(ip, m, b + 1, nb), ch + 1, nch)
+                r0 = _block_chunk(ip, m, b, nb, ch, nch)
+                r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
                 e = &ext[b, 0]
                 c = &counts[b, 0]
                 for i in range(r0, r1):

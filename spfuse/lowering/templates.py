@@ -28,6 +28,7 @@ from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
+from spfuse.runtime.looptree import reduction_block_count
 from spfuse.validation import index_dtype_for
 
 __all__ = ["TemplateMatch", "match_template", "follows_template"]
@@ -276,7 +277,6 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     if kernel == "bilinear":   # wᵀ·A·x: the SpMV's rows summed as made
         w, S = ts[0], ts[1]
         ip, ix, vals = _csr(S, itype, dtype)
-        from spfuse.runtime.looptree import reduction_block_count
         value, bad = csr.bilinear(ip, ix, vals, _dense(w, dtype), _dense(ts[2], dtype),
                                   reduction_block_count(len(vals), 1), nt)
         if bad >= 0:
@@ -301,7 +301,6 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             if kernel in ("spmv", "row_sums"):   # row sums: SpMV by ones (x not read)
                 bad = csr.spmv(ip, ix, vals, d[0] if d else None, out, nt, S.shape[1])
             elif kernel in ("spmv_t", "col_sums"):
-                from spfuse.runtime.looptree import reduction_block_count
                 blocks = reduction_block_count(len(vals), out_shape[0])
                 bad = csr.spmv_t(ip, ix, vals, d[0] if d else None, out, blocks, nt)
             else:
@@ -548,7 +547,6 @@ def _run_extremum(t, along_rows: bool, is_min: bool, nt: int) -> np.ndarray:
         out = np.empty(nouter, dtype)
         csr.row_extremum(ip, vals, out, ninner, is_min, nt)
     else:
-        from spfuse.runtime.looptree import reduction_block_count
         out = np.empty(ninner, dtype)
         csr.col_extremum(ip, ix, vals, out, is_min, reduction_block_count(len(vals), ninner), nt)
     return out
