@@ -233,14 +233,17 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     graph; an acyclic graph can still force an asymptotically worse order
     (``A[i,j]·B[k,j]``: a merge per (i, k) pair instead of Gustavson over
     Bᵀ, or ``Aᵀ·A`` scattered whole).  A program that a template kernel
-    runs on its operands as stored (:func:`_fused_template`) is kept: the
-    estimates price the generic executor, and converting would only add a
-    pass (masked SpGEMM ran converted to a merge per stored mask entry).
+    runs on its operands as stored (:func:`_fused_template`, or a
+    whole-program kernel such as the row maxima of a CSC matrix, read as
+    the column maxima of its arrays) is kept: the estimates price the
+    generic executor, and converting would only add a pass (masked SpGEMM
+    ran converted to a merge per stored mask entry).
     ``planner(program, infos)`` plans a program over operand infos."""
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
     base = _estimated_ns(plan)
-    if base < RESTORE_MIN_NS or _fused_template(plan.program, plan.inputs):
+    from spfuse.lowering.templates import whole_program_kernel
+    if base < RESTORE_MIN_NS or _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
