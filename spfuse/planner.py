@@ -245,8 +245,8 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     from spfuse.lowering.templates import whole_program_kernel
     # operands some loop order already visits out of storage order (the lowering converts them)
     moved = {t[0] for ts in plan.transpositions.values() for t in ts}
-    as_stored = _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None
-    if (base < RESTORE_MIN_NS and not moved) or as_stored:
+    if ((base < RESTORE_MIN_NS and not moved) or _fused_template(plan.program, plan.inputs)
+            or whole_program_kernel(plan) is not None):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
