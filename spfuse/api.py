@@ -428,10 +428,13 @@ class _Dispatch:
         bound = bind_aliases(plan, tensors)
         self.lowering_key = lowering_key({n: _Signature(self.conversions.get(n, t._format), t._shape, t._values)
                                           for n, t in bound.items()})
-        # work besides the operands' values: every result and temporary as
-        # if dense (an upper bound), for the one-thread decision of __call__
-        self.fixed_work = sum(math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items()
-                              if name not in plan.inputs)
+        # work besides the operands' values, for the one-thread decision of
+        # __call__: the plan's estimated iterations, else every result and
+        # temporary as if dense (an upper bound: SDDMM's sparse result counted
+        # whole sent a 1200-entry call to look for free cores, 8 us of /proc)
+        estimate = plan.report.estimate if plan.report is not None else None
+        self.fixed_work = estimate if estimate is not None and math.isfinite(estimate) else sum(
+            math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items() if name not in plan.inputs)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
