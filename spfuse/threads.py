@@ -8,7 +8,8 @@ capped by the cores this process may run on unless ``OMP_NUM_THREADS`` is set
 (scikit-learn's ``_openmp_effective_n_threads`` rule).
 
 A kernel call then asks :func:`threads_for_call`, which also leaves out the
-cores other threads of this process are busy on right now.  After a
+cores other threads of this process, and other processes, are busy on right
+now.  After a
 multi-threaded BLAS call, OpenBLAS's worker threads busy-wait (``nop`` loops on
 x86-64, no ``sched_yield``) for about 2**28 TSC ticks (~0.1 s).  A full team
 would put a worker behind that spinner while the team's first thread, done
@@ -16,7 +17,12 @@ with its share, spins at the closing barrier on the other core (libgomp's
 default wait policy): the worker gets a core only when the scheduler
 preempts a spinner, milliseconds later (SpMV 7-13x slower than on one
 thread, see :mod:`spfuse.bench.after_blas`).  So the team runs on the free
-cores only.  Results do not depend on the team size.
+cores only.  Another process running on a core stalls a full team the same
+way: a worker waits for the core while its teammate spins at every barrier
+(the attention model's 60 executor calls per epoch took 30 ms at two threads
+against 1.9 ms at one while a test run held a core), so the system's
+runnable threads (``/proc/loadavg``, when this process may use every core)
+count too.  Results do not depend on the team size.
 ``SPFUSE_ADAPTIVE_THREADS=0`` turns this off (e.g. to benchmark scaling).
 """
 from __future__ import annotations
@@ -160,8 +166,22 @@ def threads_for_call(num_threads: int | None = None, worthwhile: bool = True) ->
     if n == 1 or os.environ.get("SPFUSE_ADAPTIVE_THREADS", "1") == "0":
         return n
     cores = _cores_available()
-    # counting stops where the answer can no longer change (one thread)
-    busy = _config.runnable_threads(_own_team(n), max(1, cores - 1))
-    if busy <= 0:  # none, or the OS cannot tell
-        return n
-    return max(1, min(n, cores - busy))
+    if not _sees_whole_machine():
+        # counting stops where the answer can no longer change (one thread)
+        busy = _config.runnable_threads(_own_team(n), max(1, cores - 1))
+        return n if busy <= 0 else max(1, min(n, cores - busy))   # (<= 0: none, or the OS cannot tell)
+    busy, elsewhere = _config.running_elsewhere(_own_team(n), max(1, cores - 1))
+    taken = max(0, busy) + max(0, elsewhere)
+    return n if taken <= 0 else max(1, min(n, cores - taken))
+
+
+def _sees_whole_machine() -> bool:
+    """May this process use every core the system's run queues count
+    (``/proc/loadavg`` is host-wide: in a container pinned to a few of many
+    cores, other tenants' threads are no reason to run on fewer)?"""
+    if not _whole:
+        _whole.append(_cores_available() >= (os.cpu_count() or 1))
+    return _whole[0]
+
+
+_whole: list[bool] = []

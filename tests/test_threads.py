@@ -1,6 +1,7 @@
 """Thread counts: resolved on every call, visible to threadpoolctl, and kept
 off cores that other threads of the process are spinning on."""
 import importlib
+import sys
 import threading
 
 import numpy as np
@@ -83,21 +84,52 @@ def test_team_thread_ids_are_the_caller_then_its_workers():
     (5, 8, 2),
     (7, 8, 1),
 ])
-def test_threads_for_call_leaves_out_busy_cores(monkeypatch, busy, cores, want):
+@pytest.mark.parametrize("whole_machine", [False, True])
+def test_threads_for_call_leaves_out_busy_cores(monkeypatch, busy, cores, want, whole_machine):
     monkeypatch.setattr(spthreads, "effective_num_threads", lambda n=None: 2)
     monkeypatch.setattr(spthreads, "_own_team", lambda n: [0, 0])
+    monkeypatch.setattr(spthreads, "_whole", [whole_machine])
     monkeypatch.setattr(spthreads._config, "runnable_threads", lambda skip, stop_at=None: busy)
+    # the same count, all of this process's or all of other processes'
+    monkeypatch.setattr(spthreads._config, "running_elsewhere", lambda team, stop_at=None: (busy, 0))
     monkeypatch.setattr(spthreads, "_cores", [cores])
     assert spthreads.threads_for_call(2) == want
+    if whole_machine:
+        monkeypatch.setattr(spthreads._config, "running_elsewhere",
+                            lambda team, stop_at=None: (0 if busy > 0 else busy, max(busy, -1)))
+        assert spthreads.threads_for_call(2) == want
     monkeypatch.setenv("SPFUSE_ADAPTIVE_THREADS", "0")
     assert spthreads.threads_for_call(2) == 2
 
 
+@pytest.mark.parametrize("busy,elsewhere,want", [(0, 1, 1), (1, 1, 1), (0, 0, 2), (-1, -1, 2), (0, -1, 2)])
+def test_other_processes_running_leave_their_cores_out(monkeypatch, busy, elsewhere, want):
+    """Another process on a core stalls a full team at every barrier: on a
+    machine this process may use whole, the system's runnable threads count
+    (-1: not known, the full team)."""
+    monkeypatch.setattr(spthreads, "effective_num_threads", lambda n=None: 2)
+    monkeypatch.setattr(spthreads, "_own_team", lambda n: [0, 0])
+    monkeypatch.setattr(spthreads, "_whole", [True])
+    monkeypatch.setattr(spthreads, "_cores", [2])
+    monkeypatch.setattr(spthreads._config, "running_elsewhere", lambda team, stop_at=None: (busy, elsewhere))
+    assert spthreads.threads_for_call(2) == want
+    monkeypatch.setattr(spthreads, "_whole", [False])   # a container on a few of many cores: not counted
+    monkeypatch.setattr(spthreads._config, "runnable_threads", lambda skip, stop_at=None: busy)
+    assert spthreads.threads_for_call(2) == (1 if busy > 0 else 2)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_running_elsewhere_reads_the_system(monkeypatch):
+    busy, elsewhere = _config.running_elsewhere(_config.team_thread_ids(2))
+    assert busy >= 0 and elsewhere >= 0
+
+
 def test_threads_for_call_of_one_thread_asks_nothing(monkeypatch):
-    def fail(skip, stop_at=None):
+    def fail(*args, **kwargs):
         raise AssertionError("a one-thread call must not scan the process's threads")
 
     monkeypatch.setattr(spthreads._config, "runnable_threads", fail)
+    monkeypatch.setattr(spthreads._config, "running_elsewhere", fail)
     assert spthreads.threads_for_call(1) == 1
 
 

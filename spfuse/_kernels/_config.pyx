@@ -22,14 +22,16 @@ cdef extern from *:
        at `stop_at`.  A thread that exited makes its read fail: *gone is then
        set (the caller lists the threads again). */
     static int spfuse_count_running(const long* tids, const int* fds, int n,
-                                    const long* skip, int n_skip, int stop_at, int* gone) {
+                                    const long* skip, int n_skip, int stop_at, int* gone,
+                                    int only_listed) {
+        /* only_listed: count the threads in skip[] instead of the others */
         char stat[192];
         int k, j, count = 0;
         for (k = 0; k < n && count < stop_at; k++) {
             const char* state;
             ssize_t len;
             for (j = 0; j < n_skip && skip[j] != tids[k]; j++) {}
-            if (j < n_skip) continue;
+            if ((j < n_skip) != (only_listed != 0)) continue;
             len = pread(fds[k], stat, sizeof stat - 1, 0);
             if (len <= 0) { *gone = 1; continue; }
             stat[len] = 0;
@@ -39,17 +41,36 @@ cdef extern from *:
         }
         return count;
     }
+    /* The system's runnable threads now: the numerator of /proc/loadavg's
+       fourth field ("running/total"), read through the open `fd`; -1 if
+       it cannot be read. */
+    static int spfuse_system_running(int fd) {
+        char buf[128];
+        int field = 0, running = 0;
+        const char* c;
+        ssize_t len = pread(fd, buf, sizeof buf - 1, 0);
+        if (len <= 0) return -1;
+        buf[len] = 0;
+        for (c = buf; *c && field < 3; c++) if (*c == ' ') field++;
+        if (field < 3 || *c < '0' || *c > '9') return -1;
+        for (; *c >= '0' && *c <= '9'; c++) running = running * 10 + (*c - '0');
+        return running;
+    }
     #else
     static long spfuse_thread_id(void) { return 0; }
     static int spfuse_count_running(const long* tids, const int* fds, int n,
-                                    const long* skip, int n_skip, int stop_at, int* gone) {
+                                    const long* skip, int n_skip, int stop_at, int* gone,
+                                    int only_listed) {
         *gone = 1; return 0;
     }
+    static int spfuse_system_running(int fd) { return -1; }
     #endif
     """
     long spfuse_thread_id() noexcept nogil
     int spfuse_count_running(const long* tids, const int* fds, int n,
-                             const long* skip, int n_skip, int stop_at, int* gone) noexcept nogil
+                             const long* skip, int n_skip, int stop_at, int* gone,
+                             int only_listed) noexcept nogil
+    int spfuse_system_running(int fd) noexcept nogil
 
 
 _LINUX = sys.platform.startswith("linux")
@@ -155,11 +176,53 @@ def runnable_threads(skip, int stop_at=1 << 30):
             skip_ids[k] = skip[k]
         if time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]:
             _relist()
-        count = spfuse_count_running(_tids, _fds, _n_listed, skip_ids, n_skip, stop_at, &gone)
+        count = spfuse_count_running(_tids, _fds, _n_listed, skip_ids, n_skip, stop_at, &gone, 0)
         if gone:
             _listed_at[0] = -1.0
         return count
     except OSError:
         return -1
+    finally:
+        _LOCK.release()
+
+
+_loadavg = [-1, 0]   # an open /proc/loadavg and the pid that opened it
+
+
+def running_elsewhere(team, int stop_at=1 << 30):
+    """``(busy, elsewhere)``: how many threads of this process outside
+    ``team`` (OS ids, the calling thread first) are running or waiting for a
+    core now (as :func:`runnable_threads`), and how many threads of *other*
+    processes are: the system's runnable threads (``/proc/loadavg``) less
+    the caller, ``busy`` and the team's workers still spinning after a
+    kernel.  The workers' states are read only when the system count says
+    something else runs (each read costs microseconds).  ``(-1, -1)`` when
+    nothing can be told, ``elsewhere`` -1 alone when the system count
+    cannot be read."""
+    cdef int gone = 0, busy, k, n_team = min(len(team), 64), system, workers = 0
+    cdef long ids[64]
+    if not _LINUX or not _LOCK.acquire(blocking=False):
+        return -1, -1
+    try:
+        for k in range(n_team):
+            ids[k] = team[k]
+        if time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]:
+            _relist()
+        if _loadavg[1] != os.getpid():
+            if _loadavg[0] >= 0:
+                os.close(_loadavg[0])
+            _loadavg[0], _loadavg[1] = os.open("/proc/loadavg", os.O_RDONLY), os.getpid()
+        busy = spfuse_count_running(_tids, _fds, _n_listed, ids, n_team, stop_at, &gone, 0)
+        system = spfuse_system_running(_loadavg[0])
+        if system < 0:
+            return busy, -1
+        system -= 1 + busy   # the caller is running: it is reading this
+        if system > 0 and n_team > 1:
+            workers = spfuse_count_running(_tids, _fds, _n_listed, ids + 1, n_team - 1, 1 << 30, &gone, 1)
+        if gone:
+            _listed_at[0] = -1.0
+        return busy, max(0, system - workers)
+    except OSError:
+        return -1, -1
     finally:
         _LOCK.release()
