@@ -526,6 +526,23 @@ def test_ttv(kind, shape, it, dt, rng):
 @dtypes
 @itypes
 @tcases
+def test_ttv_mid(kind, shape, it, dt, rng):
+    X = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(X, it)
+    c = rng.standard_normal(shape[1]).astype(dt)
+
+    def run(nt):
+        out = np.full((shape[0], shape[2]), np.nan, dtype=dt)
+        F.ttv_mid(*idx, vals, c, out, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ijk,j->ik", X.astype(np.float64), c.astype(np.float64))
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+@dtypes
+@itypes
+@tcases
 def test_mttkrp(kind, shape, it, dt, rng):
     X = make_tensor(kind, rng, shape).astype(dt)
     idx, vals = make_csf(X, it)

@@ -38,7 +38,7 @@ from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread
 
 import numpy as np
 
-__all__ = ["ttv", "mttkrp", "mttkrp_mid", "mttkrp_gemm", "spttm_spttm"]
+__all__ = ["ttv", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_gemm", "spttm_spttm"]
 
 cdef enum:
     BLOCKS_PER_THREAD = 16
@@ -229,6 +229,80 @@ def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos
                         for p in range(p2[f], p2[f + 1]):
                             s = s + <double>v[p] * <double>cv[c2[p]]
                         ov[f - p1[0]] = <floating>s
+
+
+def ttv_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+            const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+            const floating[::1] vals, const floating[::1] c, floating[:, ::1] out, int num_threads):
+    """ttv_mid(pos0, crd0, pos1, crd1, pos2, crd2, vals, c, out, num_threads)
+
+    Tensor-times-vector over the middle stored mode: ``A[i,k] = sum_j
+    X[i,j,k] * c[j]`` into the dense ``out`` (I x K).  Per slice i, each
+    fiber's entries are scaled by ``c[j]`` and scattered into row i (an
+    axpy of a sparse fiber), accumulated in double: in ``out``'s own row for
+    float64, in a thread-private row for float32.  Slices own distinct rows,
+    so the result does not depend on the thread count.  Preconditions:
+    ``len(c) > max(crd1)``, ``out`` C-contiguous with ``I > max(crd0)`` and
+    ``K > max(crd2)``, ``crd0`` strictly increasing.  ``out`` fully
+    overwritten.  Complexity O(nnz + n_fibers + I * K); workspace K doubles
+    per thread (float32 only).
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t I = out.shape[0]
+    cdef Py_ssize_t K = out.shape[1]
+    cdef Py_ssize_t nb, nch, ch, h0, h1, b, q, q0, q1, f, p, k, row
+    cdef double cj
+    cdef const index_t* c0 = _iptr(crd0)
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* c1 = _iptr(crd1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cv = _fptr(c)
+    cdef floating* op = &out[0, 0] if I > 0 and K > 0 else NULL
+    cdef double* acc
+    cdef double* dst
+    cdef int failed = 0
+    if I == 0 or K == 0:
+        return
+    with nogil:
+        for row in prange(I, schedule="static", num_threads=num_threads):
+            memset(op + row * K, 0, K * sizeof(floating))
+    if n == 0:
+        return
+    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef void** wsp = ws.ptr
+    nch = num_chunks(_work(p1, p2, n, 4.0, 4.0, <double>K), num_threads, n)
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        h0 = _split(p1, p2, n, ch, nch)
+        h1 = _split(p1, p2, n, ch + 1, nch)
+        nb = _num_blocks(h1 - h0, num_threads)
+        with nogil, parallel(num_threads=num_threads):
+            acc = NULL if floating is double else <double*>_ws_get(wsp, K * sizeof(double))
+            for b in prange(nb, schedule="dynamic", chunksize=1):
+                if floating is not double and acc == NULL:
+                    failed += 1
+                    continue
+                q0 = _sub(p1, p2, h0, h1, b, nb)
+                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
+                for q in range(q0, q1):
+                    row = <Py_ssize_t>c0[q]
+                    if floating is double:
+                        dst = <double*>(op + row * K)   # slices own their rows
+                    else:
+                        dst = acc
+                        memset(dst, 0, K * sizeof(double))
+                    for f in range(p1[q], p1[q + 1]):
+                        cj = <double>cv[c1[f]]
+                        for p in range(p2[f], p2[f + 1]):
+                            dst[c2[p]] += <double>v[p] * cj
+                    if floating is not double:
+                        for k in range(K):
+                            op[row * K + k] = <floating>dst[k]
+        if failed:
+            raise MemoryError("ttv_mid: cannot allocate the thread workspace")
 
 
 def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,

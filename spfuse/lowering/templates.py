@@ -124,6 +124,7 @@ SIGNATURES = {
     "sddmm": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "kj")]),
     "sddmm_t": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "jk")]),
     "ttv": ("ij", [("csf", "ijk"), ("dense", "k")]),
+    "ttv_mid": ("ik", [("csf", "ijk"), ("dense", "j")]),
     "mttkrp": ("ir", [("csf", "ijk"), ("dense", "jr"), ("dense", "kr")]),
     "mttkrp_mid": ("jr", [("csf", "ijk"), ("dense", "ir"), ("dense", "kr")]),
     "spmm_gemm": ("il", [("csr", "ij"), ("dense", "jk"), ("dense", "kl")]),
@@ -391,7 +392,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             outv = outv.reshape(-1)
         return Tensor._trusted(out_shape, fmt, levels, outv, None)
     out = np.empty(out_shape, dtype)
-    if kernel == "mttkrp":
+    if kernel == "ttv_mid":
+        csf.ttv_mid(*arrs, d[0], out, nt)
+    elif kernel == "mttkrp":
         csf.mttkrp(*arrs, d[0], d[1], out, nt)
     elif kernel == "mttkrp_mid":   # work per entry: R multiply-adds; cells: the J x R result
         R = out_shape[1]
@@ -439,6 +442,7 @@ _WHY = {
     "sddmm": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "ttv": "one dot per (i,j) fiber of X",
+    "ttv_mid": "each (i,j) fiber of X scaled by c[j] and scattered into the dense row i",
     "mttkrp": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber",
     "mttkrp_mid": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber, scattered into row j of "
                   "fixed blocks' partial results, added in block order",
