@@ -33,6 +33,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
+from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import Tensor
@@ -973,8 +974,18 @@ def _subplan(plan, g: Group):
         names = {op.out for op in g.ops}
         own = plan.temporaries if g.temporaries is None else g.temporaries
         temps = {n: t for n, t in own.items() if n in names and n not in g.outputs}
+        # A crossing temporary is read dense by the later groups (run_groups
+        # densifies it): the group stores it dense too.  Left to the mask of
+        # its loops it would be emitted as coordinates, sorted and summed,
+        # then densified -- a scatter into a 16×80 T0[m,k] under a reduction
+        # over 20k fibres cost 50 ms as coordinates, 2 ms stored dense.
+        formats = dict(plan.formats)
+        for n in g.outputs:
+            if n not in plan.results:
+                formats[n] = FormatDecision(n, ("dense",) * len(plan.shapes[n]), tuple(range(len(plan.shapes[n]))),
+                                            None, "a crossing temporary, read dense by later groups")
         sub = made[id(g)] = (g, replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps,
-                                         results=g.outputs))
+                                         results=g.outputs, formats=formats))
     return sub[1]
 
 
