@@ -26,6 +26,7 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
+from spfuse.lowering.fibres import shared_fibres
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
@@ -432,6 +433,11 @@ class _Dispatch:
         # if dense (an upper bound), for the one-thread decision of __call__
         self.fixed_work = sum(math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items()
                               if name not in plan.inputs)
+        # sums over fibres the sparse operands share, run over one fibre index when they do
+        self.fusion = fusion
+        self.fibres = None if self.diagonal or not all(
+            plan.formats[r].format_name == "dense" for r in plan.results if r in plan.formats) else \
+            shared_fibres(program, tensors)
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -451,6 +457,10 @@ class _Dispatch:
         without a conversion, a copy of the pattern or a scan."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
+        if self.fibres is not None:
+            flat = self.fibres.operands(tensors)
+            if flat is not None:
+                return self._results(self._on_fibres(flat, num_threads), tensors, raw)
         # every kernel runs less work than this on one thread anyway
         threads = threads_for_call(num_threads, worthwhile=sum(t._values.size for t in tensors.values())
                                    + self.fixed_work >= PARALLEL_MIN_WORK)
@@ -461,6 +471,18 @@ class _Dispatch:
                        for n, t in tensors.items()}
         raw_values = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
+        return self._results(raw_values, tensors, raw)
+
+    def _on_fibres(self, flat: Mapping[str, Tensor], num_threads: int | None) -> dict:
+        """The flattened program's results (:mod:`spfuse.lowering.fibres`), dense as the plan stores them."""
+        assert self.fibres is not None
+        program = self.fibres.program
+        values = _run(program, flat, None, self.fusion, num_threads, trusted=frozenset(flat), raw=True)
+        values = values if isinstance(values, dict) else {program.results[0]: values}
+        return {n: np.asarray(v.todense() if isinstance(v, Tensor) else v) for n, v in values.items()}
+
+    def _results(self, raw_values: Mapping[str, Any], tensors: Mapping[str, Tensor], raw: bool):
+        plan = self.plan
         results = {}
         if raw:
             for name in plan.results:

@@ -63,3 +63,132 @@ def test_a_crossing_temporary_is_stored_dense_by_the_group_making_it():
     crossing = groups[0].outputs[0]
     assert crossing not in plan.results
     assert all(lv == "dense" for lv in _subplan(plan, groups[0]).formats[crossing].levels)
+
+
+# -- gemm reads a transposed operand as stored
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m, k, n", [(3, 5, 4), (1, 7, 1), (4, 0, 2), (0, 3, 2)])
+def test_gemm_with_transposed_operands_matches_numpy(dtype, trans_a, trans_b, m, k, n):
+    from spfuse._kernels import _dense_kernels
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    A = rng.random((k, m) if trans_a else (m, k)).astype(dtype)
+    B = rng.random((n, k) if trans_b else (k, n)).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    _dense_kernels.gemm(A, B, out, None, trans_a=trans_a, trans_b=trans_b)
+    want = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    np.testing.assert_allclose(out, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+def test_gemm_refuses_mismatched_shapes():
+    from spfuse._kernels import _dense_kernels
+    with pytest.raises(ValueError, match="shapes"):
+        _dense_kernels.gemm(np.ones((3, 4)), np.ones((3, 2)), np.empty((3, 2)))
+
+
+@pytest.mark.parametrize("text, want", [
+    ("T[l,m] = sum(f, G[f,m] * A[f,l])", lambda G, A: A.T @ G),
+    ("T[m,l] = sum(f, G[f,m] * A[f,l])", lambda G, A: G.T @ A),
+    ("T[i,l] = sum(f, G[i,f] * A[f,l])", lambda G, A: G[:, :40] @ A[:40]),
+])
+def test_gemm_groups_do_not_copy_a_factor_read_transposed(text, want, monkeypatch):
+    rng = np.random.default_rng(1)
+    G, A = rng.random((50, 6)), rng.random((50, 7))
+    if text.startswith("T[i,l]"):
+        G = rng.random((6, 40))
+        A = A[:40]
+    copies = []
+    real = np.ascontiguousarray
+    monkeypatch.setattr(np, "ascontiguousarray", lambda a, *args, **kw: copies.append(a.shape) or real(a, *args, **kw))
+    got = spfuse.evaluate(text, G=G, A=A)
+    monkeypatch.undo()
+    np.testing.assert_allclose(got, want(G, A), rtol=1e-12)
+    assert not [s for s in copies if s in (G.shape[::-1], A.shape[::-1])]
+
+
+# -- sums over the fibres sparse operands share run over one fibre index
+
+def _dispatch(text, **ops):
+    from spfuse.api import _Dispatch
+    from spfuse.frontend.parser import parse_program
+    tensors = {n: as_tensor(v, name=n) for n, v in ops.items()}
+    return _Dispatch(parse_program(text), tensors, "auto", None), tensors
+
+
+FIBRE_CASES = {
+    # (program, operands: B csf (i,j,k); G on B's (i,j) fibres (ccd), g on them (dcsr); dense C, D, c)
+    "spttm_grad_d": "T[l,m] = sum(i, j, G[i,j,m] * H[i,j,l])",
+    "spttm_grad_c": "T[k,l] = sum(i, j, sum(m, G[i,j,m] * D[l,m]) * B[i,j,k])",
+    "ttv_grad_c": "t[k] = sum(i, j, g[i,j] * B[i,j,k])",
+    "column_sums": "t[k] = sum(i, j, B[i,j,k])",
+    "outer_fibres_only": "t[k] = sum(i, j, B[i,j,k] * E[k,j])",   # j read densely: only i's level merged
+    "scaled_ratio": "t[k] = sum(i, j, -relu(g[i,j]) / (1.0 + c[k]) * B[i,j,k])",
+    "both_summed": "s = sum(i, j, m, G[i,j,m] * G[i,j,m])",
+}
+
+
+def _fibre_operands(rng, shape, density, extent):
+    B = _csf(rng, shape, density)
+    G = _on_fibres(B, extent, rng)
+    H = _on_fibres(B, extent + 1, rng)
+    g = spfuse.evaluate("g[i,j] = B[i,j,k] * c[k]", B=B, c=rng.random(shape[2]) + 0.5)
+    return {"B": B, "G": G, "H": H, "g": g, "C": rng.random((shape[2], extent)), "D": rng.random((extent, extent)),
+            "c": rng.random(shape[2]), "E": rng.random((shape[2], shape[1])),
+            "F": rng.random((shape[2], shape[0]))}
+
+
+@pytest.mark.parametrize("case", sorted(FIBRE_CASES))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(i=st.integers(1, 5), j=st.integers(1, 5), k=st.integers(1, 6), m=st.integers(1, 4),
+       density=st.floats(0.0, 1.0), seed=st.integers(0, 2 ** 16))
+def test_sums_over_shared_fibres_match_numpy(case, i, j, k, m, density, seed):
+    from spfuse.frontend.parser import parse_program
+    text = FIBRE_CASES[case]
+    ops = _fibre_operands(np.random.default_rng(seed), (i, j, k), density, m)
+    ops = {n: ops[n] for n in parse_program(text).inputs}
+    got = spfuse.evaluate(text, **ops)
+    want = dense_reference(text, {n: v.todense() if isinstance(v, Tensor) else v for n, v in ops.items()})
+    np.testing.assert_allclose(np.asarray(got.todense() if isinstance(got, Tensor) else got), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(FIBRE_CASES))
+def test_sums_over_shared_fibres_run_flattened(case):
+    from spfuse.frontend.parser import parse_program
+    text = FIBRE_CASES[case]
+    ops = _fibre_operands(np.random.default_rng(3), (6, 5, 7), 0.3, 4)
+    dispatch, tensors = _dispatch(text, **{n: ops[n] for n in parse_program(text).inputs})
+    assert dispatch.fibres is not None
+    flat = dispatch.fibres.operands(tensors)
+    assert flat is not None and "sum(f," in dispatch.fibres.program.text
+    for name in dispatch.fibres.sparse:   # the same arrays, one dense level over the fibres in front
+        assert np.shares_memory(flat[name].values, tensors[name].values) and flat[name].format.levels[0] == "dense"
+
+
+@pytest.mark.parametrize("text", [
+    "T[i,l] = sum(j, G[i,j,m] * H[i,j,l])",           # i kept: not every fibre index is summed
+    "t[k] = sum(i, j, g[i,j] * B[i,j,k] + c[k])",      # + c[k] is not zero off the fibres
+    "t[k] = sum(i, j, exp(g[i,j]) * c[k])",            # exp(0) = 1 off the fibres
+    "t[k] = sum(i, j, B[i,j,k] * F[k,i])",             # i read by a dense operand
+    "T[k,l] = sum(i, j, max(m, G[i,j,m] * D[l,m]) * B[i,j,k]); U[k] = c[k]",   # two statements
+])
+def test_programs_not_over_shared_fibres_are_not_flattened(text):
+    from spfuse.frontend.parser import parse_program
+    ops = _fibre_operands(np.random.default_rng(4), (4, 3, 5), 0.5, 3)
+    dispatch, _ = _dispatch(text, **{n: ops[n] for n in parse_program(text).inputs})
+    assert dispatch.fibres is None
+
+
+def test_operands_on_other_fibres_run_the_program_as_written():
+    rng = np.random.default_rng(5)
+    B = _csf(rng, (6, 5, 7), 0.3)
+    other = _csf(rng, (6, 5, 7), 0.3)
+    G = _on_fibres(other, 4, rng)
+    text = FIBRE_CASES["spttm_grad_c"]
+    ops = {"G": G, "D": rng.random((4, 4)), "B": B}
+    dispatch, tensors = _dispatch(text, **ops)
+    assert dispatch.fibres is not None and dispatch.fibres.operands(tensors) is None
+    want = dense_reference(text, {"G": G.todense(), "D": ops["D"], "B": B.todense()})
+    np.testing.assert_allclose(spfuse.evaluate(text, **ops), want, atol=1e-12)

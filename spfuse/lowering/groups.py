@@ -161,11 +161,25 @@ def _gemm_roles(einsum, infos) -> tuple | None:
 def _run_gemm(roles, out_shape, tensors, nt):
     x, y, xt, yt, ot = roles
     _, dtype = templates._types([tensors[x], tensors[y]])
-    X = templates._dense_t(tensors[x], dtype) if xt else templates._dense(tensors[x], dtype)
-    Y = templates._dense_t(tensors[y], dtype) if yt else templates._dense(tensors[y], dtype)
-    out = np.empty((X.shape[0], Y.shape[1]), dtype)
-    _dense_kernels.gemm(X, Y, out, nt)
+    X, xt = _blas_operand(tensors[x], xt, dtype)
+    Y, yt = _blas_operand(tensors[y], yt, dtype)
+    out = np.empty((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
+    _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
     return np.ascontiguousarray(out.T) if ot else out
+
+
+def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
+    """A matrix read (``transposed``) by gemm as ``(C-ordered array, BLAS
+    transpose flag)``: the stored array itself either way round (BLAS reads
+    it transposed -- a (fibres × 16) factor summed over its fibres is not
+    copied), a copy only when neither way is C-ordered."""
+    view = templates._dense_view(t, dtype)
+    view = view.T if transposed else view
+    if view.flags.c_contiguous:
+        return view, False
+    if view.T.flags.c_contiguous:
+        return view.T, True
+    return np.ascontiguousarray(view), False
 
 
 def _computed_whole(plan, op: UnitOp) -> bool:
