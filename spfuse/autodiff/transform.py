@@ -591,6 +591,12 @@ class _Builder:
             for op, f in prefix[1:]:
                 value = apply_factor(value, op, f)
             shared = Access(self.names.fresh(f"grad_{target}_p"), free_indices(value))
+            if all(c.negate for c in members):
+                # negated once on the pattern, so each member is a plain
+                # contraction (-sum(j, P*D) would be an SpMM then a dense pass)
+                value = Unary("neg", value)
+                for c in members:
+                    c.negate = False
             out.append(Assignment(shared, value))
             for c in members:
                 c.chain = [("*", shared)] + c.chain[len(prefix):]
