@@ -36,7 +36,9 @@ from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_s
 from spfuse._kernels._kernel_common cimport index_t
 from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread_num
 
-__all__ = ["ttv", "mttkrp", "mttkrp_gemm", "spttm_spttm"]
+import numpy as np
+
+__all__ = ["ttv", "mttkrp", "mttkrp_mid", "mttkrp_gemm", "spttm_spttm"]
 
 cdef enum:
     BLOCKS_PER_THREAD = 16
@@ -119,6 +121,14 @@ cdef inline Py_ssize_t _sub(const index_t* pos1, const index_t* pos2, Py_ssize_t
                             Py_ssize_t q1, Py_ssize_t b, Py_ssize_t nb) noexcept nogil:
     """First level-0 position of block ``b`` of ``nb`` of the chunk ``[q0, q1)``."""
     return q0 + _split(pos1 + q0, pos2, q1 - q0, b, nb)
+
+
+cdef inline Py_ssize_t _block_chunk(const index_t* pos1, const index_t* pos2, Py_ssize_t n, Py_ssize_t b,
+                                    Py_ssize_t nb, Py_ssize_t c, Py_ssize_t nch) noexcept nogil:
+    """First level-0 position of chunk ``c`` of ``nch`` within fixed block
+    ``b`` of ``nb``: the blocks, never the chunks or the threads, decide
+    which slices a partial result holds (``mttkrp_mid``)."""
+    return _sub(pos1, pos2, _split(pos1, pos2, n, b, nb), _split(pos1, pos2, n, b + 1, nb), c, nch)
 
 
 cdef inline double _work(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
@@ -286,6 +296,95 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
                         op[<Py_ssize_t>c0[q] * R + r] = <floating>acc[r]
         if failed:
             raise MemoryError("mttkrp: cannot allocate the thread workspace")
+
+
+def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+               const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+               const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
+               floating[:, ::1] out, int nblocks, int num_threads):
+    """mttkrp_mid(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out, nblocks, num_threads)
+
+    MTTKRP on the middle stored mode: ``A[j,r] = sum_{i,k} X[i,j,k] * C[i,r] * D[k,r]``.
+
+    Per fiber (i, j): ``t[r] = sum_k X[i,j,k] * D[k,r]`` (as :func:`mttkrp`),
+    then ``A[j,r] += t[r] * C[i,r]``, a scatter into row j.  The slices are
+    cut into ``nblocks`` fixed blocks balanced by work; block ``b``
+    scatters into its own partial of ``J x R`` doubles, and the partials are
+    added in block order.  The blocks, never ``num_threads``, decide the
+    arithmetic, so results are bit-identical on any thread count (the caller
+    picks ``nblocks`` from the machine and the work).  Preconditions: C (I,
+    R) with ``I > max(crd0)``, D (Kd, R), out (J, R) C-contiguous with ``J >
+    max(crd1)``, ``nblocks >= 1``.  ``out`` fully overwritten.  Complexity
+    O(nnz * R + n_fibers * R + nblocks * J * R); workspace ``8 * J * R *
+    nblocks`` bytes (``nblocks - 1`` for float64).
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t J = out.shape[0]
+    cdef Py_ssize_t R = out.shape[1]
+    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, f, p, r, cell
+    cdef Py_ssize_t stride = (R + 7) & ~7   # a block's fiber row on its own cache lines
+    cdef const index_t* c0 = _iptr(crd0)
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* c1 = _iptr(crd1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
+    cdef const floating* crow
+    cdef double* t
+    cdef double* acc
+    cdef double s
+    if nb < 1:
+        raise ValueError(f"mttkrp_mid: nblocks must be >= 1, got {nblocks}")
+    if J == 0 or R == 0:
+        return
+    if n == 0:
+        out[:, :] = 0
+        return
+    if nb > n:
+        nb = n
+    # block 0 of a float64 call scatters straight into ``out``
+    cdef Py_ssize_t own = 1 if floating is double else 0
+    cdef double[:, ::1] parts = np.zeros((nb - own, J * R)) if nb > own else None
+    cdef double[:, ::1] fiber = np.empty((nb, stride))
+    cdef double** accs = <double**>malloc(nb * sizeof(double*))
+    if accs == NULL:
+        raise MemoryError()
+    try:
+        if floating is double:
+            memset(&out[0, 0], 0, J * R * sizeof(double))
+            accs[0] = <double*>&out[0, 0]
+        for b in range(own, nb):
+            accs[b] = &parts[b - own, 0]
+        nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), 1.0), num_threads, n)
+        for ch in range(nch):
+            if ch > 0:
+                PyErr_CheckSignals()
+            with nogil:
+                for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                    q0 = _block_chunk(p1, p2, n, b, nb, ch, nch)
+                    q1 = _block_chunk(p1, p2, n, b, nb, ch + 1, nch)
+                    acc = accs[b]
+                    t = &fiber[b, 0]
+                    for q in range(q0, q1):
+                        crow = cp + <Py_ssize_t>c0[q] * R
+                        for f in range(p1[q], p1[q + 1]):
+                            memset(t, 0, R * sizeof(double))
+                            for p in range(p2[f], p2[f + 1]):
+                                _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
+                            for r in range(R):
+                                acc[<Py_ssize_t>c1[f] * R + r] += t[r] * <double>crow[r]
+        if nb == own:
+            return  # float64 on one block: ``out`` holds the sums already
+        with nogil:
+            for cell in prange(J * R, schedule="static", num_threads=num_threads):
+                s = accs[0][cell]
+                for b in range(1, nb):
+                    s = s + accs[b][cell]
+                (&out[0, 0])[cell] = <floating>s
+    finally:
+        free(accs)
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,

@@ -245,7 +245,7 @@ def _factor_source(name: str) -> str | None:
 
 #: Kernels whose result is a dense array (a transposed result is one copy away).
 _DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "bilinear", "row_sums", "col_sums", "spmm", "spmm_gemm", "gnn2",
-                           "sddmm_spmm", "sddmm_spmm_gemm", "mttkrp", "mttkrp_gemm"})
+                           "sddmm_spmm", "sddmm_spmm_gemm", "mttkrp", "mttkrp_mid", "mttkrp_gemm"})
 
 
 #: Kernels assembling a new sparse result (not one on an operand's pattern):
@@ -421,7 +421,7 @@ def _route(ein, local, ops) -> Route | None:
         o_ix = out_ix[::-1] if out_swapped else out_ix
         for name, sig in SIGNATURES.items():
             found = _unify(sig, o_ix, summed, facs, names_local)
-            if found is None or not follows_template(name, found, ops):
+            if found is None or not follows_template(name, found, ops, names_local):
                 continue
             if (swaps or out_swapped) and name not in _DENSE_RESULT | _FRESH_SPARSE_RESULT and not (
                     name in _ON_OPERAND_PATTERN and _read_as_stored(found[0], factors, swaps, out_swapped, local)):

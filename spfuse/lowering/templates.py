@@ -58,9 +58,26 @@ def _kind(info: TensorInfo) -> str:
         return "dense"
     if info.ndim == 2 and info.levels == ("dense", "compressed") and info.mode_order == (0, 1):
         return "csr"
-    if info.ndim == 3 and info.levels == ("compressed",) * 3 and info.mode_order == (0, 1, 2):
-        return "csf"
+    if info.ndim == 3 and info.levels == ("compressed",) * 3:
+        return "csf"   # in any mode order: a kernel reads its levels as stored (see _stored_indices)
     return "other"
+
+
+def _stored_indices(info: TensorInfo, indices: tuple) -> tuple:
+    """An access's indices in its operand's storage order, the order a
+    kernel reads its levels in: ``X[i,j,k]`` of a CSF in mode order
+    ``(1, 0, 2)`` is the mode-order-(0, 1, 2) CSF ``X'[j,i,k]``, whose
+    arrays are X's own (CSC, a compressed level in column order, is matched
+    through its transpose instead: see ``groups._free_transpose``).
+
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> X = TensorInfo("X", 3, ("compressed",) * 3, (1, 0, 2), (4, 5, 6))
+    >>> _stored_indices(X, ("i", "j", "k"))
+    ('j', 'i', 'k')
+    """
+    if not info.is_sparse or info.ndim != 3:
+        return tuple(indices)
+    return tuple(indices[m] for m in info.mode_order)
 
 
 def _einsum(program) -> tuple | None:
@@ -108,6 +125,7 @@ SIGNATURES = {
     "sddmm_t": ("ij", [("csr", "ij"), ("dense", "ik"), ("dense", "jk")]),
     "ttv": ("ij", [("csf", "ijk"), ("dense", "k")]),
     "mttkrp": ("ir", [("csf", "ijk"), ("dense", "jr"), ("dense", "kr")]),
+    "mttkrp_mid": ("jr", [("csf", "ijk"), ("dense", "ir"), ("dense", "kr")]),
     "spmm_gemm": ("il", [("csr", "ij"), ("dense", "jk"), ("dense", "kl")]),
     "gnn2": ("ij", [("csr", "ih"), ("dense", "ik"), ("dense", "kh"), ("dense", "jh")]),
     "sddmm_spmm": ("il", [("csr", "ij"), ("dense", "ik"), ("dense", "jk"), ("dense", "jl")]),
@@ -132,6 +150,7 @@ def _unify(sig, out_indices, summed, factors, infos):
         ok = True
         for (kind, ls), f in zip(slots, perm, strict=True):
             name, ix = factors[f]
+            ix = _stored_indices(infos[name], ix)
             if _kind(infos[name]) != kind or len(ix) != len(ls):
                 ok = False
                 break
@@ -146,11 +165,12 @@ def _unify(sig, out_indices, summed, factors, infos):
     return None
 
 
-def follows_template(kernel: str, names, ops) -> bool:
+def follows_template(kernel: str, names, ops, infos: Mapping[str, TensorInfo] | None = None) -> bool:
     """Do the planned unit ``ops`` build the tree template ``kernel`` runs?
 
     ``mttkrp`` hoists ``t[r] = sum(k, X[i,j,k]·D[k,r])`` per (i,j) fiber, so
-    the op reading X must sum X's innermost index k alone, with D.  A plan
+    the op reading X must sum X's innermost stored index k alone (X's last
+    mode in its storage order, given ``infos``), with D.  A plan
     that sums j first (ReACT's ``T0[k,r]`` per i) is another tree: it runs on
     the generic executor rather than under the template's name.
 
@@ -161,7 +181,7 @@ def follows_template(kernel: str, names, ops) -> bool:
     >>> follows_template("mttkrp", ["X", "C", "D"], kfirst), follows_template("mttkrp", ["X", "C", "D"], jfirst)
     (True, False)
     """
-    if kernel != "mttkrp":
+    if kernel not in ("mttkrp", "mttkrp_mid"):
         return True
     x, _, d = names
     readers = [op for op in ops if any(getattr(a, "name", None) == x for a in op.args)]
@@ -169,7 +189,8 @@ def follows_template(kernel: str, names, ops) -> bool:
         return False
     op = readers[0]
     xref = next(a for a in op.args if getattr(a, "name", None) == x)
-    return (op.operator == "*" and op.reduction == "sum" and tuple(op.reduced) == (xref.indices[-1],)
+    stored = _stored_indices(infos[x], xref.indices) if infos and x in infos else xref.indices
+    return (op.operator == "*" and op.reduction == "sum" and tuple(op.reduced) == (stored[-1],)
             and sorted(getattr(a, "name", "") for a in op.args) == sorted((x, d)))
 
 
@@ -372,6 +393,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     out = np.empty(out_shape, dtype)
     if kernel == "mttkrp":
         csf.mttkrp(*arrs, d[0], d[1], out, nt)
+    elif kernel == "mttkrp_mid":   # work per entry: R multiply-adds; cells: the J x R result
+        R = out_shape[1]
+        csf.mttkrp_mid(*arrs, d[0], d[1], out, reduction_block_count(len(arrs[6]) * R, out.size), nt)
     else:
         csf.mttkrp_gemm(*arrs, d[0], d[1], d[2], out, nt)
     return out
@@ -416,6 +440,8 @@ _WHY = {
     "sddmm_t": "dot of two dense rows per stored B entry: scalar temporary, O(nnz·K)",
     "ttv": "one dot per (i,j) fiber of X",
     "mttkrp": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber",
+    "mttkrp_mid": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber, scattered into row j of "
+                  "fixed blocks' partial results, added in block order",
     "gnn2": "<SDDMM,SpMM> with a scalar temporary per stored A entry",
     "sddmm_spmm": "<SDDMM,SpMM> with a scalar temporary per stored B entry (SparseLNR)",
     "sddmm_spmm_gemm": "<SDDMM,SpMM,GEMM>: scalar temporary, then a row temporary times W",
@@ -612,7 +638,7 @@ def _match(plan) -> TemplateMatch | None:
         if all(n in infos for n, _ in factors):
             for kernel, sig in SIGNATURES.items():
                 names = _unify(sig, out_ix, summed, factors, infos)
-                if names is not None and not follows_template(kernel, names, plan.ops):
+                if names is not None and not follows_template(kernel, names, plan.ops, infos):
                     return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1]), strict=True))
