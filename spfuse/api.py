@@ -467,7 +467,7 @@ class _Dispatch:
         plan = self.plan
         tensors = bind_aliases(plan, tensors)
         if self.conversions:
-            tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
+            tensors = {n: _stored_as(t, self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw_values = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
@@ -501,6 +501,22 @@ class _Dispatch:
                 value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
             results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
+
+
+def _stored_as(t: Tensor, fmt: Format) -> Tensor:
+    """``t`` converted to ``fmt`` for one call.  A CSR matrix read as CSC is
+    the transpose of its transpose's CSR, made through the transposed
+    pattern remembered across calls (one gather of the values per call,
+    where a conversion sorts the indices again every call).
+
+    >>> t = Tensor.from_numpy([[0.0, 1.0], [2.0, 3.0]], "csr")
+    >>> c = _stored_as(t, Format.csc()); c.format.name, c.todense().tolist()
+    ('csc', [[0.0, 1.0], [2.0, 3.0]])
+    """
+    if fmt == Format.csc() and t.format == Format.csr():
+        from spfuse.lowering.transposes import transposed_csr
+        return transposed_csr(t).transpose()
+    return t.asformat(fmt)
 
 
 class _Signature:

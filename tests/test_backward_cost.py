@@ -231,3 +231,24 @@ def test_sddmm_division_gradients_match_torch(n, m, r, density, fmt, seed):
     ops = {"B": random_sparse(rng, (n, m), density, fmt), "C": rng.uniform(0.5, 1.5, (n, r)),
            "D": rng.uniform(0.5, 1.5, (r, m))}
     check_gradients(DIVISION, ops, rng, wrt=("B", "C", "D"))
+
+
+# -- a CSR operand the planner reads as CSC is converted through the remembered transposed pattern
+
+def test_a_csr_operand_read_as_csc_is_converted_through_the_remembered_transpose():
+    import scipy.sparse as sp
+
+    from spfuse.lowering import transposes
+    A = sp.random_array((3000, 3000), density=0.002, format="csr", rng=0)
+    B = sp.random_array((3000, 3000), density=0.002, format="csr", rng=1)
+    k = spfuse.compile("C[i,k] = A[i,j] * B[k,j]")
+    assert "A is read as csc" in k.explain(A=A, B=B)   # (the case this test is about)
+    transposes.clear()
+    rng = np.random.default_rng(2)
+    for _ in range(2):   # same pattern, new values: the remembered pattern, this call's values
+        A.data = rng.standard_normal(A.nnz)
+        np.testing.assert_allclose(k(A=A, B=B).toarray(), (A @ B.T).toarray(), rtol=1e-12, atol=1e-14)
+    assert transposes.cache_size() == 1
+    rows = np.diff(A.indptr)   # a pattern rewritten in place is never served a stale transpose
+    A.indices[:] = np.concatenate([np.sort(rng.choice(3000, r, replace=False)) for r in rows]).astype(A.indices.dtype)
+    np.testing.assert_allclose(k(A=A, B=B).toarray(), (A @ B.T).toarray(), rtol=1e-12, atol=1e-14)
