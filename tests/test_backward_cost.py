@@ -252,3 +252,55 @@ def test_a_csr_operand_read_as_csc_is_converted_through_the_remembered_transpose
     rows = np.diff(A.indptr)   # a pattern rewritten in place is never served a stale transpose
     A.indices[:] = np.concatenate([np.sort(rng.choice(3000, r, replace=False)) for r in rows]).astype(A.indices.dtype)
     np.testing.assert_allclose(k(A=A, B=B).toarray(), (A @ B.T).toarray(), rtol=1e-12, atol=1e-14)
+
+
+# -- factors several gradients share, on a sparse input's pattern, are computed once
+
+SHARED = {
+    "SDDMM-SpMM": ("A[i,l] = B[i,j] * C[i,k] * D[j,k] * E[j,l]", ("C", "D", "E"),
+                   {"B": (7, 6), "C": (7, 3), "D": (6, 3), "E": (6, 2)}),
+    "SDDMM-SpMM-GEMM": ("A[i,m] = B[i,j] * C[i,k] * D[j,k] * F[j,l] * W[l,m]", ("C", "D", "F", "W"),
+                        {"B": (7, 6), "C": (7, 3), "D": (6, 3), "F": (6, 2), "W": (2, 4)}),
+    "GNN-2": ("Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]", ("X", "Y"),
+              {"A": (6, 6), "X": (6, 3), "Y": (3, 6)}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARED))
+def test_a_product_gradients_share_on_a_pattern_is_one_statement(case):
+    from spfuse.autodiff import adjoint
+    text, wrt, shapes = SHARED[case]
+    sparse = next(iter(shapes))
+    lines = adjoint(text, wrt=wrt, sparse=(sparse,)).text.splitlines()
+    shared = [line for line in lines if line.split("[")[0].endswith("_p")]
+    assert len(shared) == 1 and f"* {sparse}[" in shared[0]   # on the sparse input's pattern
+    name = shared[0].split("[")[0]
+    readers = [line for line in lines if f"{name}[" in line.split("=", 1)[1]]
+    assert len(readers) == 2   # two gradients, each one contraction with the shared values
+    assert all(line.count("sum(") == 1 for line in readers if line.startswith(("grad_C", "grad_D", "grad_X")))
+
+
+def test_factors_not_on_a_pattern_are_not_shared():
+    from spfuse.autodiff import adjoint
+    # the shared part grad_A[i,l]*E[j,l] keeps l for grad_E: not on B's pattern
+    text = adjoint("A[i,l] = B[i,j] * C[i,k] * D[j,k] * E[j,l]", wrt=("E",), sparse=("B",)).text
+    assert "_p[" not in text
+    # a dense B: no pattern to store the shared product on
+    text = adjoint("A[i,l] = B[i,j] * C[i,k] * D[j,k] * E[j,l]", wrt=("C", "D")).text
+    assert "_p[" not in text
+
+
+@pytest.mark.parametrize("case", sorted(SHARED))
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(density=st.floats(0.0, 1.0), fmt=st.sampled_from(["csr", "csc", "dense"]), with_sparse=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_shared_products_give_torchs_gradients(case, density, fmt, with_sparse, seed):
+    if check_gradients is None:
+        pytest.skip("needs torch (the gradient oracle)")
+    text, wrt, shapes = SHARED[case]
+    rng = np.random.default_rng(seed)
+    sparse = next(iter(shapes))
+    ops = {n: random_sparse(rng, s, density, fmt) if n == sparse else rng.standard_normal(s)
+           for n, s in shapes.items()}
+    check_gradients(text, ops, rng, wrt=((sparse,) if with_sparse else ()) + wrt)

@@ -154,6 +154,28 @@ def _rename(e: Expr, mapping: Mapping[str, str]) -> Expr:
     return Reduce(e.op, mapping.get(e.index, e.index), _rename(e.body, mapping))
 
 
+def _common_factors(a: list, b: list) -> list[Expr]:
+    """The factors of chain ``a`` also in chain ``b`` (a multiset intersection, in ``a``'s order)."""
+    left = [f for _, f in b]
+    out = []
+    for _, f in a:
+        if f in left:
+            left.remove(f)
+            out.append(f)
+    return out
+
+
+def _remove_factors(chain: list, factors: list[Expr]) -> list | None:
+    """``chain`` without one occurrence of each of ``factors``; None when one is missing."""
+    rest = list(chain)
+    for f in factors:
+        at = next((n for n, (_, g) in enumerate(rest) if g == f), None)
+        if at is None:
+            return None
+        del rest[at]
+    return rest
+
+
 def _all_indices(e: Expr) -> set[str]:
     """Every index name in ``e``: used by an access or bound by a reduction."""
     return all_indices(e) | bound_indices(e)
@@ -601,6 +623,65 @@ class _Builder:
             for c in members:
                 c.chain = [("*", shared)] + c.chain[len(prefix):]
 
+    def share_sparse_products(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once the factors several contributions of one statement
+        have in common -- in any order, all products -- when, with the
+        indices only they use summed, they live on a sparse input's pattern.
+        SDDMM-SpMM's ``sum(l, grad_A[i,l] * E[j,l]) * B[i,j]`` feeds ``grad_C``
+        (times ``D[j,k]``) and ``grad_D`` (times ``C[i,k]``): one SDDMM on
+        B's pattern, then two SpMMs, instead of each gradient redoing the
+        SDDMM inside a fused SDDMM-SpMM.  Returns the new statements;
+        rewrites the chains in place."""
+        out: list[Assignment] = []
+        while True:
+            plain = [c for c in contributions if len(c.chain) > 2 and all(op == "*" for op, _ in c.chain)]
+            for c in plain:   # a product factor's terms are factors too: (B*C) shares B
+                c.chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
+            best = None
+            for n, a in enumerate(plain):
+                for b in plain[n + 1:]:
+                    common = _common_factors(a.chain, b.chain)
+                    members = [c for c in plain if _remove_factors(c.chain, common) is not None]
+                    found = self.sparse_product(common, members)
+                    if found is not None and (best is None or len(common) > len(best[0])):
+                        best = (common, members, found)
+            if best is None:
+                return out
+            common, members, sparse = best
+            rest = [f for f in common if f is not sparse] + [sparse]
+            value = _Contribution("", sparse.indices, [("*", f) for f in rest], False).expression(
+                {}, sparse.indices)
+            if all(c.negate for c in members):
+                value = Unary("neg", value)
+                for c in members:
+                    c.negate = False
+            shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
+            out.append(Assignment(shared, value))
+            for c in members:
+                remaining = _remove_factors(c.chain, common)
+                assert remaining is not None
+                c.chain = [("*", shared)] + remaining
+
+    def sparse_product(self, common: list[Expr], members: list[_Contribution]) -> Access | None:
+        """The sparse input access ``common`` lives on, once the indices used
+        by no member outside it are summed; None when there is none (or
+        fewer than two members, or a member with nothing left)."""
+        if len(members) < 2 or len(common) < 3:
+            return None
+        inside = set().union(*(_all_indices(f) for f in common))
+        needed: set[str] = set()
+        for c in members:
+            remaining = _remove_factors(c.chain, common)
+            if not remaining:
+                return None
+            needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
+        kept = inside & needed
+        for f in common:
+            if isinstance(f, Access) and f.name in self.sparse and set(f.indices) == kept \
+                    and len(set(f.indices)) == len(f.indices):
+                return f
+        return None
+
     def sparse_prefix(self, prefix: tuple) -> bool:
         """Whether the product ``prefix`` is zero off a sparse input's pattern
         that spans all its indices (so its statement stores only that pattern)."""
@@ -712,6 +793,7 @@ class _Builder:
             value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
             contributions = self.contributions(n, stmt, value)
             grads.extend(self.share_sparse_prefixes(name, contributions))
+            grads.extend(self.share_sparse_products(name, contributions))
             for c in contributions:
                 pending.setdefault(c.name, []).append(c)
         gradients = {}
