@@ -504,19 +504,17 @@ class _Dispatch:
 
 
 def _stored_as(t: Tensor, fmt: Format) -> Tensor:
-    """``t`` converted to ``fmt`` for one call.  A CSR matrix read as CSC is
-    the transpose of its transpose's CSR, made through the transposed
-    pattern remembered across calls (one gather of the values per call,
-    where a conversion sorts the indices again every call).
+    """``t`` converted to ``fmt`` for one call, through the reordering
+    remembered for its pattern (:func:`~spfuse.lowering.transposes.stored_as`:
+    one gather of the values per call, where a conversion sorts the indices
+    again every call).
 
     >>> t = Tensor.from_numpy([[0.0, 1.0], [2.0, 3.0]], "csr")
     >>> c = _stored_as(t, Format.csc()); c.format.name, c.todense().tolist()
     ('csc', [[0.0, 1.0], [2.0, 3.0]])
     """
-    if fmt == Format.csc() and t.format == Format.csr():
-        from spfuse.lowering.transposes import transposed_csr
-        return transposed_csr(t).transpose()
-    return t.asformat(fmt)
+    from spfuse.lowering.transposes import stored_as
+    return stored_as(t, fmt)
 
 
 class _Signature:
