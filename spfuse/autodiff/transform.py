@@ -256,6 +256,13 @@ def _product_terms(e: Expr) -> list[Expr]:
     return [e]
 
 
+def _product(terms: list[Expr]) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = Binary("*", out, t)
+    return out
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -456,14 +463,20 @@ class _Builder:
         # the same values under other index names: read them renamed
         return Access(found.name, free_indices(e))
 
-    def hoist_factor(self, f: Expr, base: str, factors: list) -> Expr:
+    def hoist_factor(self, f: Expr, base: str, factors: list, product: bool = False) -> Expr:
         """A chain factor with its reductions hoisted.  A reduction that is
         the factor, or one of its product terms, multiplied (in the factor or
         elsewhere in the chain) by a sparse input over exactly its free indices
         is recomputed on that input's pattern only (``A[i,h] / A[i,h] * sum(k,
         X[i,k] * Y[k,h])``: SDDMM, not the whole dense product) -- every term
-        it enters is zero off the pattern."""
+        it enters is zero off the pattern.  ``product``: ``f`` multiplies the
+        chain (not a divisor, not a selection's condition), so a sum in it
+        may be multiplied out (:meth:`projection_terms`)."""
         terms = _product_terms(f)
+        if product:
+            inlined = [u for t in terms for u in (self.projection_terms(t) or [t])]
+            if inlined != terms:
+                terms, f = inlined, _product(inlined)
         if not any(isinstance(t, Reduce) for t in terms):
             return self.hoist_reductions(f, base)
         sparse = [g for op, g in factors if op == "*" and isinstance(g, Access)]
@@ -482,6 +495,32 @@ class _Builder:
             out = t if out is None else Binary("*", out, t)
         assert out is not None
         return out
+
+    def projection_terms(self, t: Expr) -> list[Expr] | None:
+        """The product terms of a sum ``t`` to multiply into the chain
+        themselves, when stored ``t`` would be a projection of a sparse input
+        off its leading modes: ``sum(j, X[i,j,k] * C[j,r])`` (MTTKRP's, for
+        ``grad_D``) is stored on the (i, k) pairs of X -- a merge of every
+        (i, j) fiber, assembled as sorted coordinates -- where the
+        contraction it feeds, ``sum(i, j, G[i,r] * C[j,r] * X[i,j,k])``, is
+        an MTTKRP of its own.  A sum over trailing modes (SpTTM's ``sum(k,
+        B[i,j,k] * C[k,l])``, on B's (i, j) fibers) is hoisted as before.
+        The bound indices are unique in the statement, so nothing clashes."""
+        bound: list[str] = []
+        body = t
+        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
+            bound.append(body.index)
+            body = body.body
+        terms = _product_terms(body)
+        if not bound or not all(isinstance(u, Access) for u in terms):
+            return None
+        for u in terms:
+            if u.name not in self.sparse or len(set(u.indices)) != len(u.indices):
+                continue
+            summed = [n for n, ix in enumerate(u.indices) if ix in bound]
+            if any(n < len(u.indices) - 1 and any(ix not in bound for ix in u.indices[n + 1:]) for n in summed):
+                return terms
+        return None
 
     def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
         """``e`` with every maximal reduction replaced by a hoisted temporary
@@ -522,7 +561,7 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors)) for op, f in factors]
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in factors]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
