@@ -358,9 +358,9 @@ def test_mttkrps_adjoint_is_two_contractions_without_a_projected_temporary():
     from spfuse.autodiff import adjoint
     lines = adjoint("A[i,r] = X[i,j,k] * C[j,r] * D[k,r]", wrt=("C", "D"), sparse=("X",)).text.splitlines()
     assert [line.split("[")[0] for line in lines] == ["grad_C", "grad_D"]
-    # a sum over trailing modes (SpTTM's, on B's fibres) is still hoisted once
-    lines = adjoint("A[i,j,m] = B[i,j,k] * C[k,l] * D[l,m]", wrt=("C", "D"), sparse=("B",)).text.splitlines()
-    assert lines[0] == "A_r[i, j, l] = sum(k, B[i, j, k] * C[k, l])"
+    # a sum over a matrix's trailing mode (a row of an SpMM) is still hoisted once
+    lines = adjoint("Z[i,j] = A[i,k] * X[k,h] * W[h,j]", wrt=("W",), sparse=("A",)).text.splitlines()
+    assert lines[0] == "Z_r[i, h] = sum(k, A[i, k] * X[k, h])"
     # not inside a selection's condition or a divisor: there a sum is not multiplied out
     text = adjoint("y[j] = where(D[k,j], E[j], F[j]) + E[j] / sum(k, D[k,j] * x[k])", wrt=("E", "F", "x"),
                    sparse=("D",)).text
@@ -376,3 +376,35 @@ def test_mttkrp_gradients_match_torch(density, with_sparse, seed):
     X = np.where(rng.random((5, 4, 6)) < density, rng.standard_normal((5, 4, 6)), 0.0)
     ops = {"X": Tensor.from_numpy(X, "csf"), "C": rng.standard_normal((4, 3)), "D": rng.standard_normal((6, 3))}
     check_gradients("A[i,r] = X[i,j,k] * C[j,r] * D[k,r]", ops, rng, wrt=(("X",) if with_sparse else ()) + ("C", "D"))
+
+
+# -- a contraction several gradients share is computed once, stored dense
+
+def test_a_shared_contraction_is_one_statement():
+    from spfuse.autodiff import adjoint
+    lines = adjoint("A[i,j,m] = B[i,j,k] * C[k,l] * D[l,m]", wrt=("C", "D"), sparse=("B",)).text.splitlines()
+    assert lines == ["grad_A_c[m, k] = sum(i, j, grad_A[i, j, m] * B[i, j, k])",
+                     "grad_C[k, l] = sum(m, grad_A_c[m, k] * D[l, m])",
+                     "grad_D[l, m] = sum(k, grad_A_c[m, k] * C[k, l])"]
+    # two modes of B would be kept (a dense J x K x L): only the dense part is shared
+    lines = adjoint("A[i,m] = B[i,k,l] * C[l,j] * D[k,j] * E[j,m]", wrt=("C", "D"), sparse=("B",)).text.splitlines()
+    assert "grad_A_c[i, j] = sum(m, grad_A[i, m] * E[j, m])" in lines
+    # SDDMM's C·D is read on B's pattern: never stored whole
+    text = adjoint("A[i,j] = B[i,j] * (C[i,k] * D[k,j]) * X[i,j]", wrt=("X", "B"), sparse=("B",)).text
+    assert "_c[" not in text
+
+
+@pytest.mark.parametrize("text, shapes", [
+    ("A[i,j,m] = B[i,j,k] * C[k,l] * D[l,m]", {"B": (4, 3, 5), "C": (5, 3), "D": (3, 2)}),
+    ("A[i,m] = B[i,k,l] * C[l,j] * D[k,j] * E[j,m]", {"B": (4, 3, 5), "C": (5, 3), "D": (3, 3), "E": (3, 2)}),
+])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(density=st.floats(0.0, 1.0), with_sparse=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_tensor_chain_gradients_match_torch(text, shapes, density, with_sparse, seed):
+    if check_gradients is None:
+        pytest.skip("needs torch (the gradient oracle)")
+    rng = np.random.default_rng(seed)
+    B = np.where(rng.random(shapes["B"]) < density, rng.standard_normal(shapes["B"]), 0.0)
+    ops = {n: Tensor.from_numpy(B, "csf") if n == "B" else rng.standard_normal(s) for n, s in shapes.items()}
+    dense = tuple(n for n in shapes if n != "B")
+    check_gradients(text, ops, rng, wrt=(("B",) if with_sparse else ()) + dense)

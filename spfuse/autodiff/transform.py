@@ -165,6 +165,28 @@ def _common_factors(a: list, b: list) -> list[Expr]:
     return out
 
 
+@dataclass
+class _ProductChain:
+    """A contribution whose chain is all products, its product factors split
+    into their terms (``(B*C)`` shares ``B``); written back to the
+    contribution only when a shared part is taken out."""
+
+    chain: list
+    indices: tuple[str, ...]
+    negate: bool
+    source_contribution: _Contribution
+
+
+def _product_chains(contributions) -> list[_ProductChain]:
+    out = []
+    for c in contributions:
+        if all(op == "*" for op, _ in c.chain):
+            chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
+            if len(chain) > 2:
+                out.append(_ProductChain(chain, c.indices, c.negate, c))
+    return out
+
+
 def _remove_factors(chain: list, factors: list[Expr]) -> list | None:
     """``chain`` without one occurrence of each of ``factors``; None when one is missing."""
     rest = list(chain)
@@ -518,7 +540,8 @@ class _Builder:
             if u.name not in self.sparse or len(set(u.indices)) != len(u.indices):
                 continue
             summed = [n for n, ix in enumerate(u.indices) if ix in bound]
-            if any(n < len(u.indices) - 1 and any(ix not in bound for ix in u.indices[n + 1:]) for n in summed):
+            if summed and (len(u.indices) >= 3 or any(
+                    n < len(u.indices) - 1 and any(ix not in bound for ix in u.indices[n + 1:]) for n in summed)):
                 return terms
         return None
 
@@ -673,9 +696,7 @@ class _Builder:
         rewrites the chains in place."""
         out: list[Assignment] = []
         while True:
-            plain = [c for c in contributions if len(c.chain) > 2 and all(op == "*" for op, _ in c.chain)]
-            for c in plain:   # a product factor's terms are factors too: (B*C) shares B
-                c.chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
+            plain = _product_chains(contributions)
             best = None
             for n, a in enumerate(plain):
                 for b in plain[n + 1:]:
@@ -693,13 +714,74 @@ class _Builder:
             if all(c.negate for c in members):
                 value = Unary("neg", value)
                 for c in members:
-                    c.negate = False
+                    c.source_contribution.negate = False
             shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
             out.append(Assignment(shared, value))
             for c in members:
                 remaining = _remove_factors(c.chain, common)
                 assert remaining is not None
-                c.chain = [("*", shared)] + remaining
+                c.source_contribution.chain = [("*", shared)] + remaining
+
+    def share_dense_contractions(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once a contraction several contributions of one statement
+        share, stored dense: MTTKRP-GEMM's ``sum(m, grad_A[i,m] * E[j,m])``
+        feeds ``grad_C`` and ``grad_D``, SpTTM-SpTTM's ``sum(i, j, grad_A[i,j,m]
+        * B[i,j,k])`` both of its gradients; each statement's plan would
+        compute it whole anyway, once each (and without it ``grad_C`` of
+        MTTKRP-GEMM is a three-factor contraction a template kernel runs).
+        Not when a member reads it next to a sparse input spanning two of its
+        indices (SDDMM's ``C·D`` on B's pattern: stored whole it would be
+        dense)."""
+        out: list[Assignment] = []
+        while True:
+            plain = _product_chains(contributions)
+            best = None
+            for n, a in enumerate(plain):
+                for b in plain[n + 1:]:
+                    common = [f for f in _common_factors(a.chain, b.chain) if isinstance(f, Access)
+                              and f.name not in self.on_pattern and f.name not in self.temporaries]
+                    # the whole common part, else without its sparse inputs
+                    for part in (common, [f for f in common if f.name not in self.sparse]):
+                        members = [c for c in plain if _remove_factors(c.chain, part) is not None]
+                        found = self.dense_contraction(part, members)
+                        if found is not None:
+                            if best is None or len(part) > len(best[0]):
+                                best = (part, members, found)
+                            break
+            if best is None:
+                return out
+            common, members, kept = best
+            value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
+            shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
+            out.append(Assignment(shared, value))
+            for c in members:
+                remaining = _remove_factors(c.chain, common)
+                assert remaining is not None
+                c.source_contribution.chain = [("*", shared)] + remaining
+
+    def dense_contraction(self, common: list[Expr], members: list[_Contribution]) -> tuple[str, ...] | None:
+        """The indices a shared dense contraction keeps (those its members
+        use elsewhere), or None (see :meth:`share_dense_contractions`)."""
+        if len(members) < 2 or len(common) < 2:
+            return None
+        inside = set().union(*(_all_indices(f) for f in common))
+        needed: set[str] = set()
+        for c in members:
+            remaining = _remove_factors(c.chain, common)
+            if not remaining:
+                return None
+            needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
+        kept = inside & needed
+        if kept == inside:
+            return None   # nothing summed: an outer product, no contraction to share
+        if any(f.name in self.sparse and len(kept & set(f.indices)) >= 2 for f in common):
+            return None   # two modes of a sparse input kept: stored dense, it would be dense
+        for c in members:
+            for _, f in _remove_factors(c.chain, common) or ():
+                for a in iter_accesses(f):
+                    if a.name in self.sparse and len(kept & set(a.indices)) >= 2:
+                        return None
+        return tuple(dict.fromkeys(ix for f in common for ix in free_indices(f) if ix in kept))
 
     def sparse_product(self, common: list[Expr], members: list[_Contribution]) -> Access | None:
         """The sparse input access ``common`` lives on, once the indices used
@@ -833,6 +915,7 @@ class _Builder:
             contributions = self.contributions(n, stmt, value)
             grads.extend(self.share_sparse_prefixes(name, contributions))
             grads.extend(self.share_sparse_products(name, contributions))
+            grads.extend(self.share_dense_contractions(name, contributions))
             for c in contributions:
                 pending.setdefault(c.name, []).append(c)
         gradients = {}
