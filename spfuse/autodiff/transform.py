@@ -860,7 +860,9 @@ class _Builder:
         by the runner): a row-wise SpMM instead of a scatter over ``k``.  Only
         when it is the term's one sparse read and the cotangent is dense (the
         forward result is not structurally sparse), so no co-iteration of
-        differently ordered sparse operands is created."""
+        differently ordered sparse operands is created; and not into a vector
+        (``sum(i, g[i] * A[i,j])``, SpMV's adjoint): its rows scatter into
+        the one dense vector as stored (spmv_t), no transpose needed."""
         # a sub-reduction recomputed on a sparse pattern (hoist_factor) is sparse too
         sparse = [a for a in iter_accesses(term) if a.name in self.sparse or a.name in self.on_pattern]
         if len(sparse) != 1 or self.structural_mask(source) is not None:
@@ -868,6 +870,8 @@ class _Builder:
         acc = sparse[0]
         if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
             return term
+        if len(target) == 1:
+            return term   # a vector result: the rows scatter into it as stored (SpMV's adjoint is spmv_t)
         name = self.transposed.get(acc.name)
         if name is None:
             name = self.transposed[acc.name] = self.names.fresh(f"{acc.name}_T")
