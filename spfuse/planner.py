@@ -233,19 +233,24 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     graph; an acyclic graph can still force an asymptotically worse order
     (``A[i,j]·B[k,j]``: a merge per (i, k) pair instead of Gustavson over
     Bᵀ, or ``Aᵀ·A`` scattered whole).  A program that a template kernel
-    runs on its operands as stored (:func:`_fused_template`) is kept: the
-    estimates price the generic executor, and converting would only add a
-    pass (masked SpGEMM ran converted to a merge per stored mask entry).
+    runs on its operands as stored (:func:`_fused_template`, or a
+    whole-program kernel such as the row maxima of a CSC matrix, read as
+    the column maxima of its arrays) is kept: the estimates price the
+    generic executor, and converting would only add a pass (masked SpGEMM
+    ran converted to a merge per stored mask entry).
     ``planner(program, infos)`` plans a program over operand infos."""
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
-    if _fused_template(plan.program, plan.inputs):
+    from spfuse.lowering.templates import whole_program_kernel
+    if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None:
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     reordered = _template_mode_order(plan, planner)
     if reordered is not None:
         return reordered
     base = _estimated_ns(plan)
-    if base < RESTORE_MIN_NS:
+    # operands some loop order already visits out of storage order (the lowering converts them)
+    moved = {t[0] for ts in plan.transpositions.values() for t in ts}
+    if base < RESTORE_MIN_NS and not moved:
         return plan
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
@@ -269,7 +274,11 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
             except UnsupportedError:
                 continue
             cost = _estimated_ns(alt) + (info.nnz or 0) * active_constants().transpose_sparse
-            if cost * RESTORE_MARGIN < best_cost:
+            # An operand converted anyway is planned for in its new order unless that
+            # is notably dearer: the iteration masks then see the layout iterated
+            # (A[i,j]·B[i,j] with B CSC: a merge over converted columns, not a search per entry).
+            margin = 1 / RESTORE_MARGIN if name in moved and not aliases else RESTORE_MARGIN
+            if cost * margin < best_cost:
                 best, best_cost = replace(alt, aliases=aliases), cost
                 why = (f"{what} (converted per call): estimated {fmt_ns(best_cost)} "
                        f"against {fmt_ns(base)} in its own storage order")

@@ -153,14 +153,24 @@ def test_the_constants_decide(monkeypatch):
     (40, 900, ("j", "i"), "A"),
 ])
 def test_cycle_transposes_the_cheaper_operand(nnz_a, nnz_b, order, transposed):
+    import spfuse.planner as planner
     infos = {"A": csr("A", (50, 50), nnz_a), "B": csr("B", (50, 50), nnz_b)}
-    p = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), infos)
-    assert p.orders[0] == order
-    assert [t[0] for t in p.transpositions[0]] == [transposed]
-    choice = p.order_choices[0]
+    token = planner._restoring.set(True)   # the loop-order choice alone, before storage orders
+    try:
+        raw = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), infos)
+    finally:
+        planner._restoring.reset(token)
+    assert raw.orders[0] == order
+    assert [t[0] for t in raw.transpositions[0]] == [transposed]
+    choice = raw.order_choices[0]
     assert choice.cycle and f"transpose {transposed}[" in choice.cycle[0]
     nnz = min(nnz_a, nnz_b)
     assert choice.best.transposition == pytest.approx(nnz * active_constants().transpose_sparse)
+    # ... and the plan is then made for the converted operand (its masks see the layout iterated)
+    p = plan_program(parse_program("C[i,j] = A[i,j] * B[j,i]"), infos)
+    assert p.orders[0] == order and not p.transpositions
+    assert p.inputs[transposed].mode_order == (1, 0)
+    assert any(f"{transposed} is read as csc (converted per call)" in d for d in p.decisions)
 
 
 def test_csf_cycle_transposes_the_cheaper_operand():
@@ -252,7 +262,8 @@ def test_explain_shows_cost_breakdown_and_runner_up():
     text = k.explain(A=sp.random_array((30, 30), density=0.3, format="csr", rng=rng),
                      B=sp.random_array((30, 30), density=0.05, format="csr", rng=rng))
     assert "computation" in text and "workspace" in text and "transposition" in text
-    assert "runner-up" in text and "transposes B" in text and "storage order: " in text
+    assert "runner-up" in text and "transposes A" in text
+    assert "decision: B is read as csc (converted per call)" in text   # the cycle broken at B, the sparser
 
 
 def test_dense_cycle_transposes_one_operand_and_matches_numpy():

@@ -250,3 +250,37 @@ def test_mttkrp_on_any_mode_of_a_csf_in_any_mode_order(order, out, threads, rng)
     explained = kernel.explain(X=T, B=factor[a], C=factor[b])
     assert expected in explained
     assert ("X is read in mode order" in explained) == (stored.index(out) == 2)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(order=st.permutations(range(3)), shape=st.tuples(st.integers(0, 7), st.integers(0, 6), st.integers(0, 5)),
+       density=st.sampled_from([0.0, 0.3, 1.0]), kind=st.sampled_from(["ttv", "ttm", "mttkrp", "spttm"]),
+       out_modes=st.permutations("ijk"), dtype=st.sampled_from([np.float64, np.float32]),
+       seed=st.integers(0, 2**16))
+def test_csf_templates_in_any_mode_order_match_numpy(order, shape, density, kind, out_modes, dtype, seed):
+    """The CSF kernels read levels as stored: any mode order, any output
+    order of the indices, zero-size modes and float32/int64 give numpy's
+    result, and the same bits on 1 and 2 threads (which kernel runs depends
+    on the stored order; whether one runs is not asserted).  int32/int64
+    indices are covered by the kernel tests (test_template_kernels)."""
+    from spfuse.formats import Format
+    rng = np.random.default_rng(seed)
+    X = np.where(rng.random(shape) < density, rng.standard_normal(shape), 0.0).astype(dtype)
+    T = Tensor.from_numpy(X).asformat(Format.csf(tuple(order)))
+    dims = dict(zip("ijk", shape, strict=True))
+    a, b, c = out_modes   # c: the contracted mode (mttkrp: a is kept, b and c contracted)
+    W = rng.standard_normal((dims[c], 3)).astype(dtype)
+    E = rng.standard_normal((3, 2)).astype(dtype)
+    V = rng.standard_normal((dims[b], 3)).astype(dtype)
+    text, ops, spec = {
+        "ttv": (f"A[{a},{b}] = X[i,j,k] * w[{c}]", {"w": W[:, 0].copy()}, f"ijk,{c}->{a}{b}"),
+        "ttm": (f"A[{a},{b},l] = X[i,j,k] * W[{c},l]", {"W": W}, f"ijk,{c}l->{a}{b}l"),
+        "mttkrp": (f"A[{a},r] = X[i,j,k] * V[{b},r] * W[{c},r]", {"V": V, "W": W}, f"ijk,{b}r,{c}r->{a}r"),
+        "spttm": (f"A[{a},{b},m] = X[i,j,k] * W[{c},l] * E[l,m]", {"W": W, "E": E}, f"ijk,{c}l,lm->{a}{b}m"),
+    }[kind]
+    got = [spfuse.evaluate(text, X=T, **ops, num_threads=t) for t in (1, 2)]
+    dense = [np.asarray(densify(g)) for g in got]
+    np.testing.assert_array_equal(dense[0], dense[1])
+    want = np.einsum(spec, X.astype(np.float64), *(o.astype(np.float64) for o in ops.values()))
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(dense[0], want, rtol=tol, atol=tol)

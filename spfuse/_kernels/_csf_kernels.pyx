@@ -85,6 +85,15 @@ cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) n
         acc[k] += v * <double>x[k]
 
 
+cdef inline void _fiber_times(double* t, const index_t* p2, const index_t* c2, const floating* v,
+                              const floating* D, Py_ssize_t f, Py_ssize_t R) noexcept nogil:
+    """``t[0:R] = sum_p v[p] * D[c2[p], :]`` over fiber ``f``'s entries (MTTKRP's hoisted row)."""
+    cdef Py_ssize_t p
+    memset(t, 0, R * sizeof(double))
+    for p in range(p2[f], p2[f + 1]):
+        _axpy(t, <double>v[p], D + <Py_ssize_t>c2[p] * R, R)
+
+
 cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
                          double* acc) noexcept nogil:
     """``acc[0:L] = t[0:K] @ D`` (D C-contiguous K x L), four rows of D at a time."""
@@ -286,9 +295,7 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
                 for q in range(q0, q1):
                     memset(acc, 0, R * sizeof(double))
                     for f in range(p1[q], p1[q + 1]):
-                        memset(t, 0, R * sizeof(double))
-                        for p in range(p2[f], p2[f + 1]):
-                            _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
+                        _fiber_times(t, p2, c2, v, dp, f, R)
                         crow = cp + <Py_ssize_t>c1[f] * R
                         for r in range(R):
                             acc[r] += t[r] * <double>crow[r]
@@ -370,9 +377,7 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
                     for q in range(q0, q1):
                         crow = cp + <Py_ssize_t>c0[q] * R
                         for f in range(p1[q], p1[q + 1]):
-                            memset(t, 0, R * sizeof(double))
-                            for p in range(p2[f], p2[f + 1]):
-                                _axpy(t, <double>v[p], dp + <Py_ssize_t>c2[p] * R, R)
+                            _fiber_times(t, p2, c2, v, dp, f, R)
                             for r in range(R):
                                 acc[<Py_ssize_t>c1[f] * R + r] += t[r] * <double>crow[r]
         if nb == own:

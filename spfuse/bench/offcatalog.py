@@ -651,6 +651,13 @@ PROGRAMS = [
         (Spelling("X in mode order (1,0,2)", adapt=_modes("X", (1, 0, 2))),
          Spelling("factors first", "A[j,r] = D[k,r] * C[i,r] * X[i,j,k]"))),
     OffProgram(
+        "MTTKRP-mode2", "tensor inner mode", "tensor3", "A[k,r] = X[i,j,k] * C[i,r] * D[j,r]",
+        _tensor_ops(("C", 0), ("D", 1)),
+        {"numpy": _p(lambda s: _factor_rows_sum(s, 2, {0: s["C"], 1: s["D"]}),
+                     "v * C[i] * D[j] summed over k-sorted entries (add.reduceat), blocks",
+                     _sorted_coords("X", (2,)))},
+        (Spelling("X in mode order (2,0,1)", adapt=_modes("X", (2, 0, 1))),)),
+    OffProgram(
         "MTTKRP-csf102", "sparse mode order", "tensor3", "A[i,r] = X[i,j,k] * C[j,r] * D[k,r]",
         lambda x, r, g: dict(_tensor_ops(("C", 1), ("D", 2))(x, r, g), X=x.asformat(Format.csf((1, 0, 2)))),
         {"numpy": _p(lambda s: _factor_rows_sum(s, 0, {1: s["C"], 2: s["D"]}),

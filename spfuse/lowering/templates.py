@@ -628,6 +628,22 @@ def match_template(plan) -> TemplateMatch | None:
     return m
 
 
+def whole_program_kernel(plan) -> str | None:
+    """The kernel that runs ``plan``'s whole program on its operands as
+    stored, or None (then its groups may still reach kernels one by one).
+    The planner keeps such a plan's storage orders (``with_storage_orders``).
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.planner import plan_program
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> csc = TensorInfo("A", 2, ("dense", "compressed"), (1, 0), (50, 40), nnz=200)
+    >>> whole_program_kernel(plan_program(parse_program("y[i] = max(j, A[i,j])"), {"A": csc}))
+    'col_max'
+    """
+    m = _match(plan)
+    return None if m is None else m.kernel
+
+
 def _match(plan) -> TemplateMatch | None:
     infos = plan.inputs
     ein = _einsum(plan.program)
