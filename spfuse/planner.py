@@ -239,9 +239,9 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     generic executor, and converting would only add a pass (masked SpGEMM
     ran converted to a merge per stored mask entry).
     ``planner(program, infos)`` plans a program over operand infos."""
+    from spfuse.lowering.templates import whole_program_kernel
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
-    from spfuse.lowering.templates import whole_program_kernel
     if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None:
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     reordered = _template_mode_order(plan, planner)

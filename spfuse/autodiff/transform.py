@@ -187,6 +187,46 @@ def _product_chains(contributions) -> list[_ProductChain]:
     return out
 
 
+def _largest_shared(plain: list[_ProductChain], parts, judge) -> tuple | None:
+    """Over every pair of chains, the largest factor list ``parts(common)``
+    proposes (in order, the first accepted per pair) that ``judge(part,
+    members)`` accepts, with the chains holding it: ``(part, members,
+    verdict)``, or None."""
+    best = None
+    for n, a in enumerate(plain):
+        for b in plain[n + 1:]:
+            for part in parts(_common_factors(a.chain, b.chain)):
+                members = [c for c in plain if _remove_factors(c.chain, part) is not None]
+                found = judge(part, members)
+                if found is not None:
+                    if best is None or len(part) > len(best[0]):
+                        best = (part, members, found)
+                    break
+    return best
+
+
+def _kept_indices(common: list[Expr], members: list[_ProductChain]) -> tuple[set[str], set[str]] | None:
+    """``(inside, kept)``: the indices of the shared factors ``common``, and
+    those of them the members use outside it (their own indices or their
+    other factors'); None when a member would have nothing left."""
+    inside = set().union(*(_all_indices(f) for f in common))
+    needed: set[str] = set()
+    for c in members:
+        remaining = _remove_factors(c.chain, common)
+        if not remaining:
+            return None
+        needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
+    return inside, inside & needed
+
+
+def _take_out(shared: Access, common: list[Expr], members: list[_ProductChain]) -> None:
+    """Each member's contribution reads ``shared`` instead of the factors ``common``."""
+    for c in members:
+        remaining = _remove_factors(c.chain, common)
+        assert remaining is not None
+        c.source_contribution.chain = [("*", shared)] + remaining
+
+
 def _remove_factors(chain: list, factors: list[Expr]) -> list | None:
     """``chain`` without one occurrence of each of ``factors``; None when one is missing."""
     rest = list(chain)
@@ -696,15 +736,7 @@ class _Builder:
         rewrites the chains in place."""
         out: list[Assignment] = []
         while True:
-            plain = _product_chains(contributions)
-            best = None
-            for n, a in enumerate(plain):
-                for b in plain[n + 1:]:
-                    common = _common_factors(a.chain, b.chain)
-                    members = [c for c in plain if _remove_factors(c.chain, common) is not None]
-                    found = self.sparse_product(common, members)
-                    if found is not None and (best is None or len(common) > len(best[0])):
-                        best = (common, members, found)
+            best = _largest_shared(_product_chains(contributions), lambda common: [common], self.sparse_product)
             if best is None:
                 return out
             common, members, sparse = best
@@ -717,10 +749,7 @@ class _Builder:
                     c.source_contribution.negate = False
             shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
             out.append(Assignment(shared, value))
-            for c in members:
-                remaining = _remove_factors(c.chain, common)
-                assert remaining is not None
-                c.source_contribution.chain = [("*", shared)] + remaining
+            _take_out(shared, common, members)
 
     def share_dense_contractions(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
         """Compute once a contraction several contributions of one statement
@@ -732,46 +761,30 @@ class _Builder:
         Not when a member reads it next to a sparse input spanning two of its
         indices (SDDMM's ``C·D`` on B's pattern: stored whole it would be
         dense)."""
+        def parts(common: list[Expr]) -> list[list[Expr]]:
+            # operands and the cotangent, not temporaries; the whole common part, else without its sparse inputs
+            common = [f for f in common if isinstance(f, Access) and f.name not in self.on_pattern
+                      and f.name not in self.temporaries]
+            return [common, [f for f in common if f.name not in self.sparse]]
+
         out: list[Assignment] = []
         while True:
-            plain = _product_chains(contributions)
-            best = None
-            for n, a in enumerate(plain):
-                for b in plain[n + 1:]:
-                    common = [f for f in _common_factors(a.chain, b.chain) if isinstance(f, Access)
-                              and f.name not in self.on_pattern and f.name not in self.temporaries]
-                    # the whole common part, else without its sparse inputs
-                    for part in (common, [f for f in common if f.name not in self.sparse]):
-                        members = [c for c in plain if _remove_factors(c.chain, part) is not None]
-                        found = self.dense_contraction(part, members)
-                        if found is not None:
-                            if best is None or len(part) > len(best[0]):
-                                best = (part, members, found)
-                            break
+            best = _largest_shared(_product_chains(contributions), parts, self.dense_contraction)
             if best is None:
                 return out
             common, members, kept = best
             value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
             shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
             out.append(Assignment(shared, value))
-            for c in members:
-                remaining = _remove_factors(c.chain, common)
-                assert remaining is not None
-                c.source_contribution.chain = [("*", shared)] + remaining
+            _take_out(shared, common, members)
 
-    def dense_contraction(self, common: list[Expr], members: list[_Contribution]) -> tuple[str, ...] | None:
+    def dense_contraction(self, common: list[Expr], members: list[_ProductChain]) -> tuple[str, ...] | None:
         """The indices a shared dense contraction keeps (those its members
         use elsewhere), or None (see :meth:`share_dense_contractions`)."""
-        if len(members) < 2 or len(common) < 2:
+        found = _kept_indices(common, members) if len(members) >= 2 and len(common) >= 2 else None
+        if found is None:
             return None
-        inside = set().union(*(_all_indices(f) for f in common))
-        needed: set[str] = set()
-        for c in members:
-            remaining = _remove_factors(c.chain, common)
-            if not remaining:
-                return None
-            needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
-        kept = inside & needed
+        inside, kept = found
         if kept == inside:
             return None   # nothing summed: an outer product, no contraction to share
         if any(f.name in self.sparse and len(kept & set(f.indices)) >= 2 for f in common):
@@ -783,20 +796,14 @@ class _Builder:
                         return None
         return tuple(dict.fromkeys(ix for f in common for ix in free_indices(f) if ix in kept))
 
-    def sparse_product(self, common: list[Expr], members: list[_Contribution]) -> Access | None:
+    def sparse_product(self, common: list[Expr], members: list[_ProductChain]) -> Access | None:
         """The sparse input access ``common`` lives on, once the indices used
         by no member outside it are summed; None when there is none (or
         fewer than two members, or a member with nothing left)."""
-        if len(members) < 2 or len(common) < 3:
+        found = _kept_indices(common, members) if len(members) >= 2 and len(common) >= 3 else None
+        if found is None:
             return None
-        inside = set().union(*(_all_indices(f) for f in common))
-        needed: set[str] = set()
-        for c in members:
-            remaining = _remove_factors(c.chain, common)
-            if not remaining:
-                return None
-            needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
-        kept = inside & needed
+        kept = found[1]
         for f in common:
             if isinstance(f, Access) and f.name in self.sparse and set(f.indices) == kept \
                     and len(set(f.indices)) == len(f.indices):

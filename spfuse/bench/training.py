@@ -10,7 +10,8 @@ faster) and the largest loss difference to spfuse over all epochs.
 Backward: per catalogue kernel (:mod:`spfuse.bench.suite`), the median time
 of ``spfuse.vjp`` with respect to every dense operand over the median time
 of the forward ``spfuse.evaluate``, same operands, same run, the two timed
-alternately (one call of each per round); both after a warm-up call (planning; for vjp also the fused-or-split measurement of
+alternately (one call of each per round); both after a warm-up call
+(planning; for vjp also the fused-or-split measurement of
 :class:`spfuse.autodiff.run.ExecutionChoice`).
 """
 from __future__ import annotations
