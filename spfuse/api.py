@@ -435,9 +435,8 @@ class _Dispatch:
                               if name not in plan.inputs)
         # sums over fibres the sparse operands share, run over one fibre index when they do
         self.fusion = fusion
-        self.fibres = None if self.diagonal or not all(
-            plan.formats[r].format_name == "dense" for r in plan.results if r in plan.formats) else \
-            shared_fibres(program, tensors)
+        # (the operands' own formats: the plan's may be a storage order it converts to)
+        self.fibres = None if self.diagonal else _fibres(plan, {n: t.format for n, t in tensors.items()})
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -639,9 +638,21 @@ def describe_execution(plan: Plan) -> str:
     from spfuse.lowering.templates import match_template
     m = match_template(plan)
     if m is None:
-        return "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
-    roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
-    return f"template kernel '{m.kernel}' ({m.why}; {roles})"
+        how = "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
+    else:
+        roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
+        how = f"template kernel '{m.kernel}' ({m.why}; {roles})"
+    flat = _fibres(plan, {n: Format(tuple(i.levels), tuple(i.mode_order)) for n, i in plan.inputs.items()})
+    return how if flat is None else f"{how}; over shared fibres, {flat.describe()}"
+
+
+def _fibres(plan: Plan, formats: Mapping[str, Format]):
+    """The plan's program over the fibres its sparse operands (stored as
+    ``formats``) share (:mod:`spfuse.lowering.fibres`), when its results are
+    stored dense (the flattened program's results are returned in their place)."""
+    if not all(plan.formats[r].format_name == "dense" for r in plan.results if r in plan.formats):
+        return None
+    return shared_fibres(plan.program, formats)
 
 
 class Kernel:

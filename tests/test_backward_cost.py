@@ -408,3 +408,25 @@ def test_tensor_chain_gradients_match_torch(text, shapes, density, with_sparse, 
     ops = {n: Tensor.from_numpy(B, "csf") if n == "B" else rng.standard_normal(s) for n, s in shapes.items()}
     dense = tuple(n for n in shapes if n != "B")
     check_gradients(text, ops, rng, wrt=(("B",) if with_sparse else ()) + dense)
+
+
+def test_explain_shows_the_program_over_shared_fibres():
+    rng = np.random.default_rng(6)
+    ops = _fibre_operands(rng, (5, 4, 6), 0.4, 3)
+    text = FIBRE_CASES["spttm_grad_d"]
+    explained = spfuse.compile(text).explain(G=ops["G"], H=ops["H"])
+    assert "over shared fibres, when G, H store the same fibres of their 2 leading levels" in explained
+    assert "sum(f, G[f, m] * H[f, l])" in explained
+
+
+def test_an_operand_the_planner_reads_in_another_order_is_flattened_as_stored():
+    """The flattening follows the operands' own storage (a plan may convert one)."""
+    from spfuse.formats import Format
+    rng = np.random.default_rng(7)
+    B = _csf(rng, (5, 4, 6), 0.4).asformat(Format.csf((1, 0, 2)))   # stored (j, i, k)
+    G = spfuse.evaluate("G[i,j,m] = B[i,j,k] * C[k,m]", B=B, C=rng.random((6, 3)))
+    for text in ("t[k] = sum(i, j, B[i,j,k])", "T[k,m] = sum(i, j, G[i,j,m] * B[i,j,k])"):
+        ops = {"B": B, "G": G}
+        ops = {n: ops[n] for n in ("B", "G") if f"{n}[" in text}
+        want = dense_reference(text, {n: v.todense() for n, v in ops.items()})
+        np.testing.assert_allclose(np.asarray(spfuse.evaluate(text, **ops)), want, atol=1e-12)

@@ -54,13 +54,23 @@ class FibreFlattening:
     depth: int
     sparse: tuple[str, ...]
 
+    def describe(self) -> str:
+        """The flattening in words, for ``explain()``.
+
+        >>> print(shared_fibres(parse_program("c[k] = sum(i, j, X[i,j,k] * Y[i,j,k])"),
+        ...                     {"X": Format.csf((0, 1, 2)), "Y": Format.csf((0, 1, 2))}).describe())
+        when X, Y store the same fibres of their 2 leading levels (checked per call): c[k] = sum(f, X[f, k] * Y[f, k])
+        """
+        return (f"when {', '.join(self.sparse)} store the same fibres of their {self.depth} leading levels "
+                f"(checked per call): {self.program.text}")
+
     def operands(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor] | None:
         """The operands of :attr:`program` (views of ``tensors``' arrays), or
         None when the sparse operands do not store the same fibres.
 
         >>> import numpy as np
         >>> X = Tensor.from_numpy(np.arange(8.0).reshape(2, 2, 2) % 3, "csf")
-        >>> flat = shared_fibres(parse_program("c[k] = sum(i, j, X[i,j,k] * X[i,j,k])"), {"X": X})
+        >>> flat = shared_fibres(parse_program("c[k] = sum(i, j, X[i,j,k] * X[i,j,k])"), {"X": X.format})
         >>> flat.program.text
         'c[k] = sum(f, X[f, k] * X[f, k])'
         >>> t = flat.operands({"X": X})["X"]
@@ -141,11 +151,12 @@ def _fibre_sums(e: Expr, fibre: frozenset):
     return None
 
 
-def shared_fibres(program: Program, tensors: Mapping[str, Tensor]) -> FibreFlattening | None:
+def shared_fibres(program: Program, formats: Mapping[str, Format]) -> FibreFlattening | None:
     """The flattening of a one-statement ``program`` over its sparse operands'
-    shared leading fibres, or None when it does not apply (see the module).
+    shared leading fibres, or None when it does not apply (see the module);
+    ``formats``: each operand's storage format.
 
-    >>> X = Tensor.from_numpy(np.ones((2, 2, 2)), "csf")
+    >>> X = Format.csf((0, 1, 2))
     >>> shared_fibres(parse_program("c[k] = sum(i, j, X[i,j,k])"), {"X": X}).program.text
     'c[k] = sum(f, X[f, k])'
     >>> shared_fibres(parse_program("A[i,k] = sum(j, X[i,j,k])"), {"X": X}) is None   # i is not summed
@@ -155,7 +166,7 @@ def shared_fibres(program: Program, tensors: Mapping[str, Tensor]) -> FibreFlatt
         return None
     st = program.statements[0]
     accesses = list(iter_accesses(st.value))
-    fmts = {a.name: tensors[a.name].format for a in accesses if a.name in tensors}
+    fmts = {a.name: formats[a.name] for a in accesses if a.name in formats}
     sparse = [a for a in accesses if a.name in fmts and not fmts[a.name].is_dense]
     if not sparse or len(fmts) != len({a.name for a in accesses}):
         return None
