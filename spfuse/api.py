@@ -26,6 +26,7 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
+from spfuse.lowering.fibres import shared_fibres
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
@@ -435,6 +436,10 @@ class _Dispatch:
         estimate = plan.report.estimate if plan.report is not None else None
         self.fixed_work = estimate if estimate is not None and math.isfinite(estimate) else sum(
             math.prod(e or 0 for e in shape) for name, shape in plan.shapes.items() if name not in plan.inputs)
+        # sums over fibres the sparse operands share, run over one fibre index when they do
+        self.fusion = fusion
+        # (the operands' own formats: the plan's may be a storage order it converts to)
+        self.fibres = None if self.diagonal else _fibres(plan, {n: t.format for n, t in tensors.items()})
 
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
@@ -454,16 +459,32 @@ class _Dispatch:
         without a conversion, a copy of the pattern or a scan."""
         if self.diagonal:
             tensors = self._diagonal_operands(tensors)[1]
+        if self.fibres is not None:
+            flat = self.fibres.operands(tensors)
+            if flat is not None:
+                return self._results(self._on_fibres(flat, num_threads), tensors, raw)
         # every kernel runs less work than this on one thread anyway
         threads = threads_for_call(num_threads, worthwhile=sum(t._values.size for t in tensors.values())
                                    + self.fixed_work >= PARALLEL_MIN_WORK)
         plan = self.plan
         tensors = bind_aliases(plan, tensors)
         if self.conversions:
-            tensors = {n: t.asformat(self.conversions[n]) if n in self.conversions else t
+            tensors = {n: _stored_as(t, self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw_values = self.template.run(tensors, threads) if self.template is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
+        return self._results(raw_values, tensors, raw)
+
+    def _on_fibres(self, flat: Mapping[str, Tensor], num_threads: int | None) -> dict:
+        """The flattened program's results (:mod:`spfuse.lowering.fibres`), dense as the plan stores them."""
+        assert self.fibres is not None
+        program = self.fibres.program
+        values = _run(program, flat, None, self.fusion, num_threads, trusted=frozenset(flat), raw=True)
+        values = values if isinstance(values, dict) else {program.results[0]: values}
+        return {n: np.asarray(v.todense() if isinstance(v, Tensor) else v) for n, v in values.items()}
+
+    def _results(self, raw_values: Mapping[str, Any], tensors: Mapping[str, Tensor], raw: bool):
+        plan = self.plan
         results = {}
         if raw:
             for name in plan.results:
@@ -482,6 +503,20 @@ class _Dispatch:
                 value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
             results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
+
+
+def _stored_as(t: Tensor, fmt: Format) -> Tensor:
+    """``t`` converted to ``fmt`` for one call, through the reordering
+    remembered for its pattern (:func:`~spfuse.lowering.transposes.stored_as`:
+    one gather of the values per call, where a conversion sorts the indices
+    again every call).
+
+    >>> t = Tensor.from_numpy([[0.0, 1.0], [2.0, 3.0]], "csr")
+    >>> c = _stored_as(t, Format.csc()); c.format.name, c.todense().tolist()
+    ('csc', [[0.0, 1.0], [2.0, 3.0]])
+    """
+    from spfuse.lowering.transposes import stored_as
+    return stored_as(t, fmt)
 
 
 class _Signature:
@@ -606,9 +641,21 @@ def describe_execution(plan: Plan) -> str:
     from spfuse.lowering.templates import match_template
     m = match_template(plan)
     if m is None:
-        return "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
-    roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
-    return f"template kernel '{m.kernel}' ({m.why}; {roles})"
+        how = "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
+    else:
+        roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
+        how = f"template kernel '{m.kernel}' ({m.why}; {roles})"
+    flat = _fibres(plan, {n: Format(tuple(i.levels), tuple(i.mode_order)) for n, i in plan.inputs.items()})
+    return how if flat is None else f"{how}; over shared fibres, {flat.describe()}"
+
+
+def _fibres(plan: Plan, formats: Mapping[str, Format]):
+    """The plan's program over the fibres its sparse operands (stored as
+    ``formats``) share (:mod:`spfuse.lowering.fibres`), when its results are
+    stored dense (the flattened program's results are returned in their place)."""
+    if not all(plan.formats[r].format_name == "dense" for r in plan.results if r in plan.formats):
+        return None
+    return shared_fibres(plan.program, formats)
 
 
 class Kernel:

@@ -239,15 +239,19 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     generic executor, and converting would only add a pass (masked SpGEMM
     ran converted to a merge per stored mask entry).
     ``planner(program, infos)`` plans a program over operand infos."""
+    from spfuse.lowering.templates import whole_program_kernel
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
+    if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None:
+        return plan   # (the estimates price the generic executor; a template runs the operands as stored)
+    reordered = _template_mode_order(plan, planner)
+    if reordered is not None:
+        return reordered
     base = _estimated_ns(plan)
-    from spfuse.lowering.templates import whole_program_kernel
     # operands some loop order already visits out of storage order (the lowering converts them)
     moved = {t[0] for ts in plan.transpositions.values() for t in ts}
-    if ((base < RESTORE_MIN_NS and not moved) or _fused_template(plan.program, plan.inputs)
-            or whole_program_kernel(plan) is not None):
-        return plan   # (the estimates price the generic executor; a template runs the operands as stored)
+    if base < RESTORE_MIN_NS and not moved:
+        return plan
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
     for name, info in plan.inputs.items():
@@ -282,6 +286,40 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
         return plan
     # best.inputs holds the order planned for: the call converts the operand to it
     return replace(best, decisions=best.decisions + (why,))
+
+
+def _template_mode_order(plan: Plan, planner) -> Plan | None:
+    """The plan with one 3-d CSF operand read in another mode order, when
+    that makes the program a template kernel's einsum; else None.
+
+    ``grad_D[k,r] = sum(i, j, G[i,r] * C[j,r] * X[i,j,k])`` (MTTKRP's
+    adjoint) contracts X onto its last stored mode, which no kernel does;
+    with X read in mode order (k, i, j) it is an MTTKRP.  The template runs
+    several times faster than the generic executor, and the conversion per
+    call is one gather of the values once the pattern's reordering is
+    remembered (:func:`~spfuse.lowering.transposes.stored_as`), so the
+    estimates (which price the generic executor) are not consulted."""
+    import itertools
+    for name, info in plan.inputs.items():
+        if not (info.is_sparse and info.ndim == 3 and info.levels == ("compressed",) * 3):
+            continue
+        for order in itertools.permutations(range(3)):
+            if order == tuple(info.mode_order):
+                continue
+            infos = {**plan.inputs, name: replace(info, mode_order=order)}
+            if not _fused_template(plan.program, infos):
+                continue
+            try:
+                alt = planner(plan.program, infos)
+            except UnsupportedError:
+                continue
+            from spfuse.lowering.templates import match_template
+            if match_template(alt) is None:
+                continue
+            why = (f"{name} is read in mode order {order} (converted per call, its reordering "
+                   f"remembered per pattern): a template kernel runs it")
+            return replace(alt, decisions=alt.decisions + (why,))
+    return None
 
 
 def bind_aliases(plan: Plan, operands: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -73,20 +73,29 @@ def test_cache_keeps_no_operand_alive_and_stays_bounded(rng):
 
 
 def test_vjp_through_a_transposed_read_sees_each_calls_values(rng):
-    """grad_x of y = A x reads A as the CSR of Aᵀ: same pattern, new values,
+    """grad_X of Y = A X reads A as the CSR of Aᵀ: same pattern, new values,
     and a pattern rewritten in place, give the right gradient every call."""
-    text = "y[i] = A[i,j] * x[j]"
-    assert "A_T" in adjoint(text, wrt=("x",), sparse=("A",)).text
+    text = "Y[i,h] = A[i,j] * X[j,h]"
+    assert "A_T" in adjoint(text, wrt=("X",), sparse=("A",)).text
     A = _csr(rng, 9, 6)
-    x, g = rng.standard_normal(6), rng.standard_normal(9)
+    x, g = rng.standard_normal((6, 3)), rng.standard_normal((9, 3))
     for _ in range(3):
         A.data = rng.standard_normal(A.nnz)
-        got = spfuse.vjp(text, g, wrt=("x",), A=A, x=x)["x"]
+        got = spfuse.vjp(text, g, wrt=("X",), A=A, X=x)["X"]
         np.testing.assert_allclose(got, A.toarray().T @ g, rtol=1e-12)
     rows = np.diff(A.indptr)
     A.indices[:] = np.concatenate([np.arange(r) for r in rows])  # rewrite the pattern in place
-    got = spfuse.vjp(text, g, wrt=("x",), A=A, x=x)["x"]
+    got = spfuse.vjp(text, g, wrt=("X",), A=A, X=x)["X"]
     np.testing.assert_allclose(got, A.toarray().T @ g, rtol=1e-12)
+
+
+def test_spmv_adjoint_reads_the_matrix_as_stored(rng):
+    """grad_x of y = A x scatters A's rows into the one gradient vector (spmv_t): no transpose."""
+    text = "y[i] = A[i,j] * x[j]"
+    assert adjoint(text, wrt=("x",), sparse=("A",)).text == "grad_x[j] = sum(i, grad_y[i] * A[i, j])"
+    A = _csr(rng, 9, 6)
+    x, g = rng.standard_normal(6), rng.standard_normal(9)
+    np.testing.assert_allclose(spfuse.vjp(text, g, wrt=("x",), A=A, x=x)["x"], A.toarray().T @ g, rtol=1e-12)
 
 
 # ---------------------------------------------------------------------------

@@ -231,9 +231,9 @@ def test_dense_group_runs_through_blas(rng, monkeypatch):
     calls = []
     real = _dense_kernels.gemm
 
-    def counting(A, B, out, nt=None):
+    def counting(A, B, out, nt=None, **transposed):
         calls.append((A.shape, B.shape))
-        return real(A, B, out, nt)
+        return real(A, B, out, nt, **transposed)
 
     monkeypatch.setattr(_dense_kernels, "gemm", counting)
     A = _csr(rng, (300, 200), 0.05, np.int32, np.float64)

@@ -37,23 +37,32 @@ cdef Py_ssize_t _INT_MAX = 2147483647
 
 
 def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] out,
-         num_threads=None):
-    """gemm(A, B, out, num_threads=None)
+         num_threads=None, bint trans_a=False, bint trans_b=False):
+    """gemm(A, B, out, num_threads=None, trans_a=False, trans_b=False)
 
-    ``out = A @ B`` for C-contiguous A (m, k), B (k, n), out (m, n).
+    ``out = op(A) @ op(B)`` for C-contiguous A, B, out (m, n), where
+    ``op(X)`` is ``X.T`` when its ``trans_`` flag is set, else ``X``: op(A)
+    is (m, k), op(B) is (k, n).  A transposed operand is read as stored
+    (BLAS's 'T'), not copied.
 
     One BLAS call (dgemm/sgemm by dtype) on swapped operands:
-    ``gemm('N', 'N', n, m, k, 1, B, n, A, k, 0, out, n)``.  ``out`` must not
+    ``gemm(tb, ta, n, m, k, 1, B, ldb, A, lda, 0, out, n)``.  ``out`` must not
     alias A or B; it is fully overwritten (zeros when k == 0).
     ``num_threads`` is accepted for a uniform signature and ignored (BLAS
     has its own pool).  Dimensions must be < 2**31 (LP64 BLAS).
     Complexity O(m * n * k).
     """
-    cdef int m = A.shape[0], k = A.shape[1], n = B.shape[1]
+    cdef int m = A.shape[1] if trans_a else A.shape[0]
+    cdef int k = A.shape[0] if trans_a else A.shape[1]
+    cdef int n = B.shape[0] if trans_b else B.shape[1]
+    cdef int lda = A.shape[1], ldb = B.shape[1]
     cdef floating one = 1, zero = 0
-    cdef char trans = b'N'
-    if A.shape[0] > _INT_MAX or A.shape[1] > _INT_MAX or B.shape[1] > _INT_MAX:
+    cdef char ta = b'T' if trans_a else b'N'
+    cdef char tb = b'T' if trans_b else b'N'
+    if A.shape[0] > _INT_MAX or A.shape[1] > _INT_MAX or B.shape[0] > _INT_MAX or B.shape[1] > _INT_MAX:
         raise OverflowError("gemm: dimensions exceed the LP64 BLAS range")
+    if (B.shape[1] if trans_b else B.shape[0]) != k or out.shape[0] != m or out.shape[1] != n:
+        raise ValueError("gemm: shapes do not match")
     if m == 0 or n == 0:
         return
     if k == 0:
@@ -62,11 +71,11 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
         return
     with nogil:
         if floating is double:
-            dgemm(&trans, &trans, &n, &m, &k, &one, <double*>&B[0, 0], &n,
-                  <double*>&A[0, 0], &k, &zero, &out[0, 0], &n)
+            dgemm(&tb, &ta, &n, &m, &k, &one, <double*>&B[0, 0], &ldb,
+                  <double*>&A[0, 0], &lda, &zero, &out[0, 0], &n)
         else:
-            sgemm(&trans, &trans, &n, &m, &k, &one, <float*>&B[0, 0], &n,
-                  <float*>&A[0, 0], &k, &zero, &out[0, 0], &n)
+            sgemm(&tb, &ta, &n, &m, &k, &one, <float*>&B[0, 0], &ldb,
+                  <float*>&A[0, 0], &lda, &zero, &out[0, 0], &n)
 
 
 def gemv(const floating[:, ::1] A, const floating[::1] x, floating[::1] out,

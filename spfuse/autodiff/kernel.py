@@ -61,7 +61,7 @@ def kernel_explain_vjp(kernel, wrt=None, temporaries: str = "auto") -> str:
     >>> import numpy as np, spfuse
     >>> k = spfuse.compile("y[i] = A[i,j] * x[j] + x[i]", A="csr")
     >>> print(kernel_explain_vjp(k, ("x",)).splitlines()[-1])
-      grad_x[j] = sum(i, grad_y[i] * A_T[j, i]) + grad_y[j]
+      grad_x[j] = sum(i, grad_y[i] * A[i, j]) + grad_y[j]
     """
     adj = kernel_adjoint(kernel, wrt, temporaries)
     lines = [adj.describe()]

@@ -131,6 +131,12 @@ def _without_copies(saving: Program, copies: frozenset) -> Program:
 
 
 @functools.lru_cache(maxsize=256)
+def _result_shapes(program: Program, shapes: tuple) -> dict:
+    """``result_shapes`` (once per program and operand shapes: it checks the whole program)."""
+    return result_shapes(program, dict(shapes))
+
+
+@functools.lru_cache(maxsize=256)
 def _extents(program: Program, shapes: tuple) -> list:
     """Per statement, each index's extent (``check_program``, once per program and shapes)."""
     return check_program(program, dict(shapes))
@@ -354,7 +360,7 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
                    and adj.cotangents[r] not in ops]
         for name in missing:  # a result without a cotangent contributes nothing
             result = next(r for r, c in adj.cotangents.items() if c == name)
-            ops[name] = np.zeros(result_shapes(adj.forward, shapes)[result], dtype=dtype)
+            ops[name] = np.zeros(_result_shapes(adj.forward, tuple(sorted(shapes.items())))[result], dtype=dtype)
         if split is not None or len(program.statements) < 2:
             raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted)
         elif len(program.statements) > SPLIT_ABOVE:
@@ -439,7 +445,7 @@ def vjp(program: str | Program, cotangent: Any, wrt: Iterable[str] | None = None
     if missing:
         raise ProgramError(f"vjp(): operand(s) {', '.join(map(repr, missing))} not given")
     tensors = {n: as_tensor(v, name=n) for n, v in operands.items()}
-    shapes = result_shapes(program, {n: t.shape for n, t in tensors.items()})
+    shapes = _result_shapes(program, tuple(sorted((n, t.shape) for n, t in tensors.items())))
     for name, value in cotangents.items():
         shape = tuple(np.shape(value)) if not hasattr(value, "shape") else tuple(value.shape)
         if shape != shapes[name]:

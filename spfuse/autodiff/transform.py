@@ -154,6 +154,90 @@ def _rename(e: Expr, mapping: Mapping[str, str]) -> Expr:
     return Reduce(e.op, mapping.get(e.index, e.index), _rename(e.body, mapping))
 
 
+def _common_factors(a: list, b: list) -> list[Expr]:
+    """The factors of chain ``a`` also in chain ``b`` (a multiset intersection, in ``a``'s order)."""
+    left = [f for _, f in b]
+    out = []
+    for _, f in a:
+        if f in left:
+            left.remove(f)
+            out.append(f)
+    return out
+
+
+@dataclass
+class _ProductChain:
+    """A contribution whose chain is all products, its product factors split
+    into their terms (``(B*C)`` shares ``B``); written back to the
+    contribution only when a shared part is taken out."""
+
+    chain: list
+    indices: tuple[str, ...]
+    negate: bool
+    source_contribution: _Contribution
+
+
+def _product_chains(contributions) -> list[_ProductChain]:
+    out = []
+    for c in contributions:
+        if all(op == "*" for op, _ in c.chain):
+            chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
+            if len(chain) > 2:
+                out.append(_ProductChain(chain, c.indices, c.negate, c))
+    return out
+
+
+def _largest_shared(plain: list[_ProductChain], parts, judge) -> tuple | None:
+    """Over every pair of chains, the largest factor list ``parts(common)``
+    proposes (in order, the first accepted per pair) that ``judge(part,
+    members)`` accepts, with the chains holding it: ``(part, members,
+    verdict)``, or None."""
+    best = None
+    for n, a in enumerate(plain):
+        for b in plain[n + 1:]:
+            for part in parts(_common_factors(a.chain, b.chain)):
+                members = [c for c in plain if _remove_factors(c.chain, part) is not None]
+                found = judge(part, members)
+                if found is not None:
+                    if best is None or len(part) > len(best[0]):
+                        best = (part, members, found)
+                    break
+    return best
+
+
+def _kept_indices(common: list[Expr], members: list[_ProductChain]) -> tuple[set[str], set[str]] | None:
+    """``(inside, kept)``: the indices of the shared factors ``common``, and
+    those of them the members use outside it (their own indices or their
+    other factors'); None when a member would have nothing left."""
+    inside = set().union(*(_all_indices(f) for f in common))
+    needed: set[str] = set()
+    for c in members:
+        remaining = _remove_factors(c.chain, common)
+        if not remaining:
+            return None
+        needed |= set(c.indices).union(*(_all_indices(f) for _, f in remaining))
+    return inside, inside & needed
+
+
+def _take_out(shared: Access, common: list[Expr], members: list[_ProductChain]) -> None:
+    """Each member's contribution reads ``shared`` instead of the factors ``common``."""
+    for c in members:
+        remaining = _remove_factors(c.chain, common)
+        assert remaining is not None
+        c.source_contribution.chain = [("*", shared)] + remaining
+
+
+def _remove_factors(chain: list, factors: list[Expr]) -> list | None:
+    """``chain`` without one occurrence of each of ``factors``; None when one is missing."""
+    rest = list(chain)
+    for f in factors:
+        at = next((n for n, (_, g) in enumerate(rest) if g == f), None)
+        if at is None:
+            return None
+        del rest[at]
+    return rest
+
+
 def _all_indices(e: Expr) -> set[str]:
     """Every index name in ``e``: used by an access or bound by a reduction."""
     return all_indices(e) | bound_indices(e)
@@ -232,6 +316,13 @@ def _product_terms(e: Expr) -> list[Expr]:
     if isinstance(e, Binary) and e.op == "*":
         return _product_terms(e.left) + _product_terms(e.right)
     return [e]
+
+
+def _product(terms: list[Expr]) -> Expr:
+    out = terms[0]
+    for t in terms[1:]:
+        out = Binary("*", out, t)
+    return out
 
 
 def _has_reduce(e: Expr) -> bool:
@@ -434,14 +525,20 @@ class _Builder:
         # the same values under other index names: read them renamed
         return Access(found.name, free_indices(e))
 
-    def hoist_factor(self, f: Expr, base: str, factors: list) -> Expr:
+    def hoist_factor(self, f: Expr, base: str, factors: list, product: bool = False) -> Expr:
         """A chain factor with its reductions hoisted.  A reduction that is
         the factor, or one of its product terms, multiplied (in the factor or
         elsewhere in the chain) by a sparse input over exactly its free indices
         is recomputed on that input's pattern only (``A[i,h] / A[i,h] * sum(k,
         X[i,k] * Y[k,h])``: SDDMM, not the whole dense product) -- every term
-        it enters is zero off the pattern."""
+        it enters is zero off the pattern.  ``product``: ``f`` multiplies the
+        chain (not a divisor, not a selection's condition), so a sum in it
+        may be multiplied out (:meth:`projection_terms`)."""
         terms = _product_terms(f)
+        if product:
+            inlined = [u for t in terms for u in (self.projection_terms(t) or [t])]
+            if inlined != terms:
+                terms, f = inlined, _product(inlined)
         if not any(isinstance(t, Reduce) for t in terms):
             return self.hoist_reductions(f, base)
         sparse = [g for op, g in factors if op == "*" and isinstance(g, Access)]
@@ -460,6 +557,33 @@ class _Builder:
             out = t if out is None else Binary("*", out, t)
         assert out is not None
         return out
+
+    def projection_terms(self, t: Expr) -> list[Expr] | None:
+        """The product terms of a sum ``t`` to multiply into the chain
+        themselves, when stored ``t`` would be a projection of a sparse input
+        off its leading modes: ``sum(j, X[i,j,k] * C[j,r])`` (MTTKRP's, for
+        ``grad_D``) is stored on the (i, k) pairs of X -- a merge of every
+        (i, j) fiber, assembled as sorted coordinates -- where the
+        contraction it feeds, ``sum(i, j, G[i,r] * C[j,r] * X[i,j,k])``, is
+        an MTTKRP of its own.  A sum over trailing modes (SpTTM's ``sum(k,
+        B[i,j,k] * C[k,l])``, on B's (i, j) fibers) is hoisted as before.
+        The bound indices are unique in the statement, so nothing clashes."""
+        bound: list[str] = []
+        body = t
+        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
+            bound.append(body.index)
+            body = body.body
+        terms = _product_terms(body)
+        if not bound or not all(isinstance(u, Access) for u in terms):
+            return None
+        for u in terms:
+            if u.name not in self.sparse or len(set(u.indices)) != len(u.indices):
+                continue
+            summed = [n for n, ix in enumerate(u.indices) if ix in bound]
+            if summed and (len(u.indices) >= 3 or any(
+                    n < len(u.indices) - 1 and any(ix not in bound for ix in u.indices[n + 1:]) for n in summed)):
+                return terms
+        return None
 
     def hoist_reductions(self, e: Expr, base: str, inner: bool = False) -> Expr:
         """``e`` with every maximal reduction replaced by a hoisted temporary
@@ -500,7 +624,7 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors)) for op, f in factors]
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in factors]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
@@ -591,9 +715,100 @@ class _Builder:
             for op, f in prefix[1:]:
                 value = apply_factor(value, op, f)
             shared = Access(self.names.fresh(f"grad_{target}_p"), free_indices(value))
+            if all(c.negate for c in members):
+                # negated once on the pattern, so each member is a plain
+                # contraction (-sum(j, P*D) would be an SpMM then a dense pass)
+                value = Unary("neg", value)
+                for c in members:
+                    c.negate = False
             out.append(Assignment(shared, value))
             for c in members:
                 c.chain = [("*", shared)] + c.chain[len(prefix):]
+
+    def share_sparse_products(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once the factors several contributions of one statement
+        have in common -- in any order, all products -- when, with the
+        indices only they use summed, they live on a sparse input's pattern.
+        SDDMM-SpMM's ``sum(l, grad_A[i,l] * E[j,l]) * B[i,j]`` feeds ``grad_C``
+        (times ``D[j,k]``) and ``grad_D`` (times ``C[i,k]``): one SDDMM on
+        B's pattern, then two SpMMs, instead of each gradient redoing the
+        SDDMM inside a fused SDDMM-SpMM.  Returns the new statements;
+        rewrites the chains in place."""
+        out: list[Assignment] = []
+        while True:
+            best = _largest_shared(_product_chains(contributions), lambda common: [common], self.sparse_product)
+            if best is None:
+                return out
+            common, members, sparse = best
+            rest = [f for f in common if f is not sparse] + [sparse]
+            value = _Contribution("", sparse.indices, [("*", f) for f in rest], False).expression(
+                {}, sparse.indices)
+            if all(c.negate for c in members):
+                value = Unary("neg", value)
+                for c in members:
+                    c.source_contribution.negate = False
+            shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
+            out.append(Assignment(shared, value))
+            _take_out(shared, common, members)
+
+    def share_dense_contractions(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
+        """Compute once a contraction several contributions of one statement
+        share, stored dense: MTTKRP-GEMM's ``sum(m, grad_A[i,m] * E[j,m])``
+        feeds ``grad_C`` and ``grad_D``, SpTTM-SpTTM's ``sum(i, j, grad_A[i,j,m]
+        * B[i,j,k])`` both of its gradients; each statement's plan would
+        compute it whole anyway, once each (and without it ``grad_C`` of
+        MTTKRP-GEMM is a three-factor contraction a template kernel runs).
+        Not when a member reads it next to a sparse input spanning two of its
+        indices (SDDMM's ``C·D`` on B's pattern: stored whole it would be
+        dense)."""
+        def parts(common: list[Expr]) -> list[list[Expr]]:
+            # operands and the cotangent, not temporaries; the whole common part, else without its sparse inputs
+            common = [f for f in common if isinstance(f, Access) and f.name not in self.on_pattern
+                      and f.name not in self.temporaries]
+            return [common, [f for f in common if f.name not in self.sparse]]
+
+        out: list[Assignment] = []
+        while True:
+            best = _largest_shared(_product_chains(contributions), parts, self.dense_contraction)
+            if best is None:
+                return out
+            common, members, kept = best
+            value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
+            shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
+            out.append(Assignment(shared, value))
+            _take_out(shared, common, members)
+
+    def dense_contraction(self, common: list[Expr], members: list[_ProductChain]) -> tuple[str, ...] | None:
+        """The indices a shared dense contraction keeps (those its members
+        use elsewhere), or None (see :meth:`share_dense_contractions`)."""
+        found = _kept_indices(common, members) if len(members) >= 2 and len(common) >= 2 else None
+        if found is None:
+            return None
+        inside, kept = found
+        if kept == inside:
+            return None   # nothing summed: an outer product, no contraction to share
+        if any(f.name in self.sparse and len(kept & set(f.indices)) >= 2 for f in common):
+            return None   # two modes of a sparse input kept: stored dense, it would be dense
+        for c in members:
+            for _, f in _remove_factors(c.chain, common) or ():
+                for a in iter_accesses(f):
+                    if a.name in self.sparse and len(kept & set(a.indices)) >= 2:
+                        return None
+        return tuple(dict.fromkeys(ix for f in common for ix in free_indices(f) if ix in kept))
+
+    def sparse_product(self, common: list[Expr], members: list[_ProductChain]) -> Access | None:
+        """The sparse input access ``common`` lives on, once the indices used
+        by no member outside it are summed; None when there is none (or
+        fewer than two members, or a member with nothing left)."""
+        found = _kept_indices(common, members) if len(members) >= 2 and len(common) >= 3 else None
+        if found is None:
+            return None
+        kept = found[1]
+        for f in common:
+            if isinstance(f, Access) and f.name in self.sparse and set(f.indices) == kept \
+                    and len(set(f.indices)) == len(f.indices):
+                return f
+        return None
 
     def sparse_prefix(self, prefix: tuple) -> bool:
         """Whether the product ``prefix`` is zero off a sparse input's pattern
@@ -652,7 +867,9 @@ class _Builder:
         by the runner): a row-wise SpMM instead of a scatter over ``k``.  Only
         when it is the term's one sparse read and the cotangent is dense (the
         forward result is not structurally sparse), so no co-iteration of
-        differently ordered sparse operands is created."""
+        differently ordered sparse operands is created; and not into a vector
+        (``sum(i, g[i] * A[i,j])``, SpMV's adjoint): its rows scatter into
+        the one dense vector as stored (spmv_t), no transpose needed."""
         # a sub-reduction recomputed on a sparse pattern (hoist_factor) is sparse too
         sparse = [a for a in iter_accesses(term) if a.name in self.sparse or a.name in self.on_pattern]
         if len(sparse) != 1 or self.structural_mask(source) is not None:
@@ -660,6 +877,8 @@ class _Builder:
         acc = sparse[0]
         if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
             return term
+        if len(target) == 1:
+            return term   # a vector result: the rows scatter into it as stored (SpMV's adjoint is spmv_t)
         name = self.transposed.get(acc.name)
         if name is None:
             name = self.transposed[acc.name] = self.names.fresh(f"{acc.name}_T")
@@ -706,6 +925,8 @@ class _Builder:
             value, self.index_origin = _unique_bound(stmt.value, stmt.target.indices)
             contributions = self.contributions(n, stmt, value)
             grads.extend(self.share_sparse_prefixes(name, contributions))
+            grads.extend(self.share_sparse_products(name, contributions))
+            grads.extend(self.share_dense_contractions(name, contributions))
             for c in contributions:
                 pending.setdefault(c.name, []).append(c)
         gradients = {}

@@ -9,8 +9,9 @@ faster) and the largest loss difference to spfuse over all epochs.
 
 Backward: per catalogue kernel (:mod:`spfuse.bench.suite`), the median time
 of ``spfuse.vjp`` with respect to every dense operand over the median time
-of the forward ``spfuse.evaluate``, same operands, same run; both after
-a warm-up call (planning; for vjp also the fused-or-split measurement of
+of the forward ``spfuse.evaluate``, same operands, same run, the two timed
+alternately (one call of each per round); both after a warm-up call
+(planning; for vjp also the fused-or-split measurement of
 :class:`spfuse.autodiff.run.ExecutionChoice`).
 """
 from __future__ import annotations
@@ -72,14 +73,18 @@ def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_pat
     return rows
 
 
-def _median_time(f, repeat: int) -> float:
-    f()  # warm-up: plans (for vjp also measures fused vs split: ExecutionChoice)
-    times = []
+def _median_times(fs, repeat: int) -> list[float]:
+    """Median seconds of each callable in ``fs``, timed interleaved (one call
+    of each per round), so load on a shared machine hits them alike."""
+    for f in fs:
+        f()  # warm-up: plans (for vjp also measures fused vs split: ExecutionChoice)
+    times: list[list[float]] = [[] for _ in fs]
     for _ in range(repeat):
-        start = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for f, ts in zip(fs, times, strict=True):
+            start = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - start)
+    return [statistics.median(ts) for ts in times]
 
 
 def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: int = 5, out=None) -> list[dict]:
@@ -107,8 +112,8 @@ def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: 
         result = spfuse.evaluate(kernel.program, **ops)
         cot = result.copy() if hasattr(result, "copy") else float(result)
         try:
-            fwd = _median_time(functools.partial(spfuse.evaluate, kernel.program, **ops), repeat)
-            bwd = _median_time(functools.partial(spfuse.vjp, kernel.program, cot, wrt=wrt, **ops), repeat)
+            fwd, bwd = _median_times([functools.partial(spfuse.evaluate, kernel.program, **ops),
+                                      functools.partial(spfuse.vjp, kernel.program, cot, wrt=wrt, **ops)], repeat)
         except Exception as e:  # report, keep going
             print(f"  {kernel.name:<16} error: {type(e).__name__}: {e}", file=out)
             continue

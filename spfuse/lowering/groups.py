@@ -33,6 +33,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
+from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import Tensor
@@ -160,11 +161,25 @@ def _gemm_roles(einsum, infos) -> tuple | None:
 def _run_gemm(roles, out_shape, tensors, nt):
     x, y, xt, yt, ot = roles
     _, dtype = templates._types([tensors[x], tensors[y]])
-    X = templates._dense_t(tensors[x], dtype) if xt else templates._dense(tensors[x], dtype)
-    Y = templates._dense_t(tensors[y], dtype) if yt else templates._dense(tensors[y], dtype)
-    out = np.empty((X.shape[0], Y.shape[1]), dtype)
-    _dense_kernels.gemm(X, Y, out, nt)
+    X, xt = _blas_operand(tensors[x], xt, dtype)
+    Y, yt = _blas_operand(tensors[y], yt, dtype)
+    out = np.empty((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
+    _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
     return np.ascontiguousarray(out.T) if ot else out
+
+
+def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
+    """A matrix read (``transposed``) by gemm as ``(C-ordered array, BLAS
+    transpose flag)``: the stored array itself either way round (BLAS reads
+    it transposed -- a (fibres × 16) factor summed over its fibres is not
+    copied), a copy only when neither way is C-ordered."""
+    view = templates._dense_view(t, dtype)
+    view = view.T if transposed else view
+    if view.flags.c_contiguous:
+        return view, False
+    if view.T.flags.c_contiguous:
+        return view.T, True
+    return np.ascontiguousarray(view), False
 
 
 def _computed_whole(plan, op: UnitOp) -> bool:
@@ -973,8 +988,18 @@ def _subplan(plan, g: Group):
         names = {op.out for op in g.ops}
         own = plan.temporaries if g.temporaries is None else g.temporaries
         temps = {n: t for n, t in own.items() if n in names and n not in g.outputs}
+        # A crossing temporary is read dense by the later groups (run_groups
+        # densifies it): the group stores it dense too.  Left to the mask of
+        # its loops it would be emitted as coordinates, sorted and summed,
+        # then densified -- a scatter into a 16×80 T0[m,k] under a reduction
+        # over 20k fibres cost 50 ms as coordinates, 2 ms stored dense.
+        formats = dict(plan.formats)
+        for n in g.outputs:
+            if n not in plan.results:
+                formats[n] = FormatDecision(n, ("dense",) * len(plan.shapes[n]), tuple(range(len(plan.shapes[n]))),
+                                            None, "a crossing temporary, read dense by later groups")
         sub = made[id(g)] = (g, replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps,
-                                         results=g.outputs))
+                                         results=g.outputs, formats=formats))
     return sub[1]
 
 

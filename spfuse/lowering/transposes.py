@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
-__all__ = ["transposed_csr", "clear", "cache_size"]
+__all__ = ["transposed_csr", "stored_as", "clear", "cache_size"]
 
 #: patterns remembered (least recently used dropped first)
 MAX_PATTERNS = 16
@@ -105,6 +105,63 @@ def transposed_csr(t: Tensor) -> Tensor:
     return out
 
 
+@dataclass(frozen=True)
+class _Reordered:
+    arrays: tuple          # copies of the source's index arrays (pos and crd of each compressed level)
+    order: np.ndarray      # source value positions in the result's storage order
+    shell: Tensor          # the result (its values a placeholder): each call only swaps in values
+
+
+_reordered: OrderedDict = OrderedDict()
+
+
+def _index_arrays(t: Tensor) -> tuple:
+    return tuple(a for lv in t.levels if isinstance(lv, CompressedLevel) for a in (lv.pos, lv.crd))
+
+
+def stored_as(t: Tensor, fmt: Format) -> Tensor:
+    """``t`` stored as ``fmt``: the same entries in another storage order (a
+    CSF read in another mode order, CSR as CSC), for one call.
+
+    As for :func:`transposed_csr`, the reordering is remembered per pattern:
+    the first call converts (a sort), later calls with the same index arrays
+    gather the values.  A conversion that stores another number of entries
+    (to or from dense levels) is made directly.
+
+    >>> t = Tensor.from_numpy(np.arange(8.0).reshape(2, 2, 2), "csf")
+    >>> u = stored_as(t, Format(("compressed",) * 3, (2, 0, 1)))
+    >>> u.format.mode_order, np.array_equal(u.todense(), t.todense())
+    ((2, 0, 1), True)
+    """
+    if t.format == fmt:
+        return t
+    if fmt == Format.csc() and t.format == Format.csr():
+        return transposed_csr(t).transpose()
+    nnz = len(t.values)
+    if t.format.is_dense or fmt.is_dense or "dense" in t.format.levels[1:] or "dense" in fmt.levels[1:]:
+        return t.asformat(fmt)
+    arrays = _index_arrays(t)
+    key = (t.shape, t.format, fmt, nnz, tuple(_address(a) for a in arrays))
+    with _lock:
+        found = _reordered.get(key)
+        if found is not None:
+            _reordered.move_to_end(key)
+    if found is None or not all(np.array_equal(a, b) for a, b in zip(found.arrays, arrays, strict=True)):
+        ranks = t.with_values(np.arange(1, nnz + 1, dtype=np.float64))  # (from 1: no stored zero to drop)
+        shell = ranks.asformat(fmt)
+        if len(shell.values) != nnz:   # pragma: no cover - a conversion keeping every entry, by the test above
+            return t.asformat(fmt)
+        found = _Reordered(tuple(a.copy() for a in arrays), shell.values.astype(np.int64) - 1, shell)
+        with _lock:
+            _reordered[key] = found
+            _reordered.move_to_end(key)
+            while len(_reordered) > MAX_PATTERNS:
+                _reordered.popitem(last=False)
+    out = found.shell._with_kernel_values(t.values[found.order])
+    out.origin = t.origin
+    return out
+
+
 def clear() -> None:
     """Forget every remembered pattern.
 
@@ -113,6 +170,7 @@ def clear() -> None:
     """
     with _lock:
         _cache.clear()
+        _reordered.clear()
 
 
 def cache_size() -> int:
@@ -121,4 +179,4 @@ def cache_size() -> int:
     >>> isinstance(cache_size(), int)
     True
     """
-    return len(_cache)
+    return len(_cache) + len(_reordered)
