@@ -5,13 +5,13 @@ import hashlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kernels import KERNELS, operands
 
 import spfuse
 from spfuse.tensor import Tensor
-from spfuse.testing import dense_reference, programs, random_operands
+from spfuse.testing import dense_reference, programs, random_operands, random_program
 
 
 def densify(x):
@@ -155,6 +155,8 @@ def test_plan_cache_hits(rng):
 @given(programs(max_extent=4, n_statements=(1, 3)), st.integers(0, 2**31 - 1),
        st.sampled_from(["auto", "none", "max"]), st.sampled_from([1, 2]), st.booleans(),
        st.sampled_from([0.0, 0.3, 1.0]))
+# a sparse vector intersected under a 3-d tensor's fibers (the sweeps' sparse∩sparse dot leaf)
+@example(random_program(np.random.default_rng(1757), max_extent=4, n_statements=(1, 3)), 0, "max", 1, False, 1.0)
 def test_random_programs_match_numpy(prog_shapes, seed, fusion, threads, canonical, density):
     program, shapes = prog_shapes
     ops = random_operands(seed, shapes, density=density, canonical=canonical, empty_rows=0.2)

@@ -585,3 +585,34 @@ def test_int32_and_int64_index_arrays_give_the_same_answer(m, n, density, seed, 
         np.testing.assert_array_equal(results[0][k], results[1][k])
     np.testing.assert_allclose(results[0]["y"], A.toarray().T @ x, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(results[0]["w"], B.toarray() @ z, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("levels", [("compressed",) * 3, ("dense", "compressed", "compressed"),
+                                    ("dense", "dense", "compressed")])
+@pytest.mark.parametrize("target", ["scalar", "by_j", "by_i"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_sparse_vector_intersected_under_outer_fibers(levels, target, threads):
+    """``sum(j, i, l, B[j,i,l] * a[l])`` with ``a`` a sparse vector: the l
+    loop intersects a's only fiber with B's fiber under each (j, i).  The
+    sweeps' sparse∩sparse dot leaf read a's root level as if it moved with
+    the sweep's positions (garbage positions: a wrong 0 and a corrupted
+    heap); such a loop now runs element by element.  Found by the random
+    program property test (program seed 1757, fusion='max')."""
+    from spfuse.formats import Format
+    from spfuse.tensor import Tensor
+    rng = np.random.default_rng(3)
+    a = np.array([0.0, 0.0, 0.0, 1.5, 0.0, -2.0])
+    B = rng.standard_normal((4, 3, 6)) * (rng.random((4, 3, 6)) < 0.6)
+    B[:, :, 3] = 1.0
+    tb = Tensor.from_numpy(B).asformat(Format(levels, (0, 1, 2)))
+    b = LoopTreeBuilder()
+    j, i, l = b.var("j", 4), b.var("i", 3), b.var("l", 6)
+    bb, aa = b.access(tb, (j, i, l), "B"), b.access(Tensor.from_numpy(a).asformat("csf"), (l,), "a")
+    out = b.buffer({"scalar": (), "by_j": (4,), "by_i": (3,)}[target], name="out")
+    ref = out[()] if target == "scalar" else out[j] if target == "by_j" else out[i]
+    with (b.loop(j) if levels[0] == "dense" else b.loop(j, intersect=[bb])):
+        with (b.loop(i) if levels[1] == "dense" else b.loop(i, intersect=[bb])):
+            with b.loop(l, intersect=[aa, bb]):
+                b.statement(ref, "sum", bb * aa)
+    want = np.einsum("jil,l->" + {"scalar": "", "by_j": "j", "by_i": "i"}[target], B, a)
+    np.testing.assert_allclose(run(b.build(), num_threads=threads)["out"], want, rtol=1e-12)

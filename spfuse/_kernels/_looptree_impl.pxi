@@ -1533,10 +1533,14 @@ cdef void _sw_statement(Plan* P, Ctx* C, Sweep* W, bint fiber, int64_t s, int64_
 
 cdef int64_t _sw_level_pos(Plan* P, Ctx* C, Sweep* W, int64_t L, int64_t n, int64_t* out) noexcept nogil:
     """Positions of level ``L`` over the chunk, for a level bound by the
-    sweep (its row loop or fiber loop) or outside it: -1 when absent
+    sweep (its row loop or fiber loop) or outside it, or the root (``L``
+    -1: the parent of a tensor's first level, position 0): -1 when absent
     throughout, 0 when one position (``out[0]``) serves every element, 1
     when ``out[e]`` is element e's (-1 where absent)."""
     cdef int64_t k, b, g, e, par, sz
+    if L < 0:                               # the root (a driver's level has no parent): position 0
+        out[0] = 0
+        return 0
     k = find_level(W.levs_f, W.nl_f, L)
     if k == 0:                              # the fiber's driver
         for e in range(n):
@@ -2612,6 +2616,11 @@ def _idot_leaf(keep, node, parent):
             or code[0] != OP_LOAD_ACC or code[2] != OP_LOAD_ACC or _target_size(keep, s) != 1):
         return -1
     if sorted([keep["acc_last"][code[1]], keep["acc_last"][code[3]]]) != sorted(mine):
+        return -1
+    if any(keep["lev_parent"][L] < 0 for L in mine):
+        # a tensor's first level (a sparse vector read under the sweep's
+        # fibers) is one fiber for every position: not this leaf's (the
+        # element walk runs it; read as a position's fiber it was garbage)
         return -1
     return s
 
