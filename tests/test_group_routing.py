@@ -447,6 +447,27 @@ def test_extrema_kernels_give_the_executors_bits(program, n, m, density, fmt, dt
     np.testing.assert_allclose(got[0], want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("program", ["y[i] = min(j, 0.25 * A[i,j])", "y[i] = max(j, A[i,j] * 2.0)",
+                                     "y[j] = max(i, -1.0 * A[i,j])", "y[i] = max(j, A[i,j]) * 2.0"])
+@pytest.mark.parametrize("n", [1, 2, 40])
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_extrema_of_a_scaled_operand(program, n, fmt):
+    """The extremum kernels read the operand itself: a scaled access (a
+    maximal-fusion statement op when the reduction is tiny, a unit op with
+    a coefficient otherwise) is not theirs.  ``min(k, 0.25 * B[j,k])`` with
+    one column ran the kernel on B and dropped the 0.25 (found through the
+    min's gradient in the autodiff property test, seed 1828165)."""
+    rng = np.random.default_rng(n)
+    A = sp.random_array((7, n), density=0.5, format=fmt, rng=rng)
+    A.data[:] = rng.standard_normal(A.nnz)
+    dense = A.toarray()
+    want = {"y[i] = min(j, 0.25 * A[i,j])": (0.25 * dense).min(axis=1),
+            "y[i] = max(j, A[i,j] * 2.0)": (2.0 * dense).max(axis=1),
+            "y[j] = max(i, -1.0 * A[i,j])": (-dense).max(axis=0),
+            "y[i] = max(j, A[i,j]) * 2.0": 2.0 * dense.max(axis=1)}[program]
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A), want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("program", ["y[i] = max(j, A[i,j])", "y[j] = min(i, A[i,j])"])
 def test_extrema_keep_their_operand_in_its_storage_order(program):
     """Row maxima of a CSC matrix are the column maxima of its arrays: the

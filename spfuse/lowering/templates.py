@@ -557,6 +557,10 @@ def _match_extremum(plan, infos):
     op = plan.ops[0]
     if op.reduction not in ("max", "min") or op.operator is not None or len(op.args) != 1 or len(op.reduced) != 1:
         return None
+    # the reduced value must be the access itself: max(k, 0.25 * B[j,k]) is a
+    # maximal-fusion statement op over an expression, or a scaled unit op
+    if not isinstance(getattr(op, "expr", None), Access | None) or any(c != 1.0 for c in getattr(op, "coefs", ())):
+        return None
     (ref,) = op.args
     info = infos.get(getattr(ref, "name", None))
     if (info is None or not info.is_sparse or info.ndim != 2 or info.levels != ("dense", "compressed")
