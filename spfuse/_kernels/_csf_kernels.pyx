@@ -443,7 +443,7 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
             if ch > 0:
                 PyErr_CheckSignals()
             with nogil:
-                for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
                     q0 = _block_chunk(p1, p2, n, b, nb, ch, nch)
                     q1 = _block_chunk(p1, p2, n, b, nb, ch + 1, nch)
                     acc = accs[b]
