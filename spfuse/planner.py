@@ -250,18 +250,23 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     base = _estimated_ns(plan)
     # operands some loop order already visits out of storage order (the lowering converts them)
     moved = {t[0] for ts in plan.transpositions.values() for t in ts}
-    if base < RESTORE_MIN_NS and not moved:
+    # a cheap plan tries only its converted operands, whole (one re-plan each:
+    # a differentiated program re-planned per read of every operand took minutes)
+    cheap = base < RESTORE_MIN_NS
+    if cheap and not moved:
         return plan
     best, best_cost, why = plan, base, ""
     taken = set(plan.program.inputs) | set(plan.program.assigned)
     for name, info in plan.inputs.items():
         if not (info.is_sparse and info.ndim == 2 and info.levels == ("dense", "compressed")):
             continue
+        if cheap and name not in moved:
+            continue
         swapped = replace(info, mode_order=info.mode_order[::-1])
         tries = [(plan.program, {**plan.inputs, name: swapped}, {},
                   f"{name} is read as {swapped.format_name}")]
         reads = operand_reads(plan.program, name)
-        if reads > 1:
+        if reads > 1 and not cheap:
             alias = next(f"{name}_{k}" for k in range(reads, 10 ** 6) if f"{name}_{k}" not in taken)
             for occurrence in range(reads):
                 tries.append((alias_access(plan.program, name, occurrence, alias),
