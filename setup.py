@@ -7,9 +7,15 @@ Developers rebuild one module with
 ``SPFUSE_ONLY=_name python setup.py build_ext --inplace``.  Set
 ``SPFUSE_FAIL_NO_OPENMP=1`` to turn the serial fallback into an error and
 ``SPFUSE_DEBUG=1`` to build with Cython bounds checks for debugging.
+
+On x86-64 (gcc or clang) each ``*_avx2.pyx`` -- a compute module included
+whole -- is built a second time with ``-mavx2``; ``spfuse._kernels`` loads
+that build on a CPU with AVX2 (see its docstring).  Floating-point
+contraction is off in every build, so the two give bitwise equal results.
 """
 import glob
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -79,19 +85,27 @@ def extensions():
     compile_args = ["-O0", "-g"] if debug else ["-O3"]
     if sys.platform == "win32":
         compile_args = ["/O2"]
+    else:
+        compile_args.append("-ffp-contract=off")  # no fused multiply-add: the same sums on every CPU
+    # the AVX2 builds: x86-64 with gcc/clang, not the debug build
+    avx2 = not debug and sys.platform != "win32" and platform.machine().lower() in ("x86_64", "amd64")
     # SPFUSE_ONLY=_spmm,_config builds just those modules (for developers
-    # iterating on one kernel file while others are half-written).
+    # iterating on one kernel file while others are half-written); a
+    # module's AVX2 build comes with it.
     only = {m for m in os.environ.get("SPFUSE_ONLY", "").split(",") if m}
     exts = []
     for pyx in sorted(glob.glob(os.path.join("spfuse", "_kernels", "*.pyx"))):
         name = pyx[:-4].replace(os.sep, ".")
-        if only and name.rsplit(".", 1)[-1] not in only:
+        isa_build = name.endswith("_avx2")
+        if isa_build and not avx2:
+            continue
+        if only and name.rsplit(".", 1)[-1].removesuffix("_avx2") not in only:
             continue
         exts.append(Extension(
             name, [pyx],
             include_dirs=[numpy.get_include()],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-            extra_compile_args=list(compile_args),
+            extra_compile_args=list(compile_args) + (["-mavx2"] if isa_build else []),
             extra_link_args=[],
         ))
     directives = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 import platform
 import sys
 
+from spfuse import _kernels
 from spfuse._kernels import _config
 from spfuse.threads import effective_num_threads
 
@@ -31,6 +32,7 @@ def config_info() -> dict:
         "openmp": _config.openmp_enabled(),
         "openmp_max_threads": _config.openmp_max_threads(),
         "threads_used": effective_num_threads(None),
+        "kernel_isa": _kernels.ISA,
     }
     try:
         import threadpoolctl
@@ -56,6 +58,7 @@ def show_config() -> None:
               f"kernels will use {info['threads_used']})")
     else:
         print("built with OpenMP: NO -- kernels run on one thread")
+    print(f"kernel build in use: {info['kernel_isa']} (set {_kernels.ISA_ENV}=baseline to force the baseline build)")
     pools = info["threadpools"]
     if isinstance(pools, str):
         print(f"thread pools: {pools}")
