@@ -185,6 +185,7 @@ class _Lowerer:
         self.targets: dict[str, Any] = {}
         self.outputs: list[OutputSpec] = []
         self.producers = {op.out: op for op in plan.ops}
+        self._bindings: dict[tuple, tuple[str, ...] | None] = {}
         self.consumers: dict[str, list] = {}
         for op in plan.ops:
             for r in op.refs:
@@ -235,22 +236,34 @@ class _Lowerer:
             self.accesses[key] = self.b.access(tensor, vars_, name=ref.name, check=False)
         return self.accesses[key]
 
-    def _atom_binding(self, op, atom: str, seen=()) -> tuple[str, ...] | None:
-        """Indices of ``op`` that the modes of mask atom ``atom`` correspond to."""
+    def _atom_binding(self, op, atom: str) -> tuple[str, ...] | None:
+        """Indices of ``op`` that the modes of mask atom ``atom`` correspond to
+        (remembered per op and atom: the executor asks once per loop)."""
+        key = (op.id, atom)
+        if key not in self._bindings:
+            self._bindings[key] = self._search_binding(op, atom, set())
+        return self._bindings[key]
+
+    def _search_binding(self, op, atom: str, visited: set) -> tuple[str, ...] | None:
+        """Depth-first search from ``op`` through producers and consumers for
+        the statement reading the atom's tensor; each op is entered once per
+        search (a path-scoped search is exponential in long chains of
+        temporaries, as a differentiated program's adjoint has)."""
         statement, tensor, indices, _ = self.plan.atoms[atom]
         if op.statement == statement and any(r.name == tensor and r.indices == indices for r in op.refs):
             return indices
-        if op.out in seen:
+        if op.out in visited:
             return None
+        visited.add(op.out)
         for ref in op.refs:  # the pattern may come from an operand's producer
             producer = self.producers.get(ref.name)
-            if producer is None or ref.name in seen:
+            if producer is None or ref.name in visited:
                 continue
-            inner = self._atom_binding(producer, atom, seen + (op.out,))
+            inner = self._search_binding(producer, atom, visited)
             if inner is not None and all(ix in producer.out_indices for ix in inner):
                 return tuple(ref.indices[producer.out_indices.index(ix)] for ix in inner)
         for consumer, ref in self.consumers.get(op.out, []):
-            inner = self._atom_binding(consumer, atom, seen + (op.out,))
+            inner = self._search_binding(consumer, atom, visited)
             if inner is None:
                 continue
             mapped = []
