@@ -186,6 +186,7 @@ def test_csf_kernels_do_not_depend_on_chunking():
     Cm = rng.standard_normal((shape[1], 6))
     Dm = rng.standard_normal((shape[2], 6))
     Em = rng.standard_normal((6, 3))
+    Cm2 = rng.standard_normal((shape[0], 6))
     crd0, pos1 = arrs[1], arrs[2]
     nf = int(pos1[-1] - pos1[0])
 
@@ -197,6 +198,11 @@ def test_csf_kernels_do_not_depend_on_chunking():
     def mttkrp(nt):
         out = np.empty((shape[0], 6))
         F.mttkrp(*arrs, vals, Cm, Dm, out, nt)
+        return (out,)
+
+    def mttkrp_mid(nt):
+        out = np.empty((shape[1], 6))
+        F.mttkrp_mid(*arrs, vals, Cm2, Dm, out, nt)
         return (out,)
 
     def mttkrp_gemm(nt):
@@ -211,6 +217,8 @@ def test_csf_kernels_do_not_depend_on_chunking():
 
     ttv_vals = _all_ways(ttv)[0]
     np.testing.assert_allclose(_all_ways(mttkrp)[0], np.einsum("ijk,jr,kr->ir", Xd, Cm, Dm), rtol=1e-10,
+                               atol=1e-10)
+    np.testing.assert_allclose(_all_ways(mttkrp_mid)[0], np.einsum("ijk,ir,kr->jr", Xd, Cm2, Dm), rtol=1e-10,
                                atol=1e-10)
     np.testing.assert_allclose(_all_ways(mttkrp_gemm)[0],
                                np.einsum("ikl,lj,kj,jm->im", Xd, Dm, Cm, Em), rtol=1e-10, atol=1e-10)

@@ -562,8 +562,7 @@ def test_mttkrp(kind, shape, it, dt, rng):
 @dtypes
 @itypes
 @tcases
-@pytest.mark.parametrize("blocks", [1, 2, 5])
-def test_mttkrp_mid(kind, shape, it, dt, blocks, rng):
+def test_mttkrp_mid(kind, shape, it, dt, rng):
     X = make_tensor(kind, rng, shape).astype(dt)
     idx, vals = make_csf(X, it)
     R = 6
@@ -572,17 +571,11 @@ def test_mttkrp_mid(kind, shape, it, dt, blocks, rng):
 
     def run(nt):
         out = np.full((shape[1], R), np.nan, dtype=dt)
-        F.mttkrp_mid(*idx, vals, C, Dm, out, blocks, nt)
+        F.mttkrp_mid(*idx, vals, C, Dm, out, nt)
         return out
     got = both_threads(run)
     want = np.einsum("ijk,ir,kr->jr", *(a.astype(np.float64) for a in (X, C, Dm)))
     np.testing.assert_allclose(got, want, **tol(dt))
-
-
-def test_mttkrp_mid_rejects_no_blocks():
-    idx, vals = make_csf(np.ones((2, 2, 2)), np.int64)
-    with pytest.raises(ValueError, match="nblocks"):
-        F.mttkrp_mid(*idx, vals, np.ones((2, 3)), np.ones((2, 3)), np.empty((2, 3)), 0, 1)
 
 
 @dtypes

@@ -132,14 +132,6 @@ cdef inline Py_ssize_t _sub(const index_t* pos1, const index_t* pos2, Py_ssize_t
     return q0 + _split(pos1 + q0, pos2, q1 - q0, b, nb)
 
 
-cdef inline Py_ssize_t _block_chunk(const index_t* pos1, const index_t* pos2, Py_ssize_t n, Py_ssize_t b,
-                                    Py_ssize_t nb, Py_ssize_t c, Py_ssize_t nch) noexcept nogil:
-    """First level-0 position of chunk ``c`` of ``nch`` within fixed block
-    ``b`` of ``nb``: the blocks, never the chunks or the threads, decide
-    which slices a partial result holds (``mttkrp_mid``)."""
-    return _sub(pos1, pos2, _split(pos1, pos2, n, b, nb), _split(pos1, pos2, n, b + 1, nb), c, nch)
-
-
 cdef inline double _work(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
                          double per_entry, double per_fiber, double per_slice) noexcept nogil:
     """Estimated work units of a call (see ``_interrupt.pxd``)."""
@@ -382,28 +374,29 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
 def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
                const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
                const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
-               floating[:, ::1] out, int nblocks, int num_threads):
-    """mttkrp_mid(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out, nblocks, num_threads)
+               floating[:, ::1] out, int num_threads):
+    """mttkrp_mid(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out, num_threads)
 
     MTTKRP on the middle stored mode: ``A[j,r] = sum_{i,k} X[i,j,k] * C[i,r] * D[k,r]``.
 
-    Per fiber (i, j): ``t[r] = sum_k X[i,j,k] * D[k,r]`` (as :func:`mttkrp`),
-    then ``A[j,r] += t[r] * C[i,r]``, a scatter into row j.  The slices are
-    cut into ``nblocks`` fixed blocks balanced by work; block ``b``
-    scatters into its own partial of ``J x R`` doubles, and the partials are
-    added in block order.  The blocks, never ``num_threads``, decide the
-    arithmetic, so results are bit-identical on any thread count (the caller
-    picks ``nblocks`` from the machine and the work).  Preconditions: C (I,
-    R) with ``I > max(crd0)``, D (Kd, R), out (J, R) C-contiguous with ``J >
-    max(crd1)``, ``nblocks >= 1``.  ``out`` fully overwritten.  Complexity
-    O(nnz * R + n_fibers * R + nblocks * J * R); workspace ``8 * J * R *
-    nblocks`` bytes (``nblocks - 1`` for float64).
+    Owner computes: the output rows are cut into ranges of ``j``, handed
+    out dynamically; a range's block walks every slice, finds the slice's
+    first fiber in the range by binary search (a slice's fibers are sorted by
+    ``j``), and for each fiber ``(i, j)`` in the range forms ``t[r] = sum_k
+    X[i,j,k] * D[k,r]`` (as :func:`mttkrp`) and adds ``t[r] * C[i,r]`` to row
+    ``j``, which no other block writes.  Row j is therefore summed over the
+    slices in order whatever the ranges: results are bit-identical for any
+    thread count, with no partial results to add.  Preconditions: C (I, R)
+    with ``I > max(crd0)``, D (Kd, R), out (J, R) C-contiguous with ``J >
+    max(crd1)``; each slice's fibers strictly increasing in ``j``
+    (canonical CSF).  ``out`` fully overwritten.  Complexity O(nnz * R +
+    n_fibers * R + blocks * n_slices * log(fibers per slice)); workspace R
+    doubles per thread.
     """
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t J = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, f, p, r, cell
-    cdef Py_ssize_t stride = (R + 7) & ~7   # a block's fiber row on its own cache lines
+    cdef Py_ssize_t nb, nch, ch, b0, b1, b, q, f, f1, lo, hi, mid, j0, j1, row, r
     cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* c1 = _iptr(crd1)
@@ -412,58 +405,75 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
     cdef const floating* v = _fptr(vals)
     cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
     cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
+    cdef floating* op_ = &out[0, 0] if J > 0 and R > 0 else NULL
     cdef const floating* crow
     cdef double* t
     cdef double* acc
-    cdef double s
-    if nb < 1:
-        raise ValueError(f"mttkrp_mid: nblocks must be >= 1, got {nblocks}")
+    cdef double work
+    cdef int failed = 0
     if J == 0 or R == 0:
         return
+    memset(op_, 0, J * R * sizeof(floating))
     if n == 0:
-        out[:, :] = 0
         return
-    if nb > n:
-        nb = n
-    # block 0 of a float64 call scatters straight into ``out``
-    cdef Py_ssize_t own = 1 if floating is double else 0
-    cdef double[:, ::1] parts = np.zeros((nb - own, J * R)) if nb > own else None
-    cdef double[:, ::1] fiber = np.empty((nb, stride))
-    cdef double** accs = <double**>malloc(nb * sizeof(double*))
-    if accs == NULL:
-        raise MemoryError()
-    try:
-        if floating is double:
-            memset(&out[0, 0], 0, J * R * sizeof(double))
-            accs[0] = <double*>&out[0, 0]
-        for b in range(own, nb):
-            accs[b] = &parts[b - own, 0]
-        nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), 1.0), num_threads, n)
-        for ch in range(nch):
-            if ch > 0:
-                PyErr_CheckSignals()
-            with nogil:
-                for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                    q0 = _block_chunk(p1, p2, n, b, nb, ch, nch)
-                    q1 = _block_chunk(p1, p2, n, b, nb, ch + 1, nch)
-                    acc = accs[b]
-                    t = &fiber[b, 0]
-                    for q in range(q0, q1):
-                        crow = cp + <Py_ssize_t>c0[q] * R
-                        for f in range(p1[q], p1[q + 1]):
-                            _fiber_times(t, p2, c2, v, dp, f, R)
-                            for r in range(R):
-                                acc[<Py_ssize_t>c1[f] * R + r] += t[r] * <double>crow[r]
-        if nb == own:
-            return  # float64 on one block: ``out`` holds the sums already
-        with nogil:
-            for cell in prange(J * R, schedule="static", num_threads=num_threads):
-                s = accs[0][cell]
-                for b in range(1, nb):
-                    s = s + accs[b][cell]
-                (&out[0, 0])[cell] = <floating>s
-    finally:
-        free(accs)
+    work = _work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), 1.0)
+    # blocks: enough to balance the threads, few enough that the per-slice
+    # searches (blocks x slices) stay a small part of the work
+    nb = _num_blocks(J, num_threads)
+    while nb > num_threads and <double>nb * <double>n * 8.0 > work / 16.0:
+        nb = nb >> 1
+    nch = num_chunks(work, num_threads, J)
+    if nch > nb:
+        nb = nch
+    if nb > J:
+        nb = J
+    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef void** wsp = ws.ptr
+    # float32: a block sums its rows in a double workspace, rounded once at its end
+    cdef Py_ssize_t rows_max = (J + nb - 1) // nb
+    cdef Py_ssize_t stride = R if floating is double else R + rows_max * R
+    for ch in range(nch):
+        if ch > 0:
+            PyErr_CheckSignals()
+        b0 = nb * ch // nch
+        b1 = nb * (ch + 1) // nch
+        with nogil, parallel(num_threads=num_threads):
+            t = <double*>_ws_get(wsp, stride * sizeof(double))
+            for b in prange(b0, b1, schedule="dynamic", chunksize=1):
+                if t == NULL:
+                    failed += 1
+                    continue
+                j0 = J * b // nb
+                j1 = J * (b + 1) // nb
+                if floating is double:
+                    acc = <double*>(op_ + j0 * R)
+                else:
+                    acc = t + R
+                    memset(acc, 0, (j1 - j0) * R * sizeof(double))
+                for q in range(n):
+                    # the slice's first fiber with j >= j0
+                    lo = p1[q]
+                    hi = p1[q + 1]
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if c1[mid] < j0:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    crow = cp + <Py_ssize_t>c0[q] * R
+                    f = lo
+                    f1 = p1[q + 1]
+                    while f < f1 and c1[f] < j1:
+                        _fiber_times(t, p2, c2, v, dp, f, R)
+                        row = (<Py_ssize_t>c1[f] - j0) * R
+                        for r in range(R):
+                            acc[row + r] += t[r] * <double>crow[r]
+                        f = f + 1
+                if floating is not double:
+                    for row in range((j1 - j0) * R):
+                        op_[j0 * R + row] = <floating>acc[row]
+        if failed:
+            raise MemoryError("mttkrp_mid: cannot allocate the thread workspace")
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,

@@ -396,9 +396,8 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         csf.ttv_mid(*arrs, d[0], out, nt)
     elif kernel == "mttkrp":
         csf.mttkrp(*arrs, d[0], d[1], out, nt)
-    elif kernel == "mttkrp_mid":   # work per entry: R multiply-adds; cells: the J x R result
-        R = out_shape[1]
-        csf.mttkrp_mid(*arrs, d[0], d[1], out, reduction_block_count(len(arrs[6]) * R, out.size), nt)
+    elif kernel == "mttkrp_mid":
+        csf.mttkrp_mid(*arrs, d[0], d[1], out, nt)
     else:
         csf.mttkrp_gemm(*arrs, d[0], d[1], d[2], out, nt)
     return out
@@ -444,8 +443,8 @@ _WHY = {
     "ttv": "one dot per (i,j) fiber of X",
     "ttv_mid": "each (i,j) fiber of X scaled by c[j] and scattered into the dense row i",
     "mttkrp": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber",
-    "mttkrp_mid": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber, scattered into row j of "
-                  "fixed blocks' partial results, added in block order",
+    "mttkrp_mid": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber, added to row j by the "
+                  "block that owns j's range of rows (every slice searched for the range's fibers)",
     "gnn2": "<SDDMM,SpMM> with a scalar temporary per stored A entry",
     "sddmm_spmm": "<SDDMM,SpMM> with a scalar temporary per stored B entry (SparseLNR)",
     "sddmm_spmm_gemm": "<SDDMM,SpMM,GEMM>: scalar temporary, then a row temporary times W",
