@@ -961,18 +961,22 @@ cdef inline void _masked_row_saxpy(Py_ssize_t i, const index_t* mip, const index
 cdef inline void _masked_row_dot(Py_ssize_t i, const index_t* mip, const index_t* mind, const floating* mval,
                                  const index_t* aip, const index_t* aind, const floating* aval,
                                  const index_t* bip, const index_t* bind, const floating* bval,
-                                 Py_ssize_t mnnz, double* row, unsigned char* flag,
+                                 Py_ssize_t mnnz, double* row, uint64_t* bits,
                                  floating* ov, unsigned char* hp) noexcept nogil:
     """Row ``i`` of :func:`masked_spgemm` with B given as the CSR of Bᵀ: A's
-    row scattered dense, gathered at Bᵀ's row per stored mask entry (the
-    dense row and flags left zeroed)."""
+    row scattered dense and marked in a bitmap; per stored mask entry, Bᵀ's
+    row tests the bitmap (one bit per column: it stays in L1) and reads the
+    dense row only where A stores an entry -- a sparse-times-sparse dot
+    mostly misses, and the dense row of a wide A would miss the cache on
+    every read (the dense row and bitmap left zeroed)."""
     cdef Py_ssize_t p, q
-    cdef index_t k
+    cdef index_t j, k
     cdef double sacc
     cdef unsigned char any_hit
     for q in range(aip[i], aip[i + 1]):
-        row[aind[q]] = aval[q]
-        flag[aind[q]] = 1
+        j = aind[q]
+        row[j] = aval[q]
+        bits[j >> 6] |= (<uint64_t>1) << (j & 63)
     for p in range(mip[i], mip[i + 1]):
         k = mind[p]
         if p + 2 < mnnz:   # the Bᵀ row two entries ahead (rows are random)
@@ -981,15 +985,16 @@ cdef inline void _masked_row_dot(Py_ssize_t i, const index_t* mip, const index_t
         sacc = 0.0
         any_hit = 0
         for q in range(bip[k], bip[k + 1]):
-            # (selected, not multiplied by a zero: inf or nan in B where A
-            # stores nothing must not reach the sum)
-            sacc = sacc + spfuse_select(flag[bind[q]], row[bind[q]] * <double>bval[q], 0.0)
-            any_hit = any_hit | flag[bind[q]]
+            j = bind[q]
+            if (bits[j >> 6] >> (j & 63)) & 1:
+                sacc = sacc + row[j] * <double>bval[q]
+                any_hit = 1
         hp[p] = any_hit
         ov[p] = <floating>(<double>mval[p] * sacc) if any_hit else 0
     for q in range(aip[i], aip[i + 1]):
-        row[aind[q]] = 0.0
-        flag[aind[q]] = 0
+        j = aind[q]
+        row[j] = 0.0
+        bits[j >> 6] = 0
 
 
 def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, const floating[::1] m_data,
@@ -1012,8 +1017,9 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
       order of A's row then B's row.
     * ``b_transposed`` True: ``b_*`` is the CSR of ``Bᵀ`` (a CSC ``B``) and
       ``width`` A's column count.  A's row is scattered into a thread-private
-      dense row; each mask entry gathers it at Bᵀ's row (branch-free, no
-      merge).  Sums in the order of Bᵀ's row.
+      dense row and marked in a bitmap; each mask entry walks Bᵀ's row,
+      testing the bitmap and reading the dense row on a hit (no merge).
+      Sums in the order of Bᵀ's row.
 
     Independent of threads.  Preconditions: canonical CSR operands with
     ``len(out_data) == len(hit) == nnz(M)``.  Workspace per thread: 9 bytes
@@ -1053,7 +1059,8 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
         with nogil, parallel(num_threads=num_threads):
             # zeroed on first use; every row leaves them zeroed
             dense = <double*>_ws_zeroed(wsp, 2, 0, (width + 1) * sizeof(double))
-            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, width + 1)
+            # bytes per column (Gustavson's marks) or bits (the dot's bitmap)
+            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, width + 9)
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if dense == NULL or flag == NULL:
                     failed += 1
@@ -1065,7 +1072,7 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
                         continue
                     if b_transposed:
                         _masked_row_dot(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, mnnz,
-                                        dense, flag, ov, hp)
+                                        dense, <uint64_t*>flag, ov, hp)
                     else:
                         _masked_row_saxpy(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, annz,
                                           dense, flag, ov, hp)
