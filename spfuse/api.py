@@ -27,9 +27,9 @@ from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.lowering.fibres import shared_fibres
-from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lower_to_looptree, lowering_key
+from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
-from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
+from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan, without_propagation
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
@@ -73,8 +73,7 @@ def cache_info() -> dict:
 
 
 def _info(name: str, t: Tensor) -> TensorInfo:
-    return TensorInfo(name, t.ndim, tuple(t.format.levels), tuple(t.format.mode_order), tuple(t.shape),
-                      nnz=int(t.nnz))
+    return TensorInfo.of(name, t)
 
 
 def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str,
@@ -290,7 +289,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
         lowered = lower_cached(plan, tensors, prepare, key)
     except UnrealizableMask:
         infos = {n: _info(n, t) for n, t in tensors.items()}
-        lowered = lower_to_looptree(_cached_plan(plan.program, infos, plan.fusion, propagate=False), tensors)
+        lowered = lower_cached(without_propagation(plan, infos), tensors, None, key)
     return lowered.results(lt.run(lowered.plan, num_threads=threads))
 
 

@@ -37,7 +37,7 @@ from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.tiling import choose_tiles
 
-__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program", "bind_aliases"]
+__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program", "bind_aliases", "without_propagation"]
 
 FUSION_STRATEGIES = ("auto", "max", "none")
 
@@ -95,6 +95,34 @@ def _shapes(ops, inputs: Mapping[str, TensorInfo]) -> dict[str, tuple]:
         ext = op_extents(op, shapes)
         shapes[op.out] = tuple(ext[ix] for ix in op.out_indices)
     return shapes
+
+
+def without_propagation(plan: Plan, inputs: Mapping[str, TensorInfo]) -> Plan:
+    """``plan``'s program planned over ``inputs`` (the operands as the
+    lowering reads them) without mask propagation: what runs when a
+    propagated mask has no concordant access to iterate it (the lowering
+    raises ``UnrealizableMask``).  Remembered on ``plan`` per input
+    signature, so a call that falls back does not plan again.
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> infos = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
+    ...          "x": TensorInfo.dense("x", (9,))}
+    >>> p = plan_program(parse_program("y[i] = B[i,j] * x[j]"), infos)
+    >>> q = without_propagation(p, infos); q is without_propagation(p, infos), q.program is p.program
+    (True, True)
+    """
+    key = tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length()) for n, i in inputs.items()))
+    remembered = plan.__dict__.get("_without_propagation")
+    if remembered is None:
+        remembered = {}
+        object.__setattr__(plan, "_without_propagation", remembered)
+    fallback = remembered.get(key)
+    if fallback is None:
+        fallback = plan_program(plan.program, inputs, plan.fusion, propagate=False)
+        if len(remembered) < 16:
+            remembered[key] = fallback
+    return fallback
 
 
 def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str = "auto",

@@ -266,3 +266,43 @@ def test_zero_d_operand_is_rebound_not_relowered(monkeypatch):
     for s in (2.0, -3.5, 0.0):
         np.testing.assert_allclose(k(A=A, x=x, b=b, s=np.float64(s)), (A @ x) * s + b, rtol=1e-13)
     assert calls == []
+
+
+def test_unrealizable_mask_fallback_is_remembered(monkeypatch):
+    """A plan whose propagated mask has no concordant access (found by the
+    autodiff property test: an adjoint's where() under a pattern) falls back
+    to the plan without propagation; later calls take that plan at once --
+    no second lowering attempt, no planning -- and still give the oracle's
+    answer."""
+    from spfuse import planner
+    from spfuse.lowering import looptree as LL
+    from spfuse.testing import dense_reference
+    program = ("grad_D[k, i] = pattern_D[k, i] * (sum(j, i_2, where(B * C[i_2, j], sum(l, grad_R0[k, l, j]) * A, "
+               "0.0)) * where(D[k, i] - R0_r_1[k], 0.0, 1.0) / R0_r_5[k] + sum(i_1, where(B * C[i_1, i], 0.0, "
+               "sum(k_1, grad_R0[k_1, k, i]) * A)))")
+    rng = np.random.default_rng(5)
+    pattern = (rng.random((4, 3)) < 0.5) * 1.0
+    ops = {"pattern_D": spfuse.Tensor.from_numpy(pattern, "csr"), "B": 1.5, "C": rng.standard_normal((3, 3)),
+           "grad_R0": rng.standard_normal((4, 4, 3)), "A": -0.5,
+           "D": spfuse.Tensor.from_numpy(pattern * rng.standard_normal((4, 3)), "csr"),
+           "R0_r_1": rng.standard_normal(4), "R0_r_5": rng.random(4) + 1.0}
+    raised, plans = [], []
+    original, replan = LL.lower_to_looptree, planner.plan_program
+
+    def lower(*a, **kw):
+        try:
+            return original(*a, **kw)
+        except LL.UnrealizableMask:
+            raised.append(1)
+            raise
+    monkeypatch.setattr(LL, "lower_to_looptree", lower)
+    monkeypatch.setattr(planner, "plan_program", lambda *a, **kw: plans.append(1) or replan(*a, **kw))
+    k = spfuse.compile(program)
+    want = dense_reference(program, ops)
+    np.testing.assert_allclose(spfuse.testing.densify(k(**ops)), want, rtol=1e-12, atol=1e-12)
+    assert raised == [1]
+    raised.clear()
+    plans.clear()
+    for _ in range(2):
+        np.testing.assert_allclose(spfuse.testing.densify(k(**ops)), want, rtol=1e-12, atol=1e-12)
+    assert raised == [] and plans == []

@@ -181,3 +181,15 @@ class TensorInfo:
     def dense(name: str, shape: tuple, role: str = Role.INPUT) -> TensorInfo:
         n = len(shape)
         return TensorInfo(name, n, ("dense",) * n, tuple(range(n)), tuple(shape), role)
+
+    @staticmethod
+    def of(name: str, tensor) -> TensorInfo:
+        """The planning facts of a stored tensor (an :class:`spfuse.Tensor`):
+        its levels, mode order, shape and number of stored entries.
+
+        >>> import numpy as np, spfuse
+        >>> i = TensorInfo.of("A", spfuse.Tensor.from_numpy(np.eye(3), "csr")); i.format_name, i.nnz
+        ('csr', 3)
+        """
+        return TensorInfo(name, tensor.ndim, tuple(tensor.format.levels), tuple(tensor.format.mode_order),
+                          tuple(tensor.shape), nnz=int(tensor.nnz))

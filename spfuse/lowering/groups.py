@@ -1013,10 +1013,11 @@ def _run_generic(plan, tensors, nt: int) -> dict:
 
 
 def _run_unpropagated(plan, tensors, nt: int) -> dict:
-    """A propagated mask cannot be iterated in some group: re-plan the whole
-    program without propagation and run it on the generic executor."""
+    """A propagated mask cannot be iterated in some group: run the whole
+    program as planned without propagation on the generic executor."""
     from spfuse.ir.ops import TensorInfo
-    from spfuse.planner import plan_program
-    infos = {n: TensorInfo(n, t.ndim, tuple(t.format.levels), tuple(t.format.mode_order), tuple(t.shape),
-                           nnz=int(t.nnz)) for n, t in tensors.items()}
-    return _run_generic(plan_program(plan.program, infos, plan.fusion, propagate=False), tensors, nt)
+    from spfuse.planner import without_propagation
+    infos = {n: TensorInfo.of(n, t) for n, t in tensors.items()}
+    return _run_generic(without_propagation(plan, infos), tensors, nt)
+
+

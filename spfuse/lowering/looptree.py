@@ -32,6 +32,10 @@ __all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "Ou
 _INT32, _INT64, _FLOAT64 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float64)
 
 
+#: a lowering cache entry: this plan raised UnrealizableMask for this operand signature
+_UNREALIZABLE = object()
+
+
 class UnrealizableMask(Exception):
     """A propagated iteration mask has no concordant access to iterate it.
 
@@ -574,13 +578,20 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
     if key is None:
         key = lowering_key(operands)
     hit = cache.get(key)
+    if hit is _UNREALIZABLE:
+        raise UnrealizableMask("(remembered for this plan and operand signature)")
     if hit is not None:
         if prepare is not None:
             prepare()
         return hit.rebind(operands)
     if prepare is not None:
         prepare()
-    lowered = lower_to_looptree(plan, operands)
+    try:
+        lowered = lower_to_looptree(plan, operands)
+    except UnrealizableMask:
+        if len(cache) < 16:
+            cache[key] = _UNREALIZABLE   # the caller's fallback is taken at once next time
+        raise
     if lowered.binding is not None and len(cache) < 16:
         bare = [replace(o, pattern_of=None) for o in lowered.outputs]
         cache[key] = LoweredProgram(lt.without_arrays(lowered.plan), tuple(bare), lowered.transposed,
