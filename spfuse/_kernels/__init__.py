@@ -54,9 +54,10 @@ def _wanted() -> str:
 
 
 def build_of(name: str, isa: str) -> ModuleType | None:
-    """A fresh instance of module ``name``'s ``isa`` build (``"baseline"`` or
-    ``"avx2"``), loaded from its file whichever build this process uses; None
-    when that build is not installed.  For comparing the builds.
+    """Module ``name``'s ``isa`` build (``"baseline"`` or ``"avx2"``), loaded
+    from its file whichever build this process runs (a build already loaded
+    shares its library's state); None when that build is not installed.
+    For comparing the builds.
 
     >>> build_of("_csr_kernels", "baseline") is not None
     True
