@@ -306,3 +306,12 @@ def test_unrealizable_mask_fallback_is_remembered(monkeypatch):
     for _ in range(2):
         np.testing.assert_allclose(spfuse.testing.densify(k(**ops)), want, rtol=1e-12, atol=1e-12)
     assert raised == [] and plans == []
+    # scipy operands (their indices scanned on the call path): the remembered
+    # fallback still scans them first, so a corrupt index is a clear error
+    import scipy.sparse as sp
+    sci = dict(ops, pattern_D=sp.csr_array(pattern), D=sp.csr_array(ops["D"].todense()))
+    np.testing.assert_allclose(spfuse.testing.densify(k(**sci)), want, rtol=1e-12, atol=1e-12)
+    bad = sp.csr_array(ops["D"].todense())
+    bad.indices[-1] = 7   # column 7 of a 4 x 3 matrix
+    with pytest.raises(ValueError, match="D"):
+        k(**dict(sci, D=bad))

@@ -579,6 +579,8 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
         key = lowering_key(operands)
     hit = cache.get(key)
     if hit is _UNREALIZABLE:
+        if prepare is not None:
+            prepare()   # as on the first call: the caller's fallback reads the operands next
         raise UnrealizableMask("(remembered for this plan and operand signature)")
     if hit is not None:
         if prepare is not None:
