@@ -616,3 +616,33 @@ def test_a_sparse_vector_intersected_under_outer_fibers(levels, target, threads)
                 b.statement(ref, "sum", bb * aa)
     want = np.einsum("jil,l->" + {"scalar": "", "by_j": "j", "by_i": "i"}[target], B, a)
     np.testing.assert_allclose(run(b.build(), num_threads=threads)["out"], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("extent", [1, 2, 3])
+@pytest.mark.parametrize("b_format", ["csr", "dense"])
+def test_a_leaf_into_a_result_whose_loop_has_extent_one(extent, b_format):
+    """``R[i] = sum(k, j, A[k,i,j] * B[k,j])`` with A a CSF tensor: the j
+    loop is a sparse∩sparse (B CSR) or dense (B dense) leaf under A's fibers.
+    With ``I == 1`` the result has one element, which the leaf detectors took
+    for a sweep temporary; it had no sweep slot, so the leaf's sums went
+    before the slot vector -- R stayed 0 and the heap was overwritten (a
+    segfault later).  Found through the complex-values property test (seed
+    383, pydata COO A of shape (4, 1, 4)); every extent now matches numpy."""
+    from spfuse.tensor import Tensor
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((5, extent, 6)) * (rng.random((5, extent, 6)) < 0.5)
+    B = rng.standard_normal((5, 6)) * (rng.random((5, 6)) < 0.7)
+    ta, tb = Tensor.from_numpy(A, "csf"), Tensor.from_numpy(B, b_format)
+    b = LoopTreeBuilder()
+    k, i, j = b.var("k", 5), b.var("i", extent), b.var("j", 6)
+    aa, bb = b.access(ta, (k, i, j), "A"), b.access(tb, (k, j), "B")
+    out = b.buffer((extent,), name="R")
+    with b.loop(k, intersect=[aa]):
+        with b.loop(i, intersect=[aa]):
+            with b.loop(j, intersect=[aa, bb] if b_format == "csr" else [aa]):
+                b.statement(out[i], "sum", aa * bb)
+    got = both_threads(b.build())["R"]
+    np.testing.assert_allclose(got, np.einsum("kij,kj->i", A, B), rtol=1e-12, atol=1e-12)
+    import spfuse
+    np.testing.assert_allclose(spfuse.evaluate("R[i] = A[k,i,j] * B[k,j]", A=ta, B=tb),
+                               np.einsum("kij,kj->i", A, B), rtol=1e-12, atol=1e-12)

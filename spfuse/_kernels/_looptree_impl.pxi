@@ -2818,6 +2818,23 @@ def _sweep_buffers(keep, private, order, o, vo, everywhere):
     return True, temps, ptemps
 
 
+def _leaves_into_slots(keep, leaf, entries, slotted):
+    """Does every dot leaf (dense or sparse∩sparse) of the sweep's
+    ``entries`` add into a buffer that gets a sweep slot?  Those leaves
+    accumulate into the slot's vector (``sw_t``); a target of size 1 that is
+    not a sweep temporary -- a result ``y[i]`` whose loop has extent 1 --
+    has none (its slot index -1 pointed the leaf's sums before the vector:
+    nothing reached ``y``, and the heap was overwritten)."""
+    for role, node, s, _ in entries:
+        # a leaf's entry names the statement just inside its loop; a loop
+        # holding other loops (the fiber loop) is never a leaf
+        if (role == "fiber" and keep["node_kind"][node - 1] == N_LOOP
+                and leaf[keep["node_arg"][node - 1]] in (LEAF_DOT, LEAF_IDOT)):
+            if int(keep["bref_buf"][keep["stmt_target"][s]]) not in slotted:
+                return False
+    return True
+
+
 def _sweep_loops(keep, private):
     """Per loop, how it runs as a sweep (see ``_sweep``): 0 not, SWEEP_ROWS
     (rows in batches, with fiber loops below), SWEEP_FIBER (one fiber loop
@@ -2897,7 +2914,7 @@ def _sweep_loops(keep, private):
         if not ok or (fibers == 0 and not any(k == "reset" for k, *_ in order)):
             continue
         ok, temps, ptemps = _sweep_buffers(keep, private, order, o, vo, everywhere)
-        if ok:
+        if ok and _leaves_into_slots(keep, leaf, order, temps + ptemps):
             take(lid, SWEEP_ROWS, temps, ptemps)
             swept_until = node_end[o]
 
@@ -2913,7 +2930,7 @@ def _sweep_loops(keep, private):
         if entries is None:
             continue
         ok, temps, ptemps = _sweep_buffers(keep, private, entries, c, -1, everywhere)
-        if ok and not temps:
+        if ok and not temps and _leaves_into_slots(keep, leaf, entries, ptemps):
             take(node_arg[c], SWEEP_FIBER, temps, ptemps)
     return sweep, leaf, rslot, postemp, nslots
 
