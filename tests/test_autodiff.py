@@ -296,6 +296,8 @@ def test_zero_size_and_empty_rows(rng):
 @example(seed=90, zero_size=False, density=0.3)
 # min(k, 0.25 * B[j,k]) over one column: the extremum kernel dropped the 0.25 of the kept min
 @example(seed=1828165, zero_size=False, density=0.3)
+# an adjoint of ~100 ops whose fusion search re-walked the op graph per edge: 64 s, now ~1.5 s
+@example(seed=624, zero_size=False, density=0.0)
 def test_random_programs_match_torch(seed, zero_size, density):
     rng = np.random.default_rng(seed)
     program, shapes = random_program(rng, n_statements=(1, 2), max_depth=3, max_ndim=2, max_extent=4,

@@ -4,6 +4,8 @@ No execution here: these pin what each pass decides (ReACT Figure 1 and
 Listings, Table 2) so a regression shows up as a changed structure.
 """
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernels import KERNELS, infos
 
 from spfuse.errors import UnsupportedError
@@ -303,3 +305,52 @@ def test_orders_hold_at_large_sizes(name):
         assert kept(large) == kept(small)
     else:  # a size-dependent cost decision (separate kernels, association) explains the change
         assert large.decisions or small.decisions
+
+
+def _fusion_groups_by_definition(n, edges):
+    """Algorithm 1 as written, re-scanning every edge at every step (the
+    oracle for the incremental group graph of ``find_fusion_groups``)."""
+    head = list(range(n))
+
+    def find(x):
+        while head[x] != x:
+            x = head[x]
+        return x
+
+    def succ(g):
+        return {find(b) for (a, b) in edges if find(a) == g and find(b) != g}
+
+    def other_path(src, dst):
+        stack = [s for s in succ(src) if s != dst]
+        seen = set(stack)
+        while stack:
+            v = stack.pop()
+            if v == dst:
+                return True
+            for w in succ(v) - seen:
+                seen.add(w)
+                stack.append(w)
+        return False
+
+    for node in range(n):
+        g = find(node)
+        for (a, b), preventing in sorted(edges.items()):
+            if find(a) != g or find(b) == g or preventing:
+                continue
+            if any(p for (x, y), p in edges.items() if {find(x), find(y)} == {g, find(b)}):
+                continue
+            if not other_path(g, find(b)):
+                head[find(b)] = g
+    groups: dict = {}
+    for v in range(n):
+        groups.setdefault(find(v), []).append(v)
+    return sorted(groups.values(), key=lambda m: m[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.just(n), st.dictionaries(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).filter(lambda e: e[0] < e[1]),
+                                st.booleans(), max_size=40))))
+def test_fusion_groups_match_the_algorithm_as_written(case):
+    n, edges = case
+    assert find_fusion_groups(n, edges) == _fusion_groups_by_definition(n, edges)

@@ -96,40 +96,69 @@ def find_fusion_groups(n: int, edges: dict[tuple[int, int], bool]) -> list[list[
     [[0], [1, 2]]
     """
     head = list(range(n))
+    # the graph of groups, kept up to date as groups merge (each node its
+    # own group at first): successor and predecessor groups per group root
+    gsucc: dict[int, set[int]] = {v: set() for v in range(n)}
+    gpred: dict[int, set[int]] = {v: set() for v in range(n)}
+    for a, b in edges:
+        if a != b:
+            gsucc[a].add(b)
+            gpred[b].add(a)
+    preventing = [e for e, p in edges.items() if p]
+    ordered = sorted(edges.items())
 
     def find(x):
         while head[x] != x:
             x = head[x]
         return x
 
-    def succ(g):
-        return {find(b) for (a, b) in edges if find(a) == g and find(b) != g}
-
     def other_path(src, dst):
         # Is dst reachable from src without taking the direct edge src -> dst?
-        stack = [s for s in succ(src) if s != dst]
+        stack = [s for s in gsucc[src] if s != dst]
         seen = set(stack)
         while stack:
             v = stack.pop()
             if v == dst:
                 return True
-            for w in succ(v):
+            for w in gsucc[v]:
                 if w not in seen:
                     seen.add(w)
                     stack.append(w)
         return False
 
+    def merge(g, gb):
+        head[gb] = g
+        for p in gpred.pop(gb):
+            gsucc[p].discard(gb)
+            if p != g:
+                gsucc[p].add(g)
+                gpred[g].add(p)
+        for q in gsucc.pop(gb):
+            gpred[q].discard(gb)
+            if q != g:
+                gpred[q].add(g)
+                gsucc[g].add(q)
+        gsucc[g].discard(gb)
+        gpred[g].discard(gb)
+
+    # The answers for a pair of groups change only when groups merge, so a
+    # refused pair is not checked again until then (an adjoint's hundreds of
+    # ops re-walked the whole graph for every edge between two groups).
     for node in range(n):
         g = find(node)
-        for (a, b), preventing in sorted(edges.items()):
-            if find(a) != g or find(b) == g or preventing:
+        refused: set[int] = set()
+        for (a, b), prevents in ordered:
+            if prevents or find(a) != g:
+                continue
+            gb = find(b)
+            if gb == g or gb in refused:
                 continue
             # every edge between the two groups must be fusible
-            if any(p for (x, y), p in edges.items() if {find(x), find(y)} == {g, find(b)}):
+            if any({find(x), find(y)} == {g, gb} for x, y in preventing) or other_path(g, gb):
+                refused.add(gb)
                 continue
-            if other_path(g, find(b)):
-                continue
-            head[find(b)] = g
+            merge(g, gb)
+            refused.clear()
     groups: dict[int, list[int]] = {}
     for v in range(n):
         groups.setdefault(find(v), []).append(v)
