@@ -30,6 +30,7 @@ from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
+from spfuse.lowering.entrywise import EntrywiseGroup, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
@@ -63,6 +64,8 @@ class Group:
     temporaries: Mapping | None = None
     #: element-wise work on one sparse pattern run on its values (kernel "pattern")
     on_pattern: PatternGroup | None = None
+    #: a generic group of element-wise work on whole dense arrays, run as numpy operations
+    entrywise: EntrywiseGroup | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
@@ -72,6 +75,8 @@ class Group:
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
         if self.on_pattern is not None:
             how = f"numpy {self.on_pattern.describe()}"
+        if self.entrywise is not None:
+            how = self.entrywise.describe()
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
@@ -768,7 +773,8 @@ def split_groups(plan) -> tuple[Group, ...]:
         if found is None:
             on_pattern = pattern_group(plan, ops, outs)
             groups.append(Group(node, ops, outs, "generic" if on_pattern is None else "pattern", temporaries=temps,
-                                on_pattern=on_pattern))
+                                on_pattern=on_pattern,
+                                entrywise=None if on_pattern is not None else entrywise_group(plan, ops, outs)))
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
@@ -836,6 +842,8 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
         try:
             if g.on_pattern is not None:
                 values = run_pattern_group(g.on_pattern, env, plan.shapes)
+            elif g.entrywise is not None:
+                values = run_entrywise_group(g.entrywise, env)
             else:
                 values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
             if values is None:
