@@ -114,14 +114,16 @@ class _CSRArrays:
         self.indptr = t.crow_indices().numpy()
         self.indices = t.col_indices().numpy()
         self.data = t.values().numpy()
-        self.shape = (int(t.shape[0]), int(t.shape[1]))
+        shape = t.shape
+        self.shape = (int(shape[0]), int(shape[1]))
 
 
 def _csr_tensor(t: Any) -> Tensor | None:
     """A canonical torch CSR tensor as an spfuse Tensor, zero-copy, after the
     one-pass index scan (no scipy object on the way: the per-call path of a
     training loop); None when anything is unusual (the general path decides)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.ndim != 2:
         return None
     return Tensor._fast_compressed(_CSRArrays(t), "sparray")
@@ -130,16 +132,16 @@ def _csr_tensor(t: Any) -> Tensor | None:
 class _Input:
     """One converted input: the spfuse operand and how to hand its gradient back."""
 
-    def __init__(self, name: str, source: Any):
-        torch = _torch()
+    def __init__(self, name: str, source: Any, torch: Any = None):
+        torch = torch or _torch()
         self.source = source
-        self.layout = source.layout if isinstance(source, torch.Tensor) else None
+        self.layout = layout = source.layout if isinstance(source, torch.Tensor) else None
         tensor = None
-        if self.layout is not None and source.device.type == "cpu":
+        if layout is not None and source.is_cpu:
             # the common layouts without the general conversion (per input per call)
-            if self.layout == torch.strided:
-                tensor = Tensor._fast_dense(source.detach().numpy())
-            elif self.layout == torch.sparse_csr:
+            if layout == torch.strided:
+                tensor = Tensor._fast_dense((source.detach() if source.requires_grad else source).numpy())
+            elif layout == torch.sparse_csr:
                 tensor = _csr_tensor(source)
         self.tensor = tensor if tensor is not None else as_tensor(to_spfuse(source, name), name=name)
 
@@ -153,7 +155,8 @@ class _Input:
         src = self.source
         if not self.sparse:
             g = torch.from_numpy(np.ascontiguousarray(raw))
-            return g.reshape(src.shape) if isinstance(src, torch.Tensor) else g
+            # (a torch reshape costs microseconds per gradient per call: only when the shapes differ)
+            return g.reshape(src.shape) if isinstance(src, torch.Tensor) and g.shape != src.shape else g
         if self.layout == torch.sparse_csr:
             rows = np.repeat(np.arange(src.shape[0]), np.diff(src.crow_indices().numpy()))
             coords = np.stack([rows, src.col_indices().numpy()])
@@ -175,7 +178,7 @@ def _autograd_function():
 
         @staticmethod
         def forward(ctx, spec, *sources):
-            inputs = {n: _Input(n, s) for n, s in zip(spec.names, sources, strict=True)}
+            inputs = {n: _Input(n, s, torch) for n, s in zip(spec.names, sources, strict=True)}
             wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:], strict=True) if need)
             program = spec.program
             adj = None

@@ -123,6 +123,25 @@ def _saving_program(adj: Adjoint, with_results: bool) -> Program | None:
     return found
 
 
+_forward_ways: dict = {}
+
+
+def _forward_programs(adj: Adjoint, with_results: bool) -> tuple[Program | None, Program | None]:
+    """The saving program and the same without its copies (statement by
+    statement), per adjoint object: a training loop's every forward pass
+    asks, and the content-keyed caches below cost a key built per call."""
+    key = (id(adj), with_results)
+    found = _forward_ways.get(key)
+    if found is None or found[0] is not adj:
+        saving = _saving_program(adj, with_results)
+        statements = None if saving is None else _without_copies(saving, frozenset(adj.saved[t] for t in adj.kept))
+        if len(_forward_ways) >= 256:
+            _forward_ways.clear()
+        # (the adjoint is held: its id is not reused while the entry lives)
+        found = _forward_ways[key] = (adj, saving, statements)
+    return found[1], found[2]
+
+
 @functools.lru_cache(maxsize=256)
 def _without_copies(saving: Program, copies: frozenset) -> Program:
     """A saving program without its ``T_saved = T`` statements."""
@@ -294,11 +313,10 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     """
     trusted = set(trusted)
     kept = adj.kept if adj is not None else ()
-    saving = _saving_program(adj, results) if kept else None
+    saving, statements = _forward_programs(adj, results) if kept else (None, None)
     if saving is None:
         raw = _run_fused(program, ops, fusion, num_threads, trusted)
         return raw, {}
-    statements = _without_copies(saving, frozenset(adj.saved[t] for t in kept))
 
     def run(split: bool):
         if split:

@@ -845,7 +845,7 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
             elif g.entrywise is not None:
                 values = run_entrywise_group(g.entrywise, env)
             else:
-                values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
+                values = None if g.kernel == "generic" else _runner(plan, g)(env, nt)
             if values is None:
                 values = _run_generic(_subplan(plan, g), env, nt)
         except UnrealizableMask:
@@ -859,10 +859,13 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
                 # least what propagation says later groups read (zeros elsewhere).
-                dense = v.todense() if isinstance(v, Tensor) else v
-                dense = np.asarray(dense)
-                # (ascontiguousarray would make a 0-d temporary 1-d)
-                dense = arrays[name] = np.ascontiguousarray(dense).reshape(dense.shape)
+                if type(v) is np.ndarray and v.flags.c_contiguous:
+                    dense = v   # (a kernel's or BLAS's fresh array: the common case, per group per call)
+                else:
+                    dense = np.asarray(v.todense() if isinstance(v, Tensor) else v)
+                    # (ascontiguousarray would make a 0-d temporary 1-d)
+                    dense = np.ascontiguousarray(dense).reshape(dense.shape)
+                arrays[name] = dense
                 fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
                 env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
@@ -952,6 +955,37 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         else:
             value = value._with_kernel_values(np.multiply(value.values, scale, dtype=dtype))
     return {name: value}
+
+
+_runners: dict = {}
+
+
+def _runner(plan, g: Group):
+    """How a template group runs, worked out once per group: a plain route
+    (the kernel on the operands as they are, see :func:`_route_needs`) calls
+    its kernel directly; any other goes through :func:`_run_routed`."""
+    found = _runners.get(id(g))
+    if found is None or found[0] is not g or found[1] is not plan:
+        name = g.outputs[0]
+        shape = tuple(plan.shapes[name])
+        if not _route_needs(g)[1]:
+            def run(env, nt):
+                return _run_routed(plan, g, env, nt)
+        elif g.kernel == "gemm":
+            roles = g.names
+
+            def run(env, nt):
+                return {name: _run_gemm(roles, shape, env, nt)}
+        else:
+            kernel, names = g.kernel, list(g.names)
+
+            def run(env, nt):
+                return {name: templates._run_einsum(kernel, names, name, shape, env, nt)}
+        if len(_runners) >= 4096:
+            _runners.clear()
+        # (the plan and group are held: an id is not reused while they live)
+        found = _runners[id(g)] = (g, plan, run)
+    return found[2]
 
 
 _needs: dict = {}
