@@ -373,7 +373,10 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
 def _any_complex(values) -> bool:
     """Whether any operand holds complex numbers (they run as real and imaginary parts)."""
     for o in values:
-        if type(o) is np.ndarray:
+        kind = type(o)
+        if kind is Tensor:
+            continue   # (float32 or float64 by construction)
+        if kind is np.ndarray:
             if o.dtype.kind == "c":
                 return True
         elif getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex):

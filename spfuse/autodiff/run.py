@@ -262,8 +262,18 @@ _MAX_CHOICES = 256
 
 
 def _signature(ops: Mapping[str, Any]) -> tuple:
-    # (per call: the objects themselves, hashable, rather than their texts)
-    return tuple(sorted((n, type(v), getattr(v, "shape", ()), getattr(v, "format", None)) for n, v in ops.items()))
+    # (per call: the objects themselves, hashable, rather than their texts; in
+    # the operands' order, which each caller builds the same way every call)
+    sig = []
+    for n, v in ops.items():
+        kind = type(v)
+        if kind is Tensor:
+            sig.append((n, kind, v._shape, v._format))
+        elif kind is np.ndarray:
+            sig.append((n, kind, v.shape, None))
+        else:
+            sig.append((n, kind, getattr(v, "shape", ()), getattr(v, "format", None)))
+    return tuple(sig)
 
 
 def execution_choices(program: Program) -> list[ExecutionChoice]:
@@ -346,7 +356,7 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     the kept temporaries and the transposes are trusted too.
     """
     trusted = set(trusted)
-    dtype = np.result_type(*(t.dtype for t in tensors.values())) if tensors else np.float64
+    dtype = np.result_type(*(t._values.dtype for t in tensors.values())) if tensors else np.float64
     out: dict[str, Any] = {}
     if adj.program is not None:
         if adj.kept and saved is None:

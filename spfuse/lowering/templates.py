@@ -201,14 +201,14 @@ def _dense_view(t, dtype) -> np.ndarray:
     """A dense tensor as an ndarray in its logical mode order: a view of its
     storage (transposed when stored in another mode order, as a Fortran
     array is), copied only to change the dtype."""
-    fmt = t.format
+    fmt = t._format
     if not fmt.is_dense:
         return np.asarray(t.todense(), dtype=dtype)
-    values = t.values
+    values = t._values
     if values.dtype != dtype:
         values = values.astype(dtype)
     if fmt.is_identity_order:  # (the common case, per kernel operand per call)
-        return values.reshape(t.shape)
+        return values.reshape(t._shape)
     order = fmt.mode_order
     return values.reshape(tuple(t.shape[m] for m in order)).transpose(np.argsort(order))
 
@@ -247,9 +247,9 @@ def _types(tensors):
     """One value dtype and one index dtype for every array of a kernel call."""
     dtype, itype = _F32, _I32   # (compared with dtype objects: per kernel call, no conversions)
     for t in tensors:
-        if t.dtype != _F32:
+        if t._values.dtype != _F32:
             dtype = _F64
-        if t.index_dtype == _I64:
+        if t._index_dtype == _I64:
             itype = _I64
     return itype, dtype
 

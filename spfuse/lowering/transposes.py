@@ -35,6 +35,8 @@ from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
 __all__ = ["transposed_csr", "stored_as", "clear", "cache_size"]
 
+_CSR = Format.csr()
+
 #: patterns remembered (least recently used dropped first)
 MAX_PATTERNS = 16
 
@@ -97,13 +99,13 @@ def transposed_csr(t: Tensor) -> Tensor:
     """
     if t.ndim != 2:
         raise ValueError(f"transposed_csr needs a matrix, got a {t.ndim}-d tensor")
-    if t.format != Format.csr():
+    if t._format != _CSR:
         return t.transpose().asformat("csr")
     level = t.levels[1]
     assert isinstance(level, CompressedLevel)  # CSR
     pos, crd = level.pos, level.crd
     rows, cols = t.shape
-    key = ((rows, cols), pos.dtype.str, len(crd), _address(pos), _address(crd))
+    key = ((rows, cols), pos.dtype, len(crd), _address(pos), _address(crd))
     with _lock:
         found = _cache.get(key)
         if found is not None:
