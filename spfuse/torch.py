@@ -44,6 +44,14 @@ def _torch():
     return torch
 
 
+def _cpu_array(t: Any, torch: Any) -> np.ndarray | None:
+    """A strided CPU tensor's ndarray (zero-copy), or None for anything else:
+    the per-call path of a training loop's inputs and cotangents."""
+    if type(t) is torch.Tensor and t.layout == torch.strided and t.is_cpu:
+        return (t.detach() if t.requires_grad else t).numpy()
+    return None
+
+
 def to_spfuse(t: Any, name: str = "operand") -> Any:
     """A CPU torch tensor as an spfuse operand, sharing memory where possible:
     dense → ``ndarray``; sparse CSR → ``scipy.sparse.csr_array``; sparse COO
@@ -87,6 +95,8 @@ def to_torch(value: Any) -> Any:
     torch.sparse_csr
     """
     torch = _torch()
+    if type(value) is np.ndarray and value.flags.c_contiguous:
+        return torch.from_numpy(value)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if sp.issparse(value):
@@ -199,7 +209,9 @@ def _autograd_function():
             for r, g in zip(spec.program.results, grads, strict=True):
                 if g is None:
                     continue
-                c = to_spfuse(g, f"cotangent of {r}")
+                c = _cpu_array(g, torch)
+                if c is None:
+                    c = to_spfuse(g, f"cotangent of {r}")
                 cotangents[r] = float(c) if np.ndim(c) == 0 and isinstance(c, np.ndarray) else c
             # inputs were validated when converted, saved temporaries are spfuse's own
             raw = run_adjoint(adj, {n: i.tensor for n, i in inputs.items()}, cotangents, saved,
