@@ -171,6 +171,8 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
+            tensors[name] = obj   # (as_tensor returns a Tensor as it is)
+            continue
         elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
             t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
                                         scan=False)   # (spfuse made it this call: its indices were checked)

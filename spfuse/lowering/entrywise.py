@@ -108,10 +108,10 @@ def entrywise_group(plan, ops, outputs) -> EntrywiseGroup | None:
 
 
 def _relu(x, out: np.ndarray) -> np.ndarray:
-    """The executor's ``x if x > 0 else 0.0`` (NaN and -0.0 give +0.0)."""
-    out.fill(0.0)
-    np.copyto(out, x, where=np.greater(x, 0.0))
-    return out
+    """The executor's ``x if x > 0 else 0.0``: ``fmax`` gives 0 for NaN and
+    the negatives, and adding +0.0 turns a -0.0 into +0.0 (and nothing else)."""
+    np.fmax(x, 0.0, out=out)
+    return np.add(out, 0.0, out=out)
 
 
 def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
@@ -149,6 +149,10 @@ def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
                     order = fmt.mode_order
                     v = v.reshape(tuple(shape[m] for m in order)).transpose(np.argsort(order))
             xs.append(v)
+        if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
+            r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
+            local[op.out] = r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
+            continue
         out = np.empty(shape)
         local[op.out] = _relu(xs[0], out) if op.operator == "relu" else _entrywise(op, xs, out)
     return {name: local[name] for name in eg.outputs}
