@@ -47,7 +47,7 @@ def _torch():
 def _cpu_array(t: Any, torch: Any) -> np.ndarray | None:
     """A strided CPU tensor's ndarray (zero-copy), or None for anything else:
     the per-call path of a training loop's inputs and cotangents."""
-    if type(t) is torch.Tensor and t.layout == torch.strided and t.is_cpu:
+    if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_cpu:
         return (t.detach() if t.requires_grad else t).numpy()
     return None
 
@@ -147,12 +147,11 @@ class _Input:
         self.source = source
         self.layout = layout = source.layout if isinstance(source, torch.Tensor) else None
         tensor = None
-        if layout is not None and source.is_cpu:
-            # the common layouts without the general conversion (per input per call)
-            if layout == torch.strided:
-                tensor = Tensor._fast_dense((source.detach() if source.requires_grad else source).numpy())
-            elif layout == torch.sparse_csr:
-                tensor = _csr_tensor(source)
+        # the common layouts without the general conversion (per input per call)
+        if (array := _cpu_array(source, torch)) is not None:
+            tensor = Tensor._fast_dense(array)
+        elif layout == torch.sparse_csr and source.is_cpu:
+            tensor = _csr_tensor(source)
         self.tensor = tensor if tensor is not None else as_tensor(to_spfuse(source, name), name=name)
 
     @property

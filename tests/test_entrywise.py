@@ -54,6 +54,8 @@ def _operands(rng, n, m, k, density, dtype, special: bool):
             arr[(picks >= 0.13) & (picks < 0.16)] = -np.inf
     ops = {"A": A.astype(dtype), "X": X.astype(dtype), "Q": Q.astype(dtype), "D": D.astype(dtype),
            "W": W.astype(dtype)}
+    if special:   # a Fortran-ordered operand: read in its logical order
+        ops["Q"] = np.asfortranarray(ops["Q"])
     return ops
 
 
