@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -64,14 +65,28 @@ def _address(a: np.ndarray) -> int:
 #: a training loop's backward pass compares its small patterns every epoch)
 _BYTES_COMPARE = 1 << 16
 
+#: a compressed level's ``pos`` of at most this many bytes keys the cache by
+#: its contents (a few hundred bytes copied cost less than reading the
+#: array's address, ~3 us through ``__array_interface__``); a longer one by
+#: its address
+_KEY_BY_CONTENT = 4096
+
 
 def _same_array(kept: np.ndarray, a: np.ndarray) -> bool:
-    """Does ``a`` hold what ``kept`` (a cache's copy, same dtype) holds?"""
+    """Does ``a`` hold what ``kept`` (a cache's copy, same dtype) holds?
+    (``tobytes`` gives the logical order's bytes, for any strides.)"""
     if kept.shape != a.shape or kept.dtype != a.dtype:
         return False
-    if a.nbytes <= _BYTES_COMPARE and a.flags.c_contiguous:
+    if a.nbytes <= _BYTES_COMPARE:
         return kept.tobytes() == a.tobytes()
     return bool(np.array_equal(kept, a))
+
+
+def _pattern_key(pos: np.ndarray) -> Any:
+    """What tells one pattern's ``pos`` from another's of the same shape,
+    dtype and nnz in a cache key: its bytes when short, else its address
+    (the arrays themselves are compared on a hit either way)."""
+    return pos.tobytes() if pos.nbytes <= _KEY_BY_CONTENT else _address(pos)
 
 
 def _build(pos: np.ndarray, crd: np.ndarray, shape: tuple[int, int]) -> _Transposed:
@@ -97,16 +112,15 @@ def transposed_csr(t: Tensor) -> Tensor:
     >>> tt = transposed_csr(t); tt.format.name, tt.shape, tt.values.tolist()
     ('csr', (3, 1), [1.0, 2.0])
     """
-    if t.ndim != 2:
+    if len(t._shape) != 2:
         raise ValueError(f"transposed_csr needs a matrix, got a {t.ndim}-d tensor")
-    if t._format != _CSR:
+    if t._format is not _CSR and t._format != _CSR:
         return t.transpose().asformat("csr")
     level = t.levels[1]
     assert isinstance(level, CompressedLevel)  # CSR
     pos, crd = level.pos, level.crd
     rows, cols = t.shape
-    # (the index array's address tells patterns of one shape apart; both arrays are compared on a hit)
-    key = ((rows, cols), pos.dtype, len(crd), _address(pos))
+    key = ((rows, cols), pos.dtype, len(crd), _pattern_key(pos))
     with _lock:
         found = _cache.get(key)
         if found is not None:
@@ -159,7 +173,7 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
     if t.format.is_dense or fmt.is_dense or "dense" in t.format.levels[1:] or "dense" in fmt.levels[1:]:
         return t.asformat(fmt)
     arrays = _index_arrays(t)
-    key = (t.shape, t.format, fmt, nnz, tuple(_address(a) for a in arrays))
+    key = (t.shape, t.format, fmt, nnz, tuple(_pattern_key(a) for a in arrays))
     with _lock:
         found = _reordered.get(key)
         if found is not None:
