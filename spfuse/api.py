@@ -154,7 +154,8 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
     if not isinstance(program, Program):
         raise TypeError(f"expected a program text, got {type(program).__name__}")
     inputs = program.inputs
-    extra = sorted(set(operands) - set(inputs))
+    known = _input_names(program)
+    extra = sorted(n for n in operands if n not in known)
     if extra:
         raise ProgramError(f"operand(s) {', '.join(map(repr, extra))} not used by the program "
                            f"(it reads {', '.join(inputs) or 'nothing'})")
@@ -217,6 +218,11 @@ def _rechecked(t: Tensor, name: str) -> Tensor:
 def _checked(program: Program, shapes: tuple) -> None:
     """``check_program`` once per (program, operand shapes): a repeat call is a dict hit."""
     check_program(program, dict(shapes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _input_names(program: Program) -> frozenset:
+    return frozenset(program.inputs)
 
 
 @functools.lru_cache(maxsize=1024)

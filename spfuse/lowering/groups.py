@@ -178,6 +178,9 @@ def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
     transpose flag)``: the stored array itself either way round (BLAS reads
     it transposed -- a (fibres × 16) factor summed over its fibres is not
     copied), a copy only when neither way is C-ordered."""
+    fmt, values = t._format, t._values
+    if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
+        return values.reshape(t._shape), transposed   # (the common case: C-ordered as stored)
     view = templates._dense_view(t, dtype)
     view = view.T if transposed else view
     if view.flags.c_contiguous:

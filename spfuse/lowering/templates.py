@@ -215,6 +215,9 @@ def _dense_view(t, dtype) -> np.ndarray:
 
 def _dense(t, dtype) -> np.ndarray:
     """A dense tensor as a C-ordered ndarray (no copy when stored so)."""
+    fmt, values = t._format, t._values
+    if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
+        return values.reshape(t._shape)   # (the common case: a Tensor's values are 1-D and C-contiguous)
     return np.ascontiguousarray(_dense_view(t, dtype))
 
 
@@ -229,8 +232,8 @@ def _as(a, dtype):
 
 
 def _csr(t, itype, dtype):
-    lv = t.levels[1]
-    return _as(lv.pos, itype), _as(lv.crd, itype), _as(t.values, dtype)
+    lv = t._levels[1]
+    return _as(lv.pos, itype), _as(lv.crd, itype), _as(t._values, dtype)
 
 
 def _csf(t, itype, dtype):
