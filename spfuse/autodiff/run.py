@@ -325,10 +325,11 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     """
     trusted = set(trusted)
     kept = adj.kept if adj is not None else ()
-    saving, statements = _forward_programs(adj, results) if kept else (None, None)
+    saving, statements = _forward_programs(adj, results) if adj is not None and kept else (None, None)
     if saving is None:
         raw = _run_fused(program, ops, fusion, num_threads, trusted)
         return raw, {}
+    assert statements is not None and adj is not None   # (a saving program comes with both)
 
     def run(split: bool):
         if split:

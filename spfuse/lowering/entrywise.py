@@ -129,7 +129,7 @@ def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
     """
     local: dict[str, np.ndarray] = {}
     for op, shape in zip(eg.ops, eg.shapes, strict=True):
-        xs = []
+        xs: list[Any] = []
         for a in op.args:
             if isinstance(a, Const):
                 xs.append(a.value)
