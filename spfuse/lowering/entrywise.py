@@ -16,7 +16,7 @@ propagated mask (the executor computes every element too), its operator is
 one numpy evaluates exactly as the executor does, and the outputs that are
 results of the plan are stored dense in identity order.
 
-The arithmetic is the executor's, bit for bit: in float64 (operands are
+The arithmetic is the executor's, bit for bit (a NaN's sign aside): in float64 (operands are
 read as float64, as the executor reads them), ``a / b`` is 0 where ``a`` is
 0, ``where`` tests ``!= 0`` (NaN is true), ``relu(x)`` is ``x`` where
 ``x > 0`` and ``+0.0`` elsewhere (NaN and -0.0 included), a linear
