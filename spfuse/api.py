@@ -153,7 +153,8 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
     if not isinstance(program, Program):
         raise TypeError(f"expected a program text, got {type(program).__name__}")
     inputs = program.inputs
-    extra = sorted(set(operands) - set(inputs))
+    known = _input_names(program)
+    extra = sorted(n for n in operands if n not in known)
     if extra:
         raise ProgramError(f"operand(s) {', '.join(map(repr, extra))} not used by the program "
                            f"(it reads {', '.join(inputs) or 'nothing'})")
@@ -170,6 +171,8 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
                 obj = _rechecked(obj, name)
+            tensors[name] = obj   # (as_tensor returns a Tensor as it is)
+            continue
         elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
             t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
                                         scan=False)   # (spfuse made it this call: its indices were checked)
@@ -214,6 +217,11 @@ def _rechecked(t: Tensor, name: str) -> Tensor:
 def _checked(program: Program, shapes: tuple) -> None:
     """``check_program`` once per (program, operand shapes): a repeat call is a dict hit."""
     check_program(program, dict(shapes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _input_names(program: Program) -> frozenset:
+    return frozenset(program.inputs)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -372,7 +380,10 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
 def _any_complex(values) -> bool:
     """Whether any operand holds complex numbers (they run as real and imaginary parts)."""
     for o in values:
-        if type(o) is np.ndarray:
+        kind = type(o)
+        if kind is Tensor:
+            continue   # (float32 or float64 by construction)
+        if kind is np.ndarray:
             if o.dtype.kind == "c":
                 return True
         elif getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex):

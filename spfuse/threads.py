@@ -160,9 +160,13 @@ def threads_for_call(num_threads: int | None = None, worthwhile: bool = True) ->
     >>> threads_for_call(1), threads_for_call(2, worthwhile=False)
     (1, 1)
     """
-    n = effective_num_threads(num_threads)
     if not worthwhile:
+        # (num_threads still checked; None needs no resolving: reading
+        # OpenMP's maximum and the environment cost microseconds per call)
+        if num_threads is not None:
+            effective_num_threads(num_threads)
         return 1
+    n = effective_num_threads(num_threads)
     if n == 1 or os.environ.get("SPFUSE_ADAPTIVE_THREADS", "1") == "0":
         return n
     cores = _cores_available()

@@ -44,6 +44,14 @@ def _torch():
     return torch
 
 
+def _cpu_array(t: Any, torch: Any) -> np.ndarray | None:
+    """A strided CPU tensor's ndarray (zero-copy), or None for anything else:
+    the per-call path of a training loop's inputs and cotangents."""
+    if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.is_cpu:
+        return (t.detach() if t.requires_grad else t).numpy()
+    return None
+
+
 def to_spfuse(t: Any, name: str = "operand") -> Any:
     """A CPU torch tensor as an spfuse operand, sharing memory where possible:
     dense → ``ndarray``; sparse CSR → ``scipy.sparse.csr_array``; sparse COO
@@ -87,6 +95,8 @@ def to_torch(value: Any) -> Any:
     torch.sparse_csr
     """
     torch = _torch()
+    if type(value) is np.ndarray and value.flags.c_contiguous:
+        return torch.from_numpy(value)
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
     if sp.issparse(value):
@@ -114,14 +124,16 @@ class _CSRArrays:
         self.indptr = t.crow_indices().numpy()
         self.indices = t.col_indices().numpy()
         self.data = t.values().numpy()
-        self.shape = (int(t.shape[0]), int(t.shape[1]))
+        shape = t.shape
+        self.shape = (int(shape[0]), int(shape[1]))
 
 
 def _csr_tensor(t: Any) -> Tensor | None:
     """A canonical torch CSR tensor as an spfuse Tensor, zero-copy, after the
     one-pass index scan (no scipy object on the way: the per-call path of a
     training loop); None when anything is unusual (the general path decides)."""
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.ndim != 2:
         return None
     return Tensor._fast_compressed(_CSRArrays(t), "sparray")
@@ -130,17 +142,16 @@ def _csr_tensor(t: Any) -> Tensor | None:
 class _Input:
     """One converted input: the spfuse operand and how to hand its gradient back."""
 
-    def __init__(self, name: str, source: Any):
-        torch = _torch()
+    def __init__(self, name: str, source: Any, torch: Any = None):
+        torch = torch or _torch()
         self.source = source
-        self.layout = source.layout if isinstance(source, torch.Tensor) else None
+        self.layout = layout = source.layout if isinstance(source, torch.Tensor) else None
         tensor = None
-        if self.layout is not None and source.device.type == "cpu":
-            # the common layouts without the general conversion (per input per call)
-            if self.layout == torch.strided:
-                tensor = Tensor._fast_dense(source.detach().numpy())
-            elif self.layout == torch.sparse_csr:
-                tensor = _csr_tensor(source)
+        # the common layouts without the general conversion (per input per call)
+        if (array := _cpu_array(source, torch)) is not None:
+            tensor = Tensor._fast_dense(array)
+        elif layout == torch.sparse_csr and source.is_cpu:
+            tensor = _csr_tensor(source)
         self.tensor = tensor if tensor is not None else as_tensor(to_spfuse(source, name), name=name)
 
     @property
@@ -153,7 +164,8 @@ class _Input:
         src = self.source
         if not self.sparse:
             g = torch.from_numpy(np.ascontiguousarray(raw))
-            return g.reshape(src.shape) if isinstance(src, torch.Tensor) else g
+            # (a torch reshape costs microseconds per gradient per call: only when the shapes differ)
+            return g.reshape(src.shape) if isinstance(src, torch.Tensor) and g.shape != src.shape else g
         if self.layout == torch.sparse_csr:
             rows = np.repeat(np.arange(src.shape[0]), np.diff(src.crow_indices().numpy()))
             coords = np.stack([rows, src.col_indices().numpy()])
@@ -175,7 +187,7 @@ def _autograd_function():
 
         @staticmethod
         def forward(ctx, spec, *sources):
-            inputs = {n: _Input(n, s) for n, s in zip(spec.names, sources, strict=True)}
+            inputs = {n: _Input(n, s, torch) for n, s in zip(spec.names, sources, strict=True)}
             wrt = tuple(n for n, need in zip(spec.names, ctx.needs_input_grad[1:], strict=True) if need)
             program = spec.program
             adj = None
@@ -196,7 +208,9 @@ def _autograd_function():
             for r, g in zip(spec.program.results, grads, strict=True):
                 if g is None:
                     continue
-                c = to_spfuse(g, f"cotangent of {r}")
+                c = _cpu_array(g, torch)
+                if c is None:
+                    c = to_spfuse(g, f"cotangent of {r}")
                 cotangents[r] = float(c) if np.ndim(c) == 0 and isinstance(c, np.ndarray) else c
             # inputs were validated when converted, saved temporaries are spfuse's own
             raw = run_adjoint(adj, {n: i.tensor for n, i in inputs.items()}, cotangents, saved,

@@ -41,6 +41,9 @@ def test_threadpoolctl_openmp_limit_set_after_import_is_honoured(monkeypatch):
         return used[-1]
 
     monkeypatch.setattr(spthreads, "effective_num_threads", spy)
+    # (a call with too little work for a team runs on one thread without
+    # resolving the count: make this one worth a team, so the count is read)
+    monkeypatch.setattr(spfuse.api, "PARALLEL_MIN_WORK", 0)
     spthreads.set_num_threads(None)
     default = spfuse.get_num_threads()
     with threadpoolctl.threadpool_limits(1, user_api="openmp"):

@@ -23,6 +23,8 @@ from spfuse.frontend.parser import parse_program
 from spfuse.lowering.transposes import transposed_csr
 from spfuse.tensor import Tensor, as_tensor
 
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
 __all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "run_forward",
            "values_at", "vjp"]
 
@@ -121,6 +123,25 @@ def _saving_program(adj: Adjoint, with_results: bool) -> Program | None:
             _savings.pop(next(iter(_savings)))
         found = _savings[key] = adj.saving_program(with_results=with_results)
     return found
+
+
+_forward_ways: dict = {}
+
+
+def _forward_programs(adj: Adjoint, with_results: bool) -> tuple[Program | None, Program | None]:
+    """The saving program and the same without its copies (statement by
+    statement), per adjoint object: a training loop's every forward pass
+    asks, and the content-keyed caches below cost a key built per call."""
+    key = (id(adj), with_results)
+    found = _forward_ways.get(key)
+    if found is None or found[0] is not adj:
+        saving = _saving_program(adj, with_results)
+        statements = None if saving is None else _without_copies(saving, frozenset(adj.saved[t] for t in adj.kept))
+        if len(_forward_ways) >= 256:
+            _forward_ways.clear()
+        # (the adjoint is held: its id is not reused while the entry lives)
+        found = _forward_ways[key] = (adj, saving, statements)
+    return found[1], found[2]
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,8 +264,18 @@ _MAX_CHOICES = 256
 
 
 def _signature(ops: Mapping[str, Any]) -> tuple:
-    # (per call: the objects themselves, hashable, rather than their texts)
-    return tuple(sorted((n, type(v), getattr(v, "shape", ()), getattr(v, "format", None)) for n, v in ops.items()))
+    # (per call: the objects themselves, hashable, rather than their texts; in
+    # the operands' order, which each caller builds the same way every call)
+    sig = []
+    for n, v in ops.items():
+        kind = type(v)
+        if kind is Tensor:
+            sig.append((n, kind, v._shape, v._format))
+        elif kind is np.ndarray:
+            sig.append((n, kind, v.shape, None))
+        else:
+            sig.append((n, kind, getattr(v, "shape", ()), getattr(v, "format", None)))
+    return tuple(sig)
 
 
 def execution_choices(program: Program) -> list[ExecutionChoice]:
@@ -294,11 +325,11 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     """
     trusted = set(trusted)
     kept = adj.kept if adj is not None else ()
-    saving = _saving_program(adj, results) if kept else None
+    saving, statements = _forward_programs(adj, results) if adj is not None and kept else (None, None)
     if saving is None:
         raw = _run_fused(program, ops, fusion, num_threads, trusted)
         return raw, {}
-    statements = _without_copies(saving, frozenset(adj.saved[t] for t in kept))
+    assert statements is not None and adj is not None   # (a saving program comes with both)
 
     def run(split: bool):
         if split:
@@ -328,7 +359,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     the kept temporaries and the transposes are trusted too.
     """
     trusted = set(trusted)
-    dtype = np.result_type(*(t.dtype for t in tensors.values())) if tensors else np.float64
+    # (float32 only when every operand is: a Tensor holds float32 or float64; np.result_type costs µs per call)
+    dtype = _F32 if tensors and all(t._values.dtype == _F32 for t in tensors.values()) else _F64
     out: dict[str, Any] = {}
     if adj.program is not None:
         if adj.kept and saved is None:
@@ -377,6 +409,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
                          else np.zeros(t.nnz, dtype=t.dtype)).astype(t.dtype, copy=False)
         elif name in out:
             g = out[name]
+            if type(g) is np.ndarray and g.dtype == t._values.dtype and g.shape == t._shape:
+                continue   # (the common case: already the operand's dtype and shape)
             g = g.toarray() if sp.issparse(g) else (g.todense() if isinstance(g, Tensor) else g)
             out[name] = np.asarray(g, dtype=t.dtype).reshape(t.shape)
         else:

@@ -30,6 +30,7 @@ from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
+from spfuse.lowering.entrywise import EntrywiseGroup, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.passes.decompose import _product_factors
@@ -63,6 +64,8 @@ class Group:
     temporaries: Mapping | None = None
     #: element-wise work on one sparse pattern run on its values (kernel "pattern")
     on_pattern: PatternGroup | None = None
+    #: a generic group of element-wise work on whole dense arrays, run as numpy operations
+    entrywise: EntrywiseGroup | None = None
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
@@ -72,6 +75,8 @@ class Group:
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
         if self.on_pattern is not None:
             how = f"numpy {self.on_pattern.describe()}"
+        if self.entrywise is not None:
+            how = self.entrywise.describe()
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
@@ -173,6 +178,9 @@ def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
     transpose flag)``: the stored array itself either way round (BLAS reads
     it transposed -- a (fibres × 16) factor summed over its fibres is not
     copied), a copy only when neither way is C-ordered."""
+    fmt, values = t._format, t._values
+    if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
+        return values.reshape(t._shape), transposed   # (the common case: C-ordered as stored)
     view = templates._dense_view(t, dtype)
     view = view.T if transposed else view
     if view.flags.c_contiguous:
@@ -768,7 +776,8 @@ def split_groups(plan) -> tuple[Group, ...]:
         if found is None:
             on_pattern = pattern_group(plan, ops, outs)
             groups.append(Group(node, ops, outs, "generic" if on_pattern is None else "pattern", temporaries=temps,
-                                on_pattern=on_pattern))
+                                on_pattern=on_pattern,
+                                entrywise=None if on_pattern is not None else entrywise_group(plan, ops, outs)))
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
@@ -836,8 +845,10 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
         try:
             if g.on_pattern is not None:
                 values = run_pattern_group(g.on_pattern, env, plan.shapes)
+            elif g.entrywise is not None:
+                values = run_entrywise_group(g.entrywise, env)
             else:
-                values = None if g.kernel == "generic" else _run_routed(plan, g, env, nt)
+                values = None if g.kernel == "generic" else _runner(plan, g)(env, nt)
             if values is None:
                 values = _run_generic(_subplan(plan, g), env, nt)
         except UnrealizableMask:
@@ -851,10 +862,13 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
                 # least what propagation says later groups read (zeros elsewhere).
-                dense = v.todense() if isinstance(v, Tensor) else v
-                dense = np.asarray(dense)
-                # (ascontiguousarray would make a 0-d temporary 1-d)
-                dense = arrays[name] = np.ascontiguousarray(dense).reshape(dense.shape)
+                if type(v) is np.ndarray and v.flags.c_contiguous:
+                    dense = v   # (a kernel's or BLAS's fresh array: the common case, per group per call)
+                else:
+                    dense = np.asarray(v.todense() if isinstance(v, Tensor) else v)
+                    # (ascontiguousarray would make a 0-d temporary 1-d)
+                    dense = np.ascontiguousarray(dense).reshape(dense.shape)
+                arrays[name] = dense
                 fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
                 env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
@@ -944,6 +958,37 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         else:
             value = value._with_kernel_values(np.multiply(value.values, scale, dtype=dtype))
     return {name: value}
+
+
+_runners: dict = {}
+
+
+def _runner(plan, g: Group):
+    """How a template group runs, worked out once per group: a plain route
+    (the kernel on the operands as they are, see :func:`_route_needs`) calls
+    its kernel directly; any other goes through :func:`_run_routed`."""
+    found = _runners.get(id(g))
+    if found is None or found[0] is not g or found[1] is not plan:
+        name = g.outputs[0]
+        shape = tuple(plan.shapes[name])
+        if not _route_needs(g)[1]:
+            def run(env, nt):
+                return _run_routed(plan, g, env, nt)
+        elif g.kernel == "gemm":
+            roles = g.names
+
+            def run(env, nt):
+                return {name: _run_gemm(roles, shape, env, nt)}
+        else:
+            kernel, names = g.kernel, list(g.names)
+
+            def run(env, nt):
+                return {name: templates._run_einsum(kernel, names, name, shape, env, nt)}
+        if len(_runners) >= 4096:
+            _runners.clear()
+        # (the plan and group are held: an id is not reused while they live)
+        found = _runners[id(g)] = (g, plan, run)
+    return found[2]
 
 
 _needs: dict = {}

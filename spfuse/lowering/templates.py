@@ -201,20 +201,23 @@ def _dense_view(t, dtype) -> np.ndarray:
     """A dense tensor as an ndarray in its logical mode order: a view of its
     storage (transposed when stored in another mode order, as a Fortran
     array is), copied only to change the dtype."""
-    fmt = t.format
+    fmt = t._format
     if not fmt.is_dense:
         return np.asarray(t.todense(), dtype=dtype)
-    values = t.values
+    values = t._values
     if values.dtype != dtype:
         values = values.astype(dtype)
     if fmt.is_identity_order:  # (the common case, per kernel operand per call)
-        return values.reshape(t.shape)
+        return values.reshape(t._shape)
     order = fmt.mode_order
     return values.reshape(tuple(t.shape[m] for m in order)).transpose(np.argsort(order))
 
 
 def _dense(t, dtype) -> np.ndarray:
     """A dense tensor as a C-ordered ndarray (no copy when stored so)."""
+    fmt, values = t._format, t._values
+    if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
+        return values.reshape(t._shape)   # (the common case: a Tensor's values are 1-D and C-contiguous)
     return np.ascontiguousarray(_dense_view(t, dtype))
 
 
@@ -229,8 +232,8 @@ def _as(a, dtype):
 
 
 def _csr(t, itype, dtype):
-    lv = t.levels[1]
-    return _as(lv.pos, itype), _as(lv.crd, itype), _as(t.values, dtype)
+    lv = t._levels[1]
+    return _as(lv.pos, itype), _as(lv.crd, itype), _as(t._values, dtype)
 
 
 def _csf(t, itype, dtype):
@@ -247,9 +250,9 @@ def _types(tensors):
     """One value dtype and one index dtype for every array of a kernel call."""
     dtype, itype = _F32, _I32   # (compared with dtype objects: per kernel call, no conversions)
     for t in tensors:
-        if t.dtype != _F32:
+        if t._values.dtype != _F32:
             dtype = _F64
-        if t.index_dtype == _I64:
+        if t._index_dtype == _I64:
             itype = _I64
     return itype, dtype
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,6 +35,8 @@ from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
 __all__ = ["transposed_csr", "stored_as", "clear", "cache_size"]
+
+_CSR = Format.csr()
 
 #: patterns remembered (least recently used dropped first)
 MAX_PATTERNS = 16
@@ -55,6 +58,35 @@ _lock = threading.Lock()
 
 def _address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+#: below this many bytes two index arrays are compared as bytes (one memcmp
+#: on small copies: 0.4 us where ``np.array_equal`` takes 3-5 us per call --
+#: a training loop's backward pass compares its small patterns every epoch)
+_BYTES_COMPARE = 1 << 16
+
+#: a compressed level's ``pos`` of at most this many bytes keys the cache by
+#: its contents (a few hundred bytes copied cost less than reading the
+#: array's address, ~3 us through ``__array_interface__``); a longer one by
+#: its address
+_KEY_BY_CONTENT = 4096
+
+
+def _same_array(kept: np.ndarray, a: np.ndarray) -> bool:
+    """Does ``a`` hold what ``kept`` (a cache's copy, same dtype) holds?
+    (``tobytes`` gives the logical order's bytes, for any strides.)"""
+    if kept.shape != a.shape or kept.dtype != a.dtype:
+        return False
+    if a.nbytes <= _BYTES_COMPARE:
+        return kept.tobytes() == a.tobytes()
+    return bool(np.array_equal(kept, a))
+
+
+def _pattern_key(pos: np.ndarray) -> Any:
+    """What tells one pattern's ``pos`` from another's of the same shape,
+    dtype and nnz in a cache key: its bytes when short, else its address
+    (the arrays themselves are compared on a hit either way)."""
+    return pos.tobytes() if pos.nbytes <= _KEY_BY_CONTENT else _address(pos)
 
 
 def _build(pos: np.ndarray, crd: np.ndarray, shape: tuple[int, int]) -> _Transposed:
@@ -80,20 +112,20 @@ def transposed_csr(t: Tensor) -> Tensor:
     >>> tt = transposed_csr(t); tt.format.name, tt.shape, tt.values.tolist()
     ('csr', (3, 1), [1.0, 2.0])
     """
-    if t.ndim != 2:
+    if len(t._shape) != 2:
         raise ValueError(f"transposed_csr needs a matrix, got a {t.ndim}-d tensor")
-    if t.format != Format.csr():
+    if t._format is not _CSR and t._format != _CSR:
         return t.transpose().asformat("csr")
     level = t.levels[1]
     assert isinstance(level, CompressedLevel)  # CSR
     pos, crd = level.pos, level.crd
     rows, cols = t.shape
-    key = ((rows, cols), pos.dtype.str, len(crd), _address(pos), _address(crd))
+    key = ((rows, cols), pos.dtype, len(crd), _pattern_key(pos))
     with _lock:
         found = _cache.get(key)
         if found is not None:
             _cache.move_to_end(key)
-    if found is None or not (np.array_equal(found.pos, pos) and np.array_equal(found.crd, crd)):
+    if found is None or not (_same_array(found.pos, pos) and _same_array(found.crd, crd)):
         found = _build(pos, crd, (rows, cols))
         with _lock:
             _cache[key] = found
@@ -141,12 +173,12 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
     if t.format.is_dense or fmt.is_dense or "dense" in t.format.levels[1:] or "dense" in fmt.levels[1:]:
         return t.asformat(fmt)
     arrays = _index_arrays(t)
-    key = (t.shape, t.format, fmt, nnz, tuple(_address(a) for a in arrays))
+    key = (t.shape, t.format, fmt, nnz, tuple(_pattern_key(a) for a in arrays))
     with _lock:
         found = _reordered.get(key)
         if found is not None:
             _reordered.move_to_end(key)
-    if found is None or not all(np.array_equal(a, b) for a, b in zip(found.arrays, arrays, strict=True)):
+    if found is None or not all(_same_array(a, b) for a, b in zip(found.arrays, arrays, strict=True)):
         ranks = t.with_values(np.arange(1, nnz + 1, dtype=np.float64))  # (from 1: no stored zero to drop)
         shell = ranks.asformat(fmt)
         if len(shell.values) != nnz:   # pragma: no cover - a conversion keeping every entry, by the test above

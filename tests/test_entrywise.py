@@ -1,0 +1,149 @@
+"""Element-wise groups over whole dense arrays run as numpy calls
+(spfuse/lowering/entrywise.py).
+
+Their results must be the generic executor's bit for bit -- NaN (its
+sign aside), infinities and signed zeros included -- so each program runs twice, with
+the numpy path and with it switched off, and the results are compared
+exactly (and against numpy on dense operands).  The groups that must stay
+on the executor (reductions, transposed or broadcast reads, sparse
+operands, libm functions) do not qualify."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse.lowering import groups
+from spfuse.lowering.entrywise import entrywise_group
+from spfuse.lowering.groups import split_groups
+
+#: program and numpy oracle (A n×m sparse, X m×k, Q n×k, D n×m, W k×k dense)
+PROGRAMS = {
+    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", lambda A, X, Q, D, W: np.maximum(A @ X, 0.0)),
+    "gcn_layer": ("Y[i,h] = relu(A[i,j] * X[j,f] * W[f,h])", lambda A, X, Q, D, W: np.maximum(A @ X @ W, 0.0)),
+    "relu_gradient": ("T[i,h] = where(Q[i,h], Q[i,h], 0.0); Y[j,h] = sum(i, T[i,h] * D[i,j])",
+                      lambda A, X, Q, D, W: D.T @ np.where(Q != 0, Q, 0.0)),
+    "arithmetic_tail": ("Y[i,h] = abs(A[i,j] * X[j,h]) / (sqrt(abs(Q[i,h])) + 1.0) - neg(Q[i,h]) * 2.0",
+                        lambda A, X, Q, D, W: np.abs(A @ X) / (np.sqrt(np.abs(Q)) + 1.0) + Q * 2.0),
+}
+
+
+@pytest.fixture
+def any_work(monkeypatch):
+    """Split groups whatever the size (the operands here are small)."""
+    monkeypatch.setattr(groups, "TAIL_MIN_WORK", 0)
+    spfuse.clear_cache()
+    yield
+    spfuse.clear_cache()
+
+
+def _operands(rng, n, m, k, density, dtype, special: bool):
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
+    A.data = rng.standard_normal(A.nnz)
+    X, Q, D, W = (rng.standard_normal(s) for s in ((m, k), (n, k), (n, m), (k, k)))
+    for arr in (X, Q):
+        arr[rng.random(arr.shape) < 0.3] = 0.0
+        if special:   # the values where numpy and the executor could part ways
+            picks = rng.random(arr.shape)
+            arr[picks < 0.05] = np.nan
+            arr[(picks >= 0.05) & (picks < 0.1)] = -0.0
+            arr[(picks >= 0.1) & (picks < 0.13)] = np.inf
+            arr[(picks >= 0.13) & (picks < 0.16)] = -np.inf
+    ops = {"A": A.astype(dtype), "X": X.astype(dtype), "Q": Q.astype(dtype), "D": D.astype(dtype),
+           "W": W.astype(dtype)}
+    if special:   # a Fortran-ordered operand: read in its logical order
+        ops["Q"] = np.asfortranarray(ops["Q"])
+    return ops
+
+
+def _run(program, ops, numpy_path: bool, monkeypatch):
+    spfuse.clear_cache()
+    with monkeypatch.context() as m:
+        if not numpy_path:
+            m.setattr(groups, "entrywise_group", lambda plan, ops, outs: None)
+        kernel = spfuse.compile(program)
+        reads = {n: ops[n] for n in kernel.program.inputs}
+        plan = kernel.plans(**reads)["auto"]
+        ran = any(g.entrywise is not None for g in split_groups(plan))
+        out = spfuse.evaluate(program, **reads)
+    spfuse.clear_cache()
+    return out, ran
+
+
+def _same_bits(a, b) -> bool:
+    """Equal values, NaN where NaN and the same signed zeros (a NaN's sign
+    and payload are not values: x86 gives the sign of whichever operation
+    made it)."""
+    a, b = np.asarray(a), np.asarray(b)
+    numbers = ~np.isnan(a)
+    return a.dtype == b.dtype and np.array_equal(a, b, equal_nan=True) and np.array_equal(
+        np.signbit(a[numbers]), np.signbit(b[numbers]))
+
+
+@pytest.mark.parametrize("case", sorted(PROGRAMS))
+def test_numpy_path_taken_and_equal_to_executor(case, any_work, monkeypatch):
+    program, oracle = PROGRAMS[case]
+    ops = _operands(np.random.default_rng(3), 12, 9, 4, 0.3, np.float64, special=False)
+    fast, ran = _run(program, ops, True, monkeypatch)
+    slow, _ = _run(program, ops, False, monkeypatch)
+    assert ran, "the element-wise group should run as numpy calls"
+    assert _same_bits(fast, slow)
+    dense = {n: (v.toarray() if sp.issparse(v) else v) for n, v in ops.items()}
+    np.testing.assert_allclose(fast, oracle(**dense), rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(case=st.sampled_from(sorted(PROGRAMS)), n=st.integers(1, 20), m=st.integers(1, 20), k=st.integers(1, 5),
+       density=st.sampled_from([0.0, 0.3, 1.0]), dtype=st.sampled_from([np.float64, np.float32]),
+       special=st.booleans(), seed=st.integers(0, 2**31 - 1))
+# (a NaN of either sign)
+@example(case="arithmetic_tail", n=1, m=1, k=1, density=1.0, dtype=np.float64, special=True, seed=1)
+def test_bit_for_bit_with_executor(case, n, m, k, density, dtype, special, seed, any_work, monkeypatch):
+    """NaN, ±inf and -0.0 in the operands: the same bits either way."""
+    program, _ = PROGRAMS[case]
+    ops = _operands(np.random.default_rng(seed), n, m, k, density, dtype, special)
+    with np.errstate(all="ignore"):
+        fast, _ = _run(program, ops, True, monkeypatch)
+        slow, _ = _run(program, ops, False, monkeypatch)
+    assert _same_bits(fast, slow)
+
+
+#: programs whose single group must not qualify (T, S dense n×k; v length k; A sparse)
+NOT_ENTRYWISE = {
+    "reduction": "y[i] = sum(h, T[i,h])",
+    "transposed_read": "Y[h,i] = T[i,h] * 2.0",
+    "broadcast": "Y[i,h] = T[i,h] * v[h]",
+    "libm_function": "Y[i,h] = exp(T[i,h])",
+    "sigmoid": "Y[i,h] = sigmoid(T[i,h])",
+    "sparse_operand": "Y[i,h] = A[i,h] * 2.0",
+}
+
+
+def _plan(program):
+    rng = np.random.default_rng(0)
+    ops = {"T": rng.standard_normal((5, 3)), "S": rng.standard_normal((5, 3)), "v": rng.standard_normal(3),
+           "A": sp.random_array((5, 3), density=0.5, format="csr", rng=rng)}
+    kernel = spfuse.compile(program)
+    return kernel.plans(**{n: ops[n] for n in kernel.program.inputs})["auto"]
+
+
+@pytest.mark.parametrize("case", sorted(NOT_ENTRYWISE))
+def test_groups_left_to_the_executor(case):
+    plan = _plan(NOT_ENTRYWISE[case])
+    assert entrywise_group(plan, plan.ops, plan.results) is None
+
+
+def test_element_wise_chain_qualifies_and_is_explained(any_work):
+    plan = _plan("Y[i,h] = relu(T[i,h]) - S[i,h] * 0.5")
+    eg = entrywise_group(plan, plan.ops, plan.results)
+    assert eg is not None and eg.describe() == "numpy, element-wise over whole dense arrays"
+    # in a split plan the group says how it runs
+    A = sp.random_array((30, 20), density=0.2, format="csr", rng=1)
+    kernel = spfuse.compile("Y[i,h] = relu(A[i,j] * X[j,h])")
+    plan = kernel.plans(A=A, X=np.ones((20, 4)))["auto"]
+    described = [g.describe() for g in split_groups(plan)]
+    assert any(d.startswith("numpy, element-wise over whole dense arrays: ") for d in described)
