@@ -31,15 +31,6 @@ PROGRAMS = {
 }
 
 
-@pytest.fixture
-def any_work(monkeypatch):
-    """Split groups whatever the size (the operands here are small)."""
-    monkeypatch.setattr(groups, "TAIL_MIN_WORK", 0)
-    spfuse.clear_cache()
-    yield
-    spfuse.clear_cache()
-
-
 def _operands(rng, n, m, k, density, dtype, special: bool):
     A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
     A.data = rng.standard_normal(A.nnz)

@@ -14,7 +14,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spfuse
-from spfuse.lowering import groups
 from spfuse.lowering.groups import split_groups
 
 #: program, kernels of its groups, numpy oracle on dense operands (A n×m sparse, Q n×k, D n×m dense)
@@ -27,15 +26,6 @@ CASES = {
                           ("generic", "spmm"),
                           lambda A, Q, D: A.T @ (1 / (1 + np.exp(-Q)) * (1 - 1 / (1 + np.exp(-Q))))),
 }
-
-
-@pytest.fixture
-def any_work(monkeypatch):
-    """Split whatever the size (the property test's operands are small)."""
-    monkeypatch.setattr(groups, "TAIL_MIN_WORK", 0)
-    spfuse.clear_cache()
-    yield
-    spfuse.clear_cache()
 
 
 def _operands(rng, n, m, k, density, dtype):
