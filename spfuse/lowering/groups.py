@@ -960,15 +960,13 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     return {name: value}
 
 
-_runners: dict = {}
-
-
 def _runner(plan, g: Group):
-    """How a template group runs, worked out once per group: a plain route
-    (the kernel on the operands as they are, see :func:`_route_needs`) calls
-    its kernel directly; any other goes through :func:`_run_routed`."""
-    found = _runners.get(id(g))
-    if found is None or found[0] is not g or found[1] is not plan:
+    """How a template group runs, worked out once per group (remembered on
+    it): a plain route (the kernel on the operands as they are, see
+    :func:`_route_needs`) calls its kernel directly; any other goes through
+    :func:`_run_routed`."""
+    found = g.__dict__.get("_runner")
+    if found is None or found[0] is not plan:
         name = g.outputs[0]
         shape = tuple(plan.shapes[name])
         if not _route_needs(g)[1]:
@@ -984,11 +982,9 @@ def _runner(plan, g: Group):
 
             def run(env, nt):
                 return {name: templates._run_einsum(kernel, names, name, shape, env, nt)}
-        if len(_runners) >= 4096:
-            _runners.clear()
-        # (the plan and group are held: an id is not reused while they live)
-        found = _runners[id(g)] = (g, plan, run)
-    return found[2]
+        found = (plan, run)
+        object.__setattr__(g, "_runner", found)
+    return found[1]
 
 
 _needs: dict = {}
@@ -1064,5 +1060,3 @@ def _run_unpropagated(plan, tensors, nt: int) -> dict:
     from spfuse.planner import without_propagation
     infos = {n: TensorInfo.of(n, t) for n, t in tensors.items()}
     return _run_generic(without_propagation(plan, infos), tensors, nt)
-
-
