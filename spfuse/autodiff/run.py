@@ -125,23 +125,21 @@ def _saving_program(adj: Adjoint, with_results: bool) -> Program | None:
     return found
 
 
-_forward_ways: dict = {}
-
-
 def _forward_programs(adj: Adjoint, with_results: bool) -> tuple[Program | None, Program | None]:
     """The saving program and the same without its copies (statement by
-    statement), per adjoint object: a training loop's every forward pass
-    asks, and the content-keyed caches below cost a key built per call."""
-    key = (id(adj), with_results)
-    found = _forward_ways.get(key)
-    if found is None or found[0] is not adj:
+    statement), per adjoint object (remembered on it): a training loop's
+    every forward pass asks, and the content-keyed caches below cost a key
+    built per call."""
+    ways = adj.__dict__.get("_forward_ways")
+    if ways is None:
+        ways = {}
+        object.__setattr__(adj, "_forward_ways", ways)
+    found = ways.get(with_results)
+    if found is None:
         saving = _saving_program(adj, with_results)
         statements = None if saving is None else _without_copies(saving, frozenset(adj.saved[t] for t in adj.kept))
-        if len(_forward_ways) >= 256:
-            _forward_ways.clear()
-        # (the adjoint is held: its id is not reused while the entry lives)
-        found = _forward_ways[key] = (adj, saving, statements)
-    return found[1], found[2]
+        found = ways[with_results] = (saving, statements)
+    return found
 
 
 @functools.lru_cache(maxsize=256)
