@@ -676,6 +676,34 @@ def test_map_unary_negative_domain():
     assert list(out) == [0.0, 0.0, 0.0]
 
 
+@dtypes
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (1, 1), (31, 33), (33, 31), (64, 64), (200, 37), (3, 1000)])
+def test_transpose(shape, dt, rng):
+    a = rng.standard_normal(shape).astype(dt)
+    a.setflags(write=False)   # read-only input, as operands are
+
+    def run(nt):
+        out = np.full(shape[::-1], np.nan, dt)
+        D.transpose(a, out, nt)
+        return out
+    got = both_threads(run)
+    assert np.array_equal(got, a.T)
+    if shape[0] != shape[1]:
+        with pytest.raises(ValueError, match="transpose: out has shape"):
+            D.transpose(a, np.empty(shape, dt))
+
+
+@pytest.mark.parametrize("view", ["c", "transposed", "strided", "3-d", "int"])
+def test_c_ordered(view, rng):
+    from spfuse.lowering.templates import c_ordered
+    a = {"c": rng.standard_normal((40, 50)), "transposed": rng.standard_normal((50, 40)).T,
+         "strided": rng.standard_normal((80, 50))[::2], "3-d": rng.standard_normal((4, 5, 6)).transpose(2, 0, 1),
+         "int": np.arange(2000).reshape(50, 40).T}[view]
+    got = c_ordered(a, 2)
+    assert got.flags.c_contiguous and got.dtype == a.dtype and np.array_equal(got, a)
+    assert (got is a) == (view == "c")
+
+
 def test_read_only_inputs(rng):
     A = make_csr("uniform", rng, 50, 40)
     for a in (A.indptr, A.indices, A.data):

@@ -11,6 +11,11 @@
   regions.
 * ``map_unary`` applies one unary op to a 1-D value array (e.g. the data of
   a sparse operand with an unchanged pattern), computed in double.
+* ``transpose`` copies a C-ordered matrix into its transpose, C-ordered,
+  tile by tile: a dense operand read in the other mode order (``D.T``, a
+  Fortran array, a result wanted the other way round) becomes C-ordered at
+  about the speed of a copy, where numpy's element-strided copy of
+  ``a.T`` runs 3-4x slower.
 """
 cimport cython
 from cython cimport floating
@@ -24,13 +29,19 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_TANH,
 )
 
-__all__ = ["UNARY_OPS", "gemm", "gemv", "map_unary"]
+__all__ = ["UNARY_OPS", "gemm", "gemv", "map_unary", "transpose"]
 
 #: op codes of :func:`map_unary` (name -> code)
 UNARY_OPS = {
     "relu": UNARY_RELU, "sigmoid": UNARY_SIGMOID, "tanh": UNARY_TANH, "exp": UNARY_EXP,
     "log": UNARY_LOG, "abs": UNARY_ABS, "sqrt": UNARY_SQRT, "neg": UNARY_NEG,
 }
+
+#: edge of the square tiles :func:`transpose` copies (two 32×32 tiles of
+#: doubles are 16 KiB: both stay in L1 while one is read by rows and the
+#: other written by columns)
+cdef enum:
+    _TILE = 32
 
 # Beyond this many int-sized elements a dimension no longer fits LP64 BLAS.
 cdef Py_ssize_t _INT_MAX = 2147483647
@@ -147,3 +158,35 @@ def map_unary(const floating[::1] values, int op_code, floating[::1] out, int nu
     with nogil:
         for p in prange(n, schedule="static", num_threads=num_threads):
             out[p] = <floating>_unary(op_code, <double>values[p])
+
+
+def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1):
+    """transpose(a, out, num_threads=1)
+
+    ``out[j, i] = a[i, j]``: ``out`` (C-ordered, shape ``a.shape[::-1]``)
+    becomes ``a``'s transpose.  Copied in 32×32 tiles, so that each tile of
+    ``a`` is read by rows and each of ``out`` written by rows of the other
+    tile while both sit in cache; tile rows of ``out`` are shared among
+    ``num_threads`` threads (static schedule: each element is copied once,
+    by one thread, so any thread count gives the same bits).  O(size).
+    ``out`` must not overlap ``a``.
+    """
+    cdef Py_ssize_t m = a.shape[0], n = a.shape[1]
+    if out.shape[0] != n or out.shape[1] != m:
+        raise ValueError(f"transpose: out has shape ({out.shape[0]}, {out.shape[1]}), "
+                         f"the transpose of ({m}, {n}) needs ({n}, {m})")
+    cdef Py_ssize_t jt, i0, i, j, j0, j1, i1
+    cdef Py_ssize_t tiles = (n + _TILE - 1) // _TILE
+    if m == 0 or n == 0:
+        return
+    with nogil:
+        for jt in prange(tiles, schedule="static", num_threads=num_threads):
+            j0 = jt * _TILE
+            j1 = min(j0 + _TILE, n)
+            i0 = 0
+            while i0 < m:
+                i1 = min(i0 + _TILE, m)
+                for j in range(j0, j1):
+                    for i in range(i0, i1):
+                        out[j, i] = a[i, j]
+                i0 = i0 + _TILE

@@ -170,7 +170,7 @@ def _run_gemm(roles, out_shape, tensors, nt):
     Y, yt = _blas_operand(tensors[y], yt, dtype)
     out = np.empty((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
-    return np.ascontiguousarray(out.T) if ot else out
+    return templates.c_ordered(out.T, nt) if ot else out
 
 
 def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
@@ -921,17 +921,17 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
             return None
         local[f] = x._with_kernel_values(np.ones(x.nnz, dtype=x.values.dtype))
     for src in r.flipped:
-        local[transposed_name(src)] = _transposed(env[src])
+        local[transposed_name(src)] = _transposed(env[src], nt)
     for merged, parts in r.merged:
         first = local[parts[0]]
         if not all(_same_pattern(first, local[p]) for p in parts[1:]):
             return None
-        vals = np.array(first.values, dtype=dtype)
-        for p in parts[1:]:
+        vals = np.multiply(first.values, local[parts[1]].values, dtype=dtype)
+        for p in parts[2:]:
             vals *= local[p].values
         local[merged] = first._with_kernel_values(vals)
     for src in r.transposed:
-        local[transposed_name(src)] = _transposed(local[src])
+        local[transposed_name(src)] = _transposed(local[src], nt)
     if r.pattern is not None:
         p = env[r.pattern]
         local[pattern_name(r.pattern)] = p._with_kernel_values(np.ones(p.nnz, dtype=p.values.dtype))
@@ -949,7 +949,7 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         value = templates._run_einsum(g.kernel, list(g.names), name, shape[::-1] if r.out_swapped else shape, local,
                             nt)
     if r.out_swapped:
-        value = np.ascontiguousarray(value.T) if isinstance(value, np.ndarray) else value.T
+        value = templates.c_ordered(value.T, nt) if isinstance(value, np.ndarray) else value.T
     if r.scalars:
         if isinstance(value, np.ndarray) and value.dtype == dtype:
             np.multiply(value, scale, out=value)   # the kernel's fresh result: scaled in place
@@ -1008,13 +1008,15 @@ def _route_needs(g: Group) -> tuple[tuple[str, ...], bool]:
     return found[1]
 
 
-def _transposed(t):
+def _transposed(t, nt: int):
     """A matrix operand's transpose as a kernel reads it: CSR through the
-    remembered transposed pattern, dense as a C-ordered copy."""
+    remembered transposed pattern, dense as a C-ordered copy (one copy,
+    tile by tile, from the stored values)."""
     from spfuse.lowering.transposes import transposed_csr
     if not t.format.is_dense:
         return transposed_csr(t)
-    return Tensor.from_numpy(np.ascontiguousarray(np.asarray(t.todense()).T))
+    arr = templates.c_ordered(t._dense_view().T, nt)
+    return Tensor._fast_dense(arr) or Tensor.from_numpy(arr)
 
 
 def _subplan(plan, g: Group):
