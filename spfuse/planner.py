@@ -29,7 +29,7 @@ from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
 from spfuse.passes.iteration_space import IterationSpaces, propagate_iteration_spaces, statement_masks
 from spfuse.passes.loop_order import OrderChoice, choose_order
-from spfuse.passes.max_fusion import maximal_statement_ops
+from spfuse.passes.max_fusion import maximal_statement_ops, where_fused
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
 from spfuse.passes.reassociate import CONCORDANT_MARGIN, TEMPLATE_MARGIN, Association, reassociate
@@ -145,8 +145,10 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
             try:
                 plan = plan_program(program, inputs, "max")
             except UnsupportedError:
-                pass
-            else:
+                plan = None
+            # (only when every statement distributes: a ``where`` workspace
+            # would be the temporary this path exists to avoid)
+            if plan is not None and len(plan.ops) == len(program.statements):
                 note = ("input-sensitive fusion (ReACT 4.3.3): every reduction is tiny ("
                         + ", ".join(f"{ix}: {n}" for ix, n in tiny.items())
                         + f" ≤ {TINY_REDUCTION}), so maximal fusion beats temporaries")
@@ -187,6 +189,14 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         fused, separations, separated = separate_small_temporaries(trie_fuse(unfused), unfused, ops, masks,
                                                                    shapes, inputs)
         tree, temporaries = reduce_dimensions(fused, ops, temps, shapes)
+    elif fusion == "max":
+        # each statement one loop nest: its ``where`` workspaces fused into it
+        # and shrunk to what the inner loops need, the statements apart
+        tree = where_fused(unfused, ops)
+        declared = {st.target.name for st in program.statements}
+        workspaces = {op.out for op in ops if op.out in temps and op.out not in declared}
+        tree, temporaries = reduce_dimensions(tree, ops, workspaces, shapes)
+        temporaries.update(full_temporaries(ops, temps - workspaces, shapes))
     else:
         tree, temporaries = unfused, full_temporaries(ops, temps, shapes)
     tree = mark_parallel(tree)

@@ -134,10 +134,36 @@ def test_sddmm_spmm_scalar_temporaries():
     assert {t.kept for t in p.temporaries.values()} == {()}
 
 
-def test_max_fusion_rejects_non_distributive_sddmm_div():
-    with pytest.raises(UnsupportedError, match="not distributive"):
-        plan("SDDMM-div", "max")
-    assert not isinstance(try_plan(parse_program(KERNELS["SDDMM-div"]), infos("SDDMM-div"), "auto"), Exception)
+def test_max_fusion_nests_non_distributive_sddmm_div_with_a_where_workspace():
+    # TACO: forall i, j: where(A = B / w, forall k: w += C*D) -- one loop nest, w a scalar
+    p = plan("SDDMM-div", "max")
+    assert [str(op) for op in p.ops] == ["A_w0[i,j] = sum(k, C[i, k] * D[k, j])", "A[i,j] = B[i, j] / A_w0[i, j]"]
+    # the workspace is computed only on B's pattern (the reader's masks), in
+    # the reader's loop over i: a row of w, or a scalar, per i
+    assert p.masks[0]["j"] == p.masks[1]["j"] and not p.masks[0]["j"].is_true
+    assert len(p.tree.children) == 1 and p.tree.children[0].index == "i"
+    assert p.report.cost_text == "O(K·nnz(B))"
+
+
+@pytest.mark.parametrize("text,nests", [
+    ("y[i] = A[i,j] * x[j] + b[i]", [("i", ["reset y_w0", ("j", ["y_w0"]), "y"])]),
+    ("y = sum(i, exp(sum(j, A[i,j] * x[j])))", [("i", ["reset y_w0", ("j", ["y_w0"]), "y"])]),
+    # statements stay apart: each is its own loop nest
+    ("t[i] = A[i,j] * x[j] + b[i]; y[i] = t[i] * 2", [("i", ["reset t_w0", ("j", ["t_w0"]), "t"]), ("i", ["y"])]),
+])
+def test_max_fusion_where_workspaces(text, nests):
+    ins = {"A": TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (6, 5), nnz=9),
+           "x": TensorInfo.dense("x", (5,)), "b": TensorInfo.dense("b", (6,))}
+    p = plan_program(parse_program(text), ins, "max")
+    assert loop_shape(p.tree) == nests
+    assert all(p.temporaries[n].kept == () for n in p.temporaries if "_w" in n)
+
+
+def test_where_split_leaves_distributive_statements_whole():
+    from spfuse.passes.max_fusion import where_split
+    for text in ("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", "m[i] = max(j, A[i,j])", "y[i] = -(A[i,j] * x[j]) / 2"):
+        st = parse_program(text).statements[0]
+        assert len(where_split(st, set())) == 1, text
 
 
 # ReACT Table 2 (relative to ReACT = auto): SDDMM max CS / none AS; GNN-1 max AS / none CS;
@@ -175,9 +201,7 @@ def test_symbolic_costs():
 def test_every_kernel_plans_in_every_strategy(name):
     for fusion in ("auto", "none", "max"):
         p = try_plan(parse_program(KERNELS[name]), infos(name), fusion)
-        if isinstance(p, UnsupportedError):
-            assert name == "SDDMM-div" and fusion == "max"
-            continue
+        assert not isinstance(p, UnsupportedError), (name, fusion, p)
         assert p.tree.children and p.report.terms
 
 

@@ -256,4 +256,18 @@ def statement_masks(stmt_ops, inputs: Mapping[str, TensorInfo]):
             masks = {ix: TRUE for ix in masks}
         out[op.id] = masks
         value.temps[op.out] = tuple(masks[ix] for ix in op.out_indices)
+    # A ``where`` workspace (an op whose output its statement's later op
+    # reads) is needed only where that reader iterates: its loops take the
+    # reader's masks (SDDMM-div's ``w = sum(k, C*D)`` only on B's pattern).
+    for n, op in enumerate(stmt_ops):
+        reader = next((c for c in stmt_ops[n + 1:] if c.statement == op.statement
+                       and any(r.name == op.out for r in c.refs)), None)
+        if reader is None or op.reduction in ("max", "min"):
+            continue
+        reads = {r.indices for r in reader.refs if r.name == op.out}
+        if len(reads) != 1:
+            continue
+        (at,) = reads
+        out[op.id] = {**out[op.id], **{ix: out[reader.id][rx] for ix, rx in zip(op.out_indices, at, strict=True)
+                                       if out[op.id][ix].is_true}}
     return out, dict(labels.refs)

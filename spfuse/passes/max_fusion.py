@@ -1,22 +1,28 @@
-"""TACO-style maximal fusion: each statement as one perfectly nested loop.
+"""TACO-style maximal fusion: each statement as one loop nest.
 
-Legal only when every sum can be lifted to the top of the statement by
-distributivity (through ``*``, the numerator of ``/`` and ``neg``).  Other
-statements -- ``B / sum(k, C*D)`` (SDDMM-div), ``exp(sum(...))``,
-``a + sum(...)`` -- are what TACO reports as unsupported; so do we.
+A statement whose sums all lift to its top by distributivity (through
+``*``, the numerator of ``/`` and ``neg``) is one perfectly nested loop.
+Any other -- ``A[i,j]*x[j] + b[i]``, ``B / sum(k, C*D)`` (SDDMM-div),
+``exp(sum(...))`` -- is nested as TACO's concrete index notation does with
+``where``: each outermost reduction that does not lift is computed into a
+workspace (``y_w0[i] = sum(j, A[i,j]*x[j])``) by its own loops, fused with
+the consumer's loops over the indices they share (:func:`where_fused`), so
+the workspace shrinks to what the inner loops need -- a scalar for SpMV
+plus a vector:  ``for i: { t = 0; for j: t += A[i,j]*x[j]; y[i] = t + b[i] }``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spfuse.errors import UnsupportedError
-from spfuse.frontend.ast import Access, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
+from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
+from spfuse.frontend.reductions import children, map_children
 from spfuse.ir.ops import Ref
+from spfuse.ir.tree import Root
 from spfuse.passes.rename import all_indices as _all_indices
 from spfuse.passes.rename import distinct_binders
 from spfuse.passes.rename import rename as _rename
 
-__all__ = ["StatementOp", "lift_sums", "maximal_statement_ops"]
+__all__ = ["StatementOp", "lift_sums", "maximal_statement_ops", "where_split", "where_fused"]
 
 
 @dataclass(frozen=True)
@@ -117,24 +123,103 @@ def lift_sums(e: Expr) -> tuple[tuple[str, ...], Expr] | None:
     return None if _has_reduce(e) else ((), e)
 
 
+def _spine(e: Expr, op: str | None = None) -> tuple[tuple[str, ...], str | None, Expr]:
+    """``(indices, op, body)`` of the sums at the top of ``e``, or of its
+    one max/min (``sum(j, sum(k, b))`` -> ``(("j", "k"), "sum", b)``: one
+    loop nest accumulates them; a max/min op reduces over one index)."""
+    if isinstance(e, Reduce) and e.pattern is None and (op is None or e.op == op == "sum"):
+        if e.op != "sum":
+            return (e.index,), e.op, e.body
+        inner, _, body = _spine(e.body, e.op)
+        return (e.index,) + inner, e.op, body
+    return (), op, e
+
+
+def _respine(indices: tuple[str, ...], op: str | None, body: Expr) -> Expr:
+    for ix in reversed(indices):
+        assert op is not None
+        body = Reduce(op, ix, body)
+    return body
+
+
+def _free_indices(e: Expr) -> set[str]:
+    if isinstance(e, Reduce):
+        return _free_indices(e.body) - {e.index}
+    if isinstance(e, Access):
+        return set(e.indices)
+    return set().union(*map(_free_indices, children(e)))
+
+
+def where_split(stmt: Assignment, taken: set[str]) -> list[Assignment]:
+    """``stmt`` as TACO's ``where`` nests it: unchanged when its reductions
+    lift to the top; else each outermost reduction below the statement's own
+    reduction spine that does not lift becomes a workspace statement (split
+    again the same way), read where it was.  Workspace names are new
+    (``taken`` grows with them).
+
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.frontend.canonical import to_text
+    >>> st = parse_program("y[i] = A[i,j] * x[j] + b[i]").statements[0]
+    >>> [to_text(s) for s in where_split(st, {"y", "A", "x", "b"})]
+    ['y_w0[i] = sum(j, A[i, j] * x[j])', 'y[i] = y_w0[i] + b[i]']
+    """
+    value = distinct_binders(stmt)
+    spine, op, body = _spine(value)
+    if (op in ("max", "min") and not _has_reduce(body)) or (op != "max" and op != "min"
+                                                              and lift_sums(value) is not None):
+        return [Assignment(stmt.target, value, stmt.span)]
+    bound = list(stmt.target.indices) + list(spine)
+    hoisted: list[Assignment] = []
+
+    def hoist(e: Expr) -> Expr:
+        if not isinstance(e, Reduce):
+            return map_children(e, hoist)
+        name = next(f"{stmt.target.name}_w{k}" for k in range(len(taken) + 1)
+                    if f"{stmt.target.name}_w{k}" not in taken)
+        taken.add(name)
+        free = _free_indices(e)
+        target = Access(name, tuple(ix for ix in bound if ix in free))
+        hoisted.extend(where_split(Assignment(target, e), taken))
+        return target
+
+    rest = _respine(spine, op, hoist(body))
+    return hoisted + [Assignment(stmt.target, rest, stmt.span)]
+
+
 def maximal_statement_ops(program) -> tuple[StatementOp, ...]:
-    """One :class:`StatementOp` per statement, or :class:`UnsupportedError`."""
-    out = []
+    """One :class:`StatementOp` per statement and per ``where`` workspace
+    (:func:`where_split`), in program order; a workspace's op carries its
+    statement's number."""
+    out: list[StatementOp] = []
+    taken = {a.name for st in program.statements for a in (st.target, *iter_accesses(st.value))}
     for n, stmt in enumerate(program.statements):
-        value = stmt.value
-        if isinstance(value, Reduce) and value.op in ("max", "min") and not _has_reduce(value.body):
-            out.append(StatementOp(n, stmt.target.name, stmt.target.indices, value.body, value.op,
-                                   (value.index,), n))
-            continue
-        value = distinct_binders(stmt)
-        lifted = lift_sums(value)
-        if lifted is None:
-            from spfuse.frontend.canonical import to_text
-            raise UnsupportedError(
-                f"fusion='max' cannot nest statement {n} in one loop: "
-                f"'{to_text(stmt.target)} = {to_text(value)}' is not distributive over its "
-                "reductions (TACO rejects it too). Hint: use fusion='auto'.")
-        reduced, body = lifted
-        out.append(StatementOp(n, stmt.target.name, stmt.target.indices, body,
-                               "sum" if reduced else None, reduced, n))
+        for part in where_split(stmt, taken):
+            value = part.value
+            target = part.target
+            if isinstance(value, Reduce) and value.op in ("max", "min") and not _has_reduce(value.body):
+                out.append(StatementOp(len(out), target.name, target.indices, value.body, value.op,
+                                       (value.index,), n))
+                continue
+            lifted = lift_sums(value)
+            assert lifted is not None   # (where_split leaves only liftable statements)
+            reduced, body = lifted
+            out.append(StatementOp(len(out), target.name, target.indices, body,
+                                   "sum" if reduced else None, reduced, n))
     return tuple(out)
+
+
+def where_fused(unfused: Root, ops) -> Root:
+    """``unfused`` (one loop chain per op, in op order) with the chains of
+    one statement's ``where`` workspaces and the statement itself fused over
+    their shared loops (the statements stay apart, one loop nest each)."""
+    from spfuse.passes.fusion import trie_fuse
+    children: list = []
+    start = 0
+    while start < len(ops):
+        end = start + 1
+        while end < len(ops) and ops[end].statement == ops[start].statement:
+            end += 1
+        part = unfused.children[start:end]
+        children.extend(trie_fuse(Root(part)).children if end - start > 1 else part)
+        start = end
+    return Root(tuple(children))
