@@ -55,8 +55,9 @@ class ProgramError(SpfuseError, ValueError):
 
 
 class UnsupportedError(SpfuseError, ValueError):
-    """A legal request that this strategy cannot perform (e.g. ``fusion="max"``
-    on a non-distributive expression, as TACO rejects it)."""
+    """A legal request that spfuse cannot perform as asked (e.g. a
+    ``spfuse.dask`` program that sums over its partitioned index, or a
+    function of a complex value with no complex kernel)."""
 
 
 def format_caret(text: str, position: int) -> str:

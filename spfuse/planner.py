@@ -5,8 +5,8 @@ strings them together for one fusion strategy:
 
 * ``"auto"``  -- redundancy-aware (ReACT): propagate iteration spaces, trie-fuse
   common prefixes, reduce and sparsify temporaries;
-* ``"max"``   -- TACO-style: every statement one perfectly nested loop
-  (``UnsupportedError`` when not distributive);
+* ``"max"``   -- TACO-style: every statement one loop nest (a reduction that
+  does not distribute nested as a ``where`` workspace);
 * ``"none"``  -- the library approach: one loop nest per unit operation
   (a sum split into binary adds), every temporary materialised whole.
 """

@@ -8,7 +8,7 @@ TENSOR_KERNELS = ["MTTKRP-GEMM", "SpTTM-SpTTM"]
 
 
 class FusedMatrixKernels(KernelBench):
-    """Matrix chains on the power-law matrix; fusion='max' of SDDMM-div is skipped (not distributive)."""
+    """Matrix chains on the power-law matrix."""
 
     params = (MATRIX_KERNELS, ["auto", "max", "none"], THREADS)
     param_names = ["kernel", "fusion", "threads"]
