@@ -637,6 +637,25 @@ def test_gemm_gemv(mkn, dt, rng):
     np.testing.assert_allclose(y, A.astype(np.float64) @ x.astype(np.float64), **tol(dt))
 
 
+@dtypes
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("mkn", [(1000, 32, 16), (8193, 64, 64), (300, 2, 1), (5000, 65, 64)])
+def test_gemm_thin_products_in_row_blocks(mkn, trans_a, trans_b, dt, rng):
+    # thin products run as fixed row blocks on our own team (a tail block
+    # included): the same bits on 1 and 2 threads, and numpy's answer
+    m, k, n = mkn
+    A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dt)
+    B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dt)
+
+    def run(nt):
+        out = np.full((m, n), np.nan, dtype=dt)
+        D.gemm(A, B, out, nt, trans_a=trans_a, trans_b=trans_b)
+        return out
+    got = both_threads(run)
+    want = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
 ORACLE = {
     "relu": lambda x: np.maximum(x, 0), "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "tanh": np.tanh, "exp": np.exp, "log": np.log, "abs": np.abs, "sqrt": np.sqrt,

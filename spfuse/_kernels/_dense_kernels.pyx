@@ -43,6 +43,14 @@ UNARY_OPS = {
 cdef enum:
     _TILE = 32
 
+cdef enum:
+    # a product with at most this many ``n * k`` (columns of out times the
+    # summed extent) is thin: run in row blocks on our own team (see gemm)
+    THIN_NK = 4096
+    # OpenBLAS runs a product of at most this many ``m * n * k`` on the calling
+    # thread (interface/gemm.c: SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD)
+    BLAS_SERIAL_MNK = 262144
+
 # Beyond this many int-sized elements a dimension no longer fits LP64 BLAS.
 cdef Py_ssize_t _INT_MAX = 2147483647
 
@@ -56,12 +64,22 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
     is (m, k), op(B) is (k, n).  A transposed operand is read as stored
     (BLAS's 'T'), not copied.
 
-    One BLAS call (dgemm/sgemm by dtype) on swapped operands:
+    BLAS (dgemm/sgemm by dtype) on swapped operands:
     ``gemm(tb, ta, n, m, k, 1, B, ldb, A, lda, 0, out, n)``.  ``out`` must not
     alias A or B; it is fully overwritten (zeros when k == 0).
-    ``num_threads`` is accepted for a uniform signature and ignored (BLAS
-    has its own pool).  Dimensions must be < 2**31 (LP64 BLAS).
-    Complexity O(m * n * k).
+    Dimensions must be < 2**31 (LP64 BLAS).  Complexity O(m * n * k).
+
+    A thin product (``n * k <= THIN_NK``: GNN-style ``H @ W`` with a few
+    dozen columns) is cut into fixed blocks of rows, each a BLAS call small
+    enough (``rows * n * k <= BLAS_SERIAL_MNK``) that OpenBLAS runs it on the
+    calling thread, and the blocks are shared among ``num_threads`` threads
+    of our own OpenMP team -- as scikit-learn's k-means calls BLAS per chunk
+    inside ``prange``.  BLAS's own pool is then never woken: its workers
+    busy-wait after each call and stall a team sharing their cores (a
+    20000x32 @ 32x32 product took 8 ms on two OpenBLAS threads against
+    2.5 ms on one while another process held a core).  The blocks do not
+    depend on ``num_threads``, so neither do the results.  Any other
+    product is one BLAS call on BLAS's own threads (``num_threads`` unused).
     """
     cdef int m = A.shape[1] if trans_a else A.shape[0]
     cdef int k = A.shape[0] if trans_a else A.shape[1]
@@ -80,13 +98,30 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
         with nogil:
             memset(&out[0, 0], 0, <size_t>m * n * sizeof(floating))
         return
+    cdef Py_ssize_t rows = BLAS_SERIAL_MNK // (<Py_ssize_t>n * k)
+    cdef Py_ssize_t nblocks, blk
+    cdef int r0, mb
+    cdef int team = num_threads if num_threads is not None and num_threads > 0 else 1
+    cdef floating* a0 = <floating*>&A[0, 0]
+    cdef floating* o0 = &out[0, 0]
+    if <Py_ssize_t>n * k > THIN_NK or rows >= m:
+        nblocks = 1
+        rows = m
+    else:
+        nblocks = (m + rows - 1) // rows
     with nogil:
-        if floating is double:
-            dgemm(&tb, &ta, &n, &m, &k, &one, <double*>&B[0, 0], &ldb,
-                  <double*>&A[0, 0], &lda, &zero, &out[0, 0], &n)
-        else:
-            sgemm(&tb, &ta, &n, &m, &k, &one, <float*>&B[0, 0], &ldb,
-                  <float*>&A[0, 0], &lda, &zero, &out[0, 0], &n)
+        for blk in prange(nblocks, schedule="static", num_threads=team if nblocks > 1 else 1):
+            r0 = <int>(blk * rows)
+            mb = <int>min(rows, m - r0)
+            # rows r0.. of op(A): rows of A, or (transposed) its columns
+            if floating is double:
+                dgemm(&tb, &ta, &n, &mb, &k, &one, <double*>&B[0, 0], &ldb,
+                      a0 + (r0 if trans_a else <Py_ssize_t>r0 * lda), &lda, &zero,
+                      o0 + <Py_ssize_t>r0 * n, &n)
+            else:
+                sgemm(&tb, &ta, &n, &mb, &k, &one, <float*>&B[0, 0], &ldb,
+                      a0 + (r0 if trans_a else <Py_ssize_t>r0 * lda), &lda, &zero,
+                      o0 + <Py_ssize_t>r0 * n, &n)
 
 
 def gemv(const floating[:, ::1] A, const floating[::1] x, floating[::1] out,
