@@ -18,6 +18,7 @@ from spfuse.passes.decompose import decompose
 from spfuse.passes.fusion import find_fusion_groups
 from spfuse.passes.iteration_space import propagate_iteration_spaces
 from spfuse.planner import plan_program, try_plan
+from spfuse.testing import programs
 
 
 def plan(name, fusion="auto"):
@@ -157,6 +158,29 @@ def test_max_fusion_where_workspaces(text, nests):
     p = plan_program(parse_program(text), ins, "max")
     assert loop_shape(p.tree) == nests
     assert all(p.temporaries[n].kept == () for n in p.temporaries if "_w" in n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(programs(max_extent=4, n_statements=(1, 3)))
+def test_where_split_parts_are_each_one_loop_nest(prog_shapes):
+    # every part lifts to one perfectly nested loop; the workspaces are new
+    # names, each written once and read by a later part of its statement
+    from spfuse.frontend.ast import Reduce, iter_accesses
+    from spfuse.passes.max_fusion import _has_reduce, lift_sums, where_split
+    program, _ = prog_shapes
+    taken = {a.name for st in program.statements for a in (st.target, *iter_accesses(st.value))}
+    names = set(taken)
+    for st in program.statements:
+        parts = where_split(st, taken)
+        assert parts[-1].target == st.target
+        for n, part in enumerate(parts):
+            v = part.value
+            single_extremum = isinstance(v, Reduce) and v.op in ("max", "min") and not _has_reduce(v.body)
+            assert single_extremum or lift_sums(v) is not None, part
+            if n < len(parts) - 1:
+                assert part.target.name not in names
+                names.add(part.target.name)
+                assert any(a.name == part.target.name for later in parts[n + 1:] for a in iter_accesses(later.value))
 
 
 def test_where_split_leaves_distributive_statements_whole():
