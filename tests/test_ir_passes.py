@@ -168,11 +168,11 @@ def test_where_split_parts_are_each_one_loop_nest(prog_shapes):
     from spfuse.frontend.ast import Reduce, iter_accesses
     from spfuse.passes.max_fusion import _has_reduce, lift_sums, where_split
     program, _ = prog_shapes
-    taken = {a.name for st in program.statements for a in (st.target, *iter_accesses(st.value))}
+    taken = {a.name for stmt in program.statements for a in (stmt.target, *iter_accesses(stmt.value))}
     names = set(taken)
-    for st in program.statements:
-        parts = where_split(st, taken)
-        assert parts[-1].target == st.target
+    for stmt in program.statements:
+        parts = where_split(stmt, taken)
+        assert parts[-1].target == stmt.target
         for n, part in enumerate(parts):
             v = part.value
             single_extremum = isinstance(v, Reduce) and v.op in ("max", "min") and not _has_reduce(v.body)
