@@ -14,8 +14,8 @@
 * ``transpose`` copies a C-ordered matrix into its transpose, C-ordered,
   tile by tile: a dense operand read in the other mode order (``D.T``, a
   Fortran array, a result wanted the other way round) becomes C-ordered at
-  about the speed of a copy, where numpy's element-strided copy of
-  ``a.T`` runs 3-4x slower.
+  about the speed of a copy, where numpy's element-strided copy of a tall
+  matrix's ``a.T`` runs 2-3x slower.
 """
 cimport cython
 from cython cimport floating

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
-from spfuse.frontend.reductions import children, map_children
+from spfuse.frontend.reductions import free_indices, map_children
 from spfuse.ir.ops import Ref
 from spfuse.ir.tree import Root
 from spfuse.passes.rename import all_indices as _all_indices
@@ -142,14 +142,6 @@ def _respine(indices: tuple[str, ...], op: str | None, body: Expr) -> Expr:
     return body
 
 
-def _free_indices(e: Expr) -> set[str]:
-    if isinstance(e, Reduce):
-        return _free_indices(e.body) - {e.index}
-    if isinstance(e, Access):
-        return set(e.indices)
-    return set().union(*map(_free_indices, children(e)))
-
-
 def where_split(stmt: Assignment, taken: set[str]) -> list[Assignment]:
     """``stmt`` as TACO's ``where`` nests it: unchanged when its reductions
     lift to the top; else each outermost reduction below the statement's own
@@ -177,7 +169,7 @@ def where_split(stmt: Assignment, taken: set[str]) -> list[Assignment]:
         name = next(f"{stmt.target.name}_w{k}" for k in range(len(taken) + 1)
                     if f"{stmt.target.name}_w{k}" not in taken)
         taken.add(name)
-        free = _free_indices(e)
+        free = set(free_indices(e))
         target = Access(name, tuple(ix for ix in bound if ix in free))
         hoisted.extend(where_split(Assignment(target, e), taken))
         return target
