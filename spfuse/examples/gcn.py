@@ -99,7 +99,7 @@ def model(A: sp.csr_array, y: np.ndarray, features: int | None = None, hidden: i
                                     torch.from_numpy(A.indices.astype(np.int64)),
                                     torch.from_numpy(A.data), size=A.shape)
     A_coo = A_csr.to_sparse_coo()
-    A_dense = torch.from_numpy(A.toarray())
+    densified: list = []   # (made on first use: n^2 entries)
     layer = spfuse.torch.function(PROGRAM)
 
     def via_spfuse(p):
@@ -110,6 +110,9 @@ def model(A: sp.csr_array, y: np.ndarray, features: int | None = None, hidden: i
         return F.cross_entropy(torch.sparse.mm(A_coo, H @ p["W2"])[idx], target)
 
     def via_dense(p):
+        if not densified:
+            densified.append(torch.from_numpy(A.toarray()))
+        A_dense = densified[0]
         H = torch.relu(A_dense @ (X @ p["W1"]))
         return F.cross_entropy((A_dense @ (H @ p["W2"]))[idx], target)
 
