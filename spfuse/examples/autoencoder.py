@@ -63,7 +63,7 @@ def model(X: sp.csr_array, hidden: int = 16, seed: int = 0):
     rows = torch.from_numpy(np.repeat(np.arange(n), np.diff(X.indptr)))
     vals = torch.from_numpy(X.data)
     X_coo = Xt.to_sparse_coo()
-    X_dense, P_dense = Xt.to_dense(), Pt.to_dense()
+    densified: list = []   # (made on first use: n*m entries each)
     net = spfuse.torch.function(PROGRAM)
 
     def via_spfuse(p):
@@ -75,6 +75,9 @@ def model(X: sp.csr_array, hidden: int = 16, seed: int = 0):
         return ((pred - vals) ** 2).sum() * scale
 
     def via_dense(p):
+        if not densified:
+            densified.extend((Xt.to_dense(), Pt.to_dense()))
+        X_dense, P_dense = densified
         H = torch.sigmoid(X_dense @ p["We"] + p["b"])
         return ((P_dense * (H @ p["Wd"] - X_dense)) ** 2).sum() * scale
 
