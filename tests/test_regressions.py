@@ -218,3 +218,21 @@ def test_tiny_reduction_of_a_function_of_a_product_is_not_a_template_spmv():
     k = spfuse.compile("y[i] = sum(k, A[i, k] * B[k])")
     assert "template kernel 'spmv'" in k.explain(A=A, B=B)
     np.testing.assert_allclose(k(A=A, B=B), A.toarray() @ B, rtol=1e-14)
+
+
+def test_a_temporary_stored_whole_is_cleared_whole_under_an_empty_row():
+    """T1[i,n] = I[l,i]*T2[n] is written under row l of I (i ∈ I_i) but read
+    densely over i, so it is stored whole and reset per l: the reset must
+    clear every i, not only row l's pattern -- under I's empty row 1 it
+    cleared nothing and row 0's products leaked into R[:, 1]
+    (found by test_random_programs_match_numpy, hypothesis seed 1709429099)."""
+    I = sp.coo_array(np.array([[0.8, 0.0, 0.0, -0.3], [0.0, 0.0, 0.0, 0.0]]))
+    J = np.arange(9.0).reshape(3, 3) / 10
+    K = sp.coo_array(np.array([0.0, -0.6, 0.0]))
+    H = np.array(0.0)
+    text = "R[i, l] = (H - I[l, i] * J[n, k]) * tanh(K[n])"
+    want = -(J.sum(axis=1) @ np.tanh(K.toarray())) * I.toarray().T
+    for fusion in ("auto", "none", "max"):
+        for nt in (1, 2):
+            got = spfuse.evaluate(text, H=H, I=I, J=J, K=K, fusion=fusion, num_threads=nt)
+            np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15)

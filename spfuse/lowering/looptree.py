@@ -463,13 +463,19 @@ class _Lowerer:
             return
         path = self.paths[t.op_id]
         loops = [lp for lp in path if lp.bound(t.op_id) in t.kept]
+        # A kept dimension whose mask is true is stored whole (a reader visits
+        # all of it), so it is cleared whole: the writer's own loop may visit
+        # fewer positions -- none at all under an empty row -- than an
+        # earlier iteration wrote.
+        stored = dict(zip(t.kept, t.masks, strict=True))
 
         def nest(k, bound):
             if k == len(loops):
                 self.b.statement(self.buffer_ref(t.op_id, t.name, t.dims), "assign", lt.const(node.value))
                 return
             var = self.vars[id(loops[k])]
-            with self.b.loop(var, **self._iteration(loops[k], bound)):
+            whole = stored[loops[k].bound(t.op_id)].is_true
+            with self.b.loop(var, **({} if whole else self._iteration(loops[k], bound))):
                 nest(k + 1, bound | {var.id})
 
         nest(0, bound)
