@@ -325,6 +325,19 @@ def _product(terms: list[Expr]) -> Expr:
     return out
 
 
+def _summed_within(e: Expr, inner: str, outer: str) -> bool:
+    """Is a sum over ``inner`` nested inside the sum over ``outer`` in ``e``?
+
+    >>> from spfuse.frontend.parser import parse_expression
+    >>> e = parse_expression("sum(j, sum(i, G[i,h] * A[i,j]) * X[j,f])")
+    >>> _summed_within(e, "i", "j"), _summed_within(e, "j", "i")
+    (True, False)
+    """
+    if isinstance(e, Reduce) and e.index == outer:
+        return any(isinstance(x, Reduce) and x.index == inner for x in _subexpressions(e.body))
+    return any(_summed_within(c, inner, outer) for c in children(e))
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -558,6 +571,54 @@ class _Builder:
         assert out is not None
         return out
 
+    def multiplied_out(self, factors: list, wanted: tuple[str, ...]) -> list:
+        """``factors`` with every sum :meth:`contracted_terms` accepts
+        replaced by its product terms, each a factor of its own (so that the
+        sums of the gradient nest in the chain's order, one contraction after
+        another)."""
+        around = [g for op, f in factors if op == "*" for g in _product_terms(f)]
+        out = []
+        for op, f in factors:
+            if op != "*":   # (a divisor or a selection is a factor as it is)
+                out.append((op, f))
+                continue
+            terms = _product_terms(f)
+            inlined = [u for t in terms for u in (
+                None if self.projection_terms(t) else self.contracted_terms(t, wanted, around)) or [t]]
+            out.extend([(op, f)] if inlined == terms else [("*", u) for u in inlined])
+        return out
+
+    def contracted_terms(self, t: Expr, wanted: tuple[str, ...] | None, around: list[Expr]) -> list[Expr] | None:
+        """The product terms of a sum ``t`` to multiply into the chain, when
+        the gradient sums some of ``t``'s free indices too: the chain is then
+        one contraction of several factors, whose order (and whether a part
+        of it is shared with another gradient) is left to the planner's
+        reassociation and the cost model instead of being fixed here by the
+        forward's nesting.  GCN's ``grad_W2[h,c] = sum(i, grad_Z[i,c] *
+        sum(j, A[i,j] * H[j,h]))`` becomes ``sum(i, j, grad_Z[i,c] * A[i,j] *
+        H[j,h])``, which may run as ``Hᵀ·(Aᵀ·grad_Z)`` (``nnz·C`` instead of
+        ``nnz·H``).  Not when ``t`` is masked -- a sparse input in the
+        chain (``around``) over exactly its free indices (SDDMM: ``t`` is
+        then computed on that pattern) or one in ``t`` that reads no index
+        ``t`` sums -- since the planner's chains are plain contractions."""
+        if wanted is None or not isinstance(t, Reduce):
+            return None
+        bound: list[str] = []
+        body = t
+        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
+            bound.append(body.index)
+            body = body.body
+        terms = _product_terms(body)
+        free = set(free_indices(t))
+        if not bound or isinstance(body, Reduce) or len(terms) < 2 or free <= set(wanted) \
+                or not all(isinstance(u, Access) for u in terms):
+            return None
+        if any(isinstance(g, Access) and g.name in self.sparse and set(g.indices) == free for g in around):
+            return None
+        if any(u.name in self.sparse and not set(u.indices) & set(bound) for u in terms):
+            return None
+        return terms
+
     def projection_terms(self, t: Expr) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain
         themselves, when stored ``t`` would be a projection of a sparse input
@@ -624,7 +685,8 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in factors]
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*"))
+                                        for op, f in self.multiplied_out(factors, e.indices)]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
@@ -773,7 +835,11 @@ class _Builder:
             if best is None:
                 return out
             common, members, kept = best
+            # a sparse matrix summed over its rows: stored by its columns, read as its transpose's rows
+            kept = tuple(sorted(kept, key=lambda ix: not any(
+                f.name in self.sparse and len(f.indices) == 2 and f.indices[1] == ix for f in common)))
             value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
+            value = self.transpose_reads(value, kept, target)
             shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
             out.append(Assignment(shared, value))
             _take_out(shared, common, members)
@@ -875,8 +941,10 @@ class _Builder:
         if len(sparse) != 1 or self.structural_mask(source) is not None:
             return term
         acc = sparse[0]
-        if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
+        if len(acc.indices) != 2 or acc.indices[0] in target:
             return term
+        if acc.indices[1] not in target and not _summed_within(term, acc.indices[0], acc.indices[1]):
+            return term   # (a column summed first: its rows scatter; summed after the row, as an SpMM's output)
         if len(target) == 1:
             return term   # a vector result: the rows scatter into it as stored (SpMV's adjoint is spmv_t)
         name = self.transposed.get(acc.name)
