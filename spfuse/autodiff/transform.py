@@ -487,7 +487,12 @@ class _Contribution:
                     last[k] = pos
         term: Expr = chain[0][1]
         for pos, (op, f) in enumerate(chain):
-            if pos:
+            if pos and op == "*" and isinstance(term, Reduce) and target and isinstance(f, Access) \
+                    and target[0] in f.indices and target[0] not in free_indices(term):
+                # a finished contraction times the factor holding the first output index:
+                # written first, the product (a GEMM) stores its result in the output's order
+                term = Binary("*", f, term)
+            elif pos:
                 term = apply_factor(term, op, f)
             for k in reversed([k for k, p in last.items() if p == pos]):
                 term = Reduce("sum", k, term)
@@ -953,6 +958,9 @@ class _Builder:
         swapped = Access(name, acc.indices[::-1])
 
         def walk(e: Expr) -> Expr:
+            if isinstance(e, Binary) and e.op == "*" and e.right == acc:
+                # written first: the SpMM over its rows stores its result row by row
+                return Binary("*", swapped, walk(e.left))
             return swapped if e == acc else map_children(e, walk)
 
         return walk(term)
