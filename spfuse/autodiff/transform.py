@@ -616,13 +616,27 @@ class _Builder:
         terms = _product_terms(body)
         free = set(free_indices(t))
         if not bound or isinstance(body, Reduce) or len(terms) < 2 or free <= set(wanted) \
-                or not all(isinstance(u, Access) for u in terms):
+                or not all(isinstance(u, Access) or self.on_a_pattern(u) for u in terms):
             return None
         if any(isinstance(g, Access) and g.name in self.sparse and set(g.indices) == free for g in around):
             return None
-        if any(u.name in self.sparse and not set(u.indices) & set(bound) for u in terms):
+        if any(isinstance(u, Access) and u.name in self.sparse and not set(u.indices) & set(bound) for u in terms):
             return None
         return terms
+
+    def on_a_pattern(self, t: Expr) -> bool:
+        """Is ``t`` a sum over a product with a sparse input that reads
+        exactly its free indices (an SDDMM: ``sum(k, B[i,j] * C[i,k] *
+        D[j,k])``)?  Multiplied into a chain, it is hoisted whole, stored on
+        that input's pattern: one sparse factor of the chain."""
+        if not (isinstance(t, Reduce) and t.op == "sum" and t.pattern is None):
+            return False
+        free = set(free_indices(t))
+        body = t.body
+        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
+            body = body.body
+        return any(isinstance(u, Access) and u.name in self.sparse and set(u.indices) == free
+                   and len(u.indices) == len(free) for u in _product_terms(body))
 
     def projection_terms(self, t: Expr) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain
@@ -841,8 +855,9 @@ class _Builder:
                 return out
             common, members, kept = best
             # a sparse matrix summed over its rows: stored by its columns, read as its transpose's rows
+            sparse = self.sparse | {h.target.name for h in self.hoisted_statements if self.on_a_pattern(h.value)}
             kept = tuple(sorted(kept, key=lambda ix: not any(
-                f.name in self.sparse and len(f.indices) == 2 and f.indices[1] == ix for f in common)))
+                f.name in sparse and len(f.indices) == 2 and f.indices[1] == ix for f in common)))
             value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
             value = self.transpose_reads(value, kept, target)
             shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
