@@ -72,6 +72,9 @@ class Adjoint:
     reasons: Mapping[str, str] = field(default_factory=dict)
     saved: Mapping[str, str] = field(default_factory=dict)   # kept temporary -> name it is saved under
     transposed: Mapping[str, str] = field(default_factory=dict)  # sparse input -> operand holding its transpose
+    #: how each gradient's contractions were written: multiplied out (their
+    #: order the planner's) or shared between gradients
+    contractions: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -115,6 +118,7 @@ class Adjoint:
             lines.append(f"transposed  {name} (read as {t}, the CSR of its transpose: its rows are summed)")
         for name in (*self.kept, *self.recomputed):
             lines.append(f"temporary {name}: {self.reasons[name]}")
+        lines.extend(self.contractions)
         zero = [n for n in self.wrt if n not in self.gradients]
         if zero:
             lines.append("zero gradient (no path from a cotangent)  " + ", ".join(zero))
@@ -514,6 +518,7 @@ class _Builder:
         self.hoisted: dict[Expr, Access] = {}
         self.transposed: dict[str, str] = {}
         self.hoisted_statements: list[Assignment] = []
+        self.contraction_notes: list[str] = []
         self.ones: dict[str, tuple[int, str]] = {}
         self.ones_by_key: dict[tuple[int, str], str] = {}
         self.grad = {r: self.names.fresh(f"grad_{r}") for r in cotangents}
@@ -576,12 +581,13 @@ class _Builder:
         assert out is not None
         return out
 
-    def multiplied_out(self, factors: list, wanted: tuple[str, ...]) -> list:
+    def multiplied_out(self, factors: list, wanted: tuple[str, ...], name: str) -> list:
         """``factors`` with every sum :meth:`contracted_terms` accepts
         replaced by its product terms, each a factor of its own (so that the
         sums of the gradient nest in the chain's order, one contraction after
         another)."""
         around = [g for op, f in factors if op == "*" for g in _product_terms(f)]
+        self.contribution_of = f"the gradient of {name}"
         out = []
         for op, f in factors:
             if op != "*":   # (a divisor or a selection is a factor as it is)
@@ -590,7 +596,17 @@ class _Builder:
             terms = _product_terms(f)
             inlined = [u for t in terms for u in (
                 None if self.projection_terms(t) else self.contracted_terms(t, wanted, around)) or [t]]
-            out.extend([(op, f)] if inlined == terms else [("*", u) for u in inlined])
+            if inlined == terms:
+                out.append((op, f))
+                continue
+            out.extend(("*", u) for u in inlined)
+            for t in terms:
+                if t not in inlined:
+                    note = (f"multiplied out  {to_text(t)} (a partial product of the forward) into the "
+                            f"contraction of {self.contribution_of}: no order fixed by the forward's nesting "
+                            "(a part shared below, else the planner's reassociation by cost)")
+                    if note not in self.contraction_notes:
+                        self.contraction_notes.append(note)
         return out
 
     def contracted_terms(self, t: Expr, wanted: tuple[str, ...] | None, around: list[Expr]) -> list[Expr] | None:
@@ -705,7 +721,7 @@ class _Builder:
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
                 chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*"))
-                                        for op, f in self.multiplied_out(factors, e.indices)]
+                                        for op, f in self.multiplied_out(factors, e.indices, e.name)]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
@@ -766,6 +782,11 @@ class _Builder:
         off_pattern = Binary("*", Binary("-", extent, stored), Where(extremum, ZERO, ONE))
         return self.hoist(Binary("+", on_pattern, off_pattern), base)
 
+    def note_shared(self, shared: Access, value: Expr, names: list[str]) -> None:
+        self.contraction_notes.append(
+            f"shared  {to_text(Assignment(shared, value))}: computed once, read by the gradients of "
+            + ", ".join(dict.fromkeys(names)))
+
     def share_sparse_prefixes(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
         """Compute once the product-chain prefix several contributions of one
         statement share, when it is sparse: the cotangent times a sparse
@@ -803,6 +824,7 @@ class _Builder:
                 for c in members:
                     c.negate = False
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.name for c in members])
             for c in members:
                 c.chain = [("*", shared)] + c.chain[len(prefix):]
 
@@ -830,6 +852,7 @@ class _Builder:
                     c.source_contribution.negate = False
             shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.source_contribution.name for c in members])
             _take_out(shared, common, members)
 
     def share_dense_contractions(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
@@ -862,6 +885,7 @@ class _Builder:
             value = self.transpose_reads(value, kept, target)
             shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.source_contribution.name for c in members])
             _take_out(shared, common, members)
 
     def dense_contraction(self, common: list[Expr], members: list[_ProductChain]) -> tuple[str, ...] | None:
@@ -1040,7 +1064,7 @@ class _Builder:
         ones = {k: v for k, v in self.ones.items() if k in used}
         transposed = {n: t for n, t in self.transposed.items() if t in used}
         return Adjoint(forward, self.wrt, program, gradients, self.cotangents, self.patterns, ones,
-                       tuple(kept), tuple(recomputed), reasons, saved, transposed)
+                       tuple(kept), tuple(recomputed), reasons, saved, transposed, tuple(self.contraction_notes))
 
     def _on_pattern(self, statement) -> bool:
         """Is the statement's value a product with a sparse input read at the
