@@ -184,7 +184,7 @@ class _ProductChain:
 def _product_chains(contributions) -> list[_ProductChain]:
     out = []
     for c in contributions:
-        if all(op == "*" for op, _ in c.chain):
+        if all(op == "*" for op, _ in c.chain) and not c.planner_ordered:
             chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
             if len(chain) > 2:
                 out.append(_ProductChain(chain, c.indices, c.negate, c))
@@ -476,6 +476,9 @@ class _Contribution:
     chain: list          # [(op, expr)], the first one ("*", cotangent access)
     negate: bool
     source: str = ""     # the forward statement's target
+    #: a forward partial product was multiplied out into the chain: its
+    #: contraction order is the planner's, no part of it is shared
+    planner_ordered: bool = False
 
     def expression(self, mapping: Mapping[str, str], target: tuple[str, ...]) -> Expr:
         """The contribution as one expression (indices renamed by ``mapping``)
@@ -603,8 +606,8 @@ class _Builder:
             for t in terms:
                 if t not in inlined:
                     note = (f"multiplied out  {to_text(t)} (a partial product of the forward) into the "
-                            f"contraction of {self.contribution_of}: no order fixed by the forward's nesting "
-                            "(a part shared below, else the planner's reassociation by cost)")
+                            f"contraction of {self.contribution_of}: one chain, shared with no other "
+                            "gradient, ordered by the planner's reassociation (cost model)")
                     if note not in self.contraction_notes:
                         self.contraction_notes.append(note)
         return out
@@ -720,13 +723,13 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*"))
-                                        for op, f in self.multiplied_out(factors, e.indices, e.name)]
+                flat = self.multiplied_out(factors, e.indices, e.name)
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in flat]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
                         chain.append(("*", Access(self.ones_vector(n, k), (k,))))
-                out.append(_Contribution(e.name, e.indices, chain, negate, target.name))
+                out.append(_Contribution(e.name, e.indices, chain, negate, target.name, flat != factors))
             elif isinstance(e, Binary):
                 (lf, ln), (rf, rn) = binary_factors(e.op, e.left, e.right)
                 walk(e.left, factors + lf, negate ^ ln, scope)
