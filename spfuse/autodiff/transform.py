@@ -32,7 +32,7 @@ Choices made visible by :meth:`Adjoint.describe`:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 from spfuse.errors import ProgramError, UnsupportedError
@@ -75,6 +75,12 @@ class Adjoint:
     #: how each gradient's contractions were written: multiplied out (their
     #: order the planner's) or shared between gradients
     contractions: tuple[str, ...] = ()
+    #: the same gradients with parts of the multiplied-out chains computed
+    #: once and shared (fewer multiply-adds, one statement more): which of
+    #: the two runs faster is measured by the first backward pass
+    #: (:func:`~spfuse.autodiff.run.run_adjoint`), as the cost model does not
+    #: price a statement's fixed cost; it reads the same operands
+    alternative: Adjoint | None = None
 
     @property
     def text(self) -> str:
@@ -125,6 +131,10 @@ class Adjoint:
         if self.program is not None:
             lines.append("program:")
             lines.extend("  " + line for line in self.text.splitlines())
+        if self.alternative is not None:
+            lines.append("alternative (measured against the program above on the first backward pass):")
+            lines.extend("  " + line for line in self.alternative.contractions if line.startswith("shared"))
+            lines.extend("  " + line for line in self.alternative.text.splitlines())
         return "\n".join(lines)
 
 
@@ -181,10 +191,12 @@ class _ProductChain:
     source_contribution: _Contribution
 
 
-def _product_chains(contributions) -> list[_ProductChain]:
+def _product_chains(contributions, planner_ordered: bool = False) -> list[_ProductChain]:
+    """The contributions whose chains are all products (``planner_ordered``:
+    also those with a forward partial product multiplied out)."""
     out = []
     for c in contributions:
-        if all(op == "*" for op, _ in c.chain) and not c.planner_ordered:
+        if all(op == "*" for op, _ in c.chain) and (planner_ordered or not c.planner_ordered):
             chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
             if len(chain) > 2:
                 out.append(_ProductChain(chain, c.indices, c.negate, c))
@@ -509,12 +521,13 @@ class _Contribution:
 class _Builder:
     """One adjoint derivation (mutable scratch state, used once)."""
 
-    def __init__(self, forward: Program, wrt, cotangents, sparse, policy):
+    def __init__(self, forward: Program, wrt, cotangents, sparse, policy, share_ordered: bool = False):
         self.forward = forward
         self.wrt = wrt
         self.sparse = sparse
         self.on_pattern: set[str] = set()  # hoisted temporaries recomputed on a sparse pattern
         self.policy = policy
+        self.share_ordered = share_ordered   # share parts of chains whose order is otherwise the planner's
         all_names = set(forward.inputs) | set(forward.assigned)
         self.names = _Names(all_names)
         self.temporaries = set(forward.assigned) - set(forward.results)
@@ -606,8 +619,9 @@ class _Builder:
             for t in terms:
                 if t not in inlined:
                     note = (f"multiplied out  {to_text(t)} (a partial product of the forward) into the "
-                            f"contraction of {self.contribution_of}: one chain, shared with no other "
-                            "gradient, ordered by the planner's reassociation (cost model)")
+                            f"contraction of {self.contribution_of}: the forward's nesting fixes no order "
+                            "(the planner's reassociation orders it by cost"
+                            + (", after any part shared below)" if self.share_ordered else ")"))
                     if note not in self.contraction_notes:
                         self.contraction_notes.append(note)
         return out
@@ -842,7 +856,7 @@ class _Builder:
         rewrites the chains in place."""
         out: list[Assignment] = []
         while True:
-            best = _largest_shared(_product_chains(contributions), lambda common: [common], self.sparse_product)
+            best = _largest_shared(_product_chains(contributions, self.share_ordered), lambda common: [common], self.sparse_product)
             if best is None:
                 return out
             common, members, sparse = best
@@ -876,7 +890,7 @@ class _Builder:
 
         out: list[Assignment] = []
         while True:
-            best = _largest_shared(_product_chains(contributions), parts, self.dense_contraction)
+            best = _largest_shared(_product_chains(contributions, self.share_ordered), parts, self.dense_contraction)
             if best is None:
                 return out
             common, members, kept = best
@@ -1164,4 +1178,13 @@ def adjoint(program: str | Program, wrt: Iterable[str] | None = None,
             raise ValueError(f"a cotangent is given for {name!r}, which is not a result; "
                              f"results: {', '.join(results)}")
     sparse = frozenset(sparse) & set(inputs)
-    return _Builder(split_forward(program), wrt, cots, sparse, temporaries).build()
+    forward = split_forward(program)
+    adj = _Builder(forward, wrt, cots, sparse, temporaries).build()
+    shared = _Builder(forward, wrt, cots, sparse, temporaries, share_ordered=True).build()
+    if shared.program is None or adj.program is None or shared.program == adj.program:
+        return adj
+    same_operands = (shared.kept == adj.kept and shared.patterns == adj.patterns
+                     and shared.gradients == adj.gradients and shared.cotangents == adj.cotangents
+                     and all(adj.ones.get(n, k) == k for n, k in shared.ones.items())
+                     and all(adj.transposed.get(n, t) == t for n, t in shared.transposed.items()))
+    return replace(adj, alternative=shared) if same_operands else adj
