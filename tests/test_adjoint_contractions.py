@@ -72,6 +72,28 @@ def test_gcn_adjoint_contracts_no_forward_partial_product_again():
     assert "multiplied out  sum(j, A[i, j] * X[j, f])" in text
 
 
+def test_gcn_alternative_shares_the_transposed_product():
+    """The alternative computes Aᵀ·grad_Z once for grad_H and grad_W2 (one
+    statement more, nnz·classes less); it reads the same operands."""
+    adj = gcn_adjoint()
+    alt = adj.alternative
+    assert alt is not None and alt.alternative is None
+    shared = [s for s in alt.program.statements if {a.name for a in iter_accesses(s.value)} == {"A_T", "grad_Z"}]
+    assert len(shared) == 1, alt.text
+    name = shared[0].target.name
+    readers = sorted(s.target.name for s in alt.program.statements if name in {a.name for a in iter_accesses(s.value)})
+    assert readers == ["grad_H", "grad_W2"]
+    assert alt.gradients == adj.gradients and alt.kept == adj.kept and set(alt.program.inputs) <= set(
+        adj.program.inputs) | {"A_T"}
+    text = adj.describe()
+    assert "alternative (measured" in text and f"shared  {name}[j, c] = " in text
+
+
+def test_no_alternative_without_a_multiplied_out_chain():
+    assert adjoint("A[i,j] = B[i,j] * (C[i,k] * D[k,j])", ("C", "D"), sparse=("B",)).alternative is None
+    assert adjoint("A[i,l] = B[i,j,k] * C[j,l] * D[k,l]", ("C", "D"), sparse=("B",)).alternative is None
+
+
 @pytest.mark.parametrize("shape", [(2000, 16_000, 32, 16, 8), (34, 156, 34, 16, 2), (5000, 50_000, 128, 64, 4)])
 def test_gcn_adjoint_is_cheaper_than_the_nested_order(shape):
     """The planner's estimate of the whole adjoint (GCN-2000, karate and a
@@ -113,10 +135,29 @@ def test_gcn_gradients_match_torch(features, hidden, classes, wrt, rng):
     _, expected = torch_vjp(program, {"Z": cot}, wrt, ops)
     adj = adjoint(program, wrt, sparse=("A",))
     tensors = {n: as_tensor(v, name=n) for n, v in ops.items()}
-    for split in (False, True):   # both ways an adjoint program runs
-        got = run_adjoint(adj, tensors, {"Z": cot}, split=split)
-        for name in wrt:
-            np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, atol=1e-10, err_msg=name)
+    assert adj.alternative is not None
+    for variant in (adj, adj.alternative):   # both programs, both ways each runs
+        for split in (False, True):
+            got = run_adjoint(variant, tensors, {"Z": cot}, split=split)
+            for name in wrt:
+                np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, atol=1e-10, err_msg=name)
+    got = run_adjoint(adj, tensors, {"Z": cot})   # measured: the four ways, the fastest one's gradients
+    for name in wrt:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+def test_the_measurement_covers_both_programs(rng):
+    from spfuse.autodiff.run import execution_choices
+    ops = gcn_operands(rng, 13, 4, 6, 3)
+    k = spfuse.compile(GCN, A="csr")
+    k.vjp(rng.standard_normal((13, 3)), wrt=("W1", "W2"), **ops)
+    adj = gcn_adjoint()
+    choices = execution_choices(adj.program)   # (one per operand signature measured in this process)
+    assert choices
+    for choice in choices:
+        assert set(choice.seconds) == {(False, False), (False, True), (True, False), (True, True)}
+        assert choice.way in choice.seconds
+    assert "shared contractions, statement by statement" in k.explain_vjp(("W1", "W2"))
 
 
 CHAINS = [

@@ -856,7 +856,8 @@ class _Builder:
         rewrites the chains in place."""
         out: list[Assignment] = []
         while True:
-            best = _largest_shared(_product_chains(contributions, self.share_ordered), lambda common: [common], self.sparse_product)
+            best = _largest_shared(_product_chains(contributions, self.share_ordered), lambda common: [common],
+                                   self.sparse_product)
             if best is None:
                 return out
             common, members, sparse = best
