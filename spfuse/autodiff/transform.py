@@ -354,6 +354,24 @@ def _summed_within(e: Expr, inner: str, outer: str) -> bool:
     return any(_summed_within(c, inner, outer) for c in children(e))
 
 
+def _sum_body(t: Expr) -> tuple[list[str], Expr]:
+    """The indices of the plain sums ``t`` starts with, and what they sum.
+
+    >>> from spfuse.frontend.parser import parse_expression
+    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k])) * D[i]"))
+    >>> bound, to_text(body)
+    ([], 'sum(j, sum(k, B[i,j,k] * C[k])) * D[i]')
+    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k]))"))
+    >>> bound, to_text(body)
+    (['j', 'k'], 'B[i,j,k] * C[k]')
+    """
+    bound: list[str] = []
+    while isinstance(t, Reduce) and t.op == "sum" and t.pattern is None:
+        bound.append(t.index)
+        t = t.body
+    return bound, t
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -629,10 +647,10 @@ class _Builder:
     def contracted_terms(self, t: Expr, wanted: tuple[str, ...] | None, around: list[Expr]) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain, when
         the gradient sums some of ``t``'s free indices too: the chain is then
-        one contraction of several factors, whose order (and whether a part
-        of it is shared with another gradient) is left to the planner's
-        reassociation and the cost model instead of being fixed here by the
-        forward's nesting.  GCN's ``grad_W2[h,c] = sum(i, grad_Z[i,c] *
+        one contraction of several factors, whose order is left to the
+        planner's reassociation (cost model) instead of being fixed here by
+        the forward's nesting; the adjoint's ``alternative`` shares a part of
+        it with another gradient (measured against this on the first run).  GCN's ``grad_W2[h,c] = sum(i, grad_Z[i,c] *
         sum(j, A[i,j] * H[j,h]))`` becomes ``sum(i, j, grad_Z[i,c] * A[i,j] *
         H[j,h])``, which may run as ``Hᵀ·(Aᵀ·grad_Z)`` (``nnz·C`` instead of
         ``nnz·H``).  Not when ``t`` is masked -- a sparse input in the
@@ -641,11 +659,7 @@ class _Builder:
         ``t`` sums -- since the planner's chains are plain contractions."""
         if wanted is None or not isinstance(t, Reduce):
             return None
-        bound: list[str] = []
-        body = t
-        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
-            bound.append(body.index)
-            body = body.body
+        bound, body = _sum_body(t)
         terms = _product_terms(body)
         free = set(free_indices(t))
         if not bound or isinstance(body, Reduce) or len(terms) < 2 or free <= set(wanted) \
@@ -665,11 +679,8 @@ class _Builder:
         if not (isinstance(t, Reduce) and t.op == "sum" and t.pattern is None):
             return False
         free = set(free_indices(t))
-        body = t.body
-        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
-            body = body.body
         return any(isinstance(u, Access) and u.name in self.sparse and set(u.indices) == free
-                   and len(u.indices) == len(free) for u in _product_terms(body))
+                   and len(u.indices) == len(free) for u in _product_terms(_sum_body(t)[1]))
 
     def projection_terms(self, t: Expr) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain
@@ -681,11 +692,7 @@ class _Builder:
         an MTTKRP of its own.  A sum over trailing modes (SpTTM's ``sum(k,
         B[i,j,k] * C[k,l])``, on B's (i, j) fibers) is hoisted as before.
         The bound indices are unique in the statement, so nothing clashes."""
-        bound: list[str] = []
-        body = t
-        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
-            bound.append(body.index)
-            body = body.body
+        bound, body = _sum_body(t)
         terms = _product_terms(body)
         if not bound or not all(isinstance(u, Access) for u in terms):
             return None
