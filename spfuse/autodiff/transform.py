@@ -360,10 +360,10 @@ def _sum_body(t: Expr) -> tuple[list[str], Expr]:
     >>> from spfuse.frontend.parser import parse_expression
     >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k])) * D[i]"))
     >>> bound, to_text(body)
-    ([], 'sum(j, sum(k, B[i,j,k] * C[k])) * D[i]')
+    ([], 'sum(j, k, B[i, j, k] * C[k]) * D[i]')
     >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k]))"))
     >>> bound, to_text(body)
-    (['j', 'k'], 'B[i,j,k] * C[k]')
+    (['j', 'k'], 'B[i, j, k] * C[k]')
     """
     bound: list[str] = []
     while isinstance(t, Reduce) and t.op == "sum" and t.pattern is None:
