@@ -419,7 +419,8 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
         if saved:
             ops.update(saved)
         program = adj.program
-        reads = {n for v in variants for n in v.program.inputs}
+        reads = set(program.inputs) | (set(alternative.program.inputs) if alternative is not None
+                                       and alternative.program is not None else set())
         missing = [adj.cotangents[r] for r in adj.cotangents if adj.cotangents[r] in reads
                    and adj.cotangents[r] not in ops]
         for name in missing:  # a result without a cotangent contributes nothing
@@ -427,6 +428,7 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             ops[name] = np.zeros(_result_shapes(adj.forward, tuple(sorted(shapes.items())))[result], dtype=dtype)
         if alternative is not None:
             # (shared, split) ways, each program one statement at a time when long
+            assert alternative.program is not None
             programs = {False: program, True: alternative.program}
             ways = tuple((shared, s) for shared, p in programs.items() for s in (False, True)
                          if not (s and len(p.statements) < 2) and not (not s and len(p.statements) > SPLIT_ABOVE))
