@@ -32,9 +32,11 @@ def forced(monkeypatch):
     """Force the measured choice one way (``forced(True)``: statement by statement)."""
     def force(split: bool):
         def measure(self, run, clock=None):
+            # (an adjoint with an alternative measures (shared, split) ways: its own program is forced)
+            self.way = split if self.ways == (False, True) else (False, split)
             self.split = split
-            self.seconds = {False: 0.0, True: 0.0}
-            return run(split)
+            self.seconds = {w: 0.0 for w in self.ways}
+            return run(self.way)
         monkeypatch.setattr(adrun.ExecutionChoice, "measure", measure)
         adrun._choices.clear()
     yield force

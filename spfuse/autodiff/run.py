@@ -217,12 +217,22 @@ class ExecutionChoice:
     round, and statement by statement must win by :data:`MARGIN` (a near
     tie goes to the one fused program: fewer calls, one plan).
 
+    An adjoint with an :attr:`~spfuse.autodiff.transform.Adjoint.alternative`
+    measures four ways, ``(shared, split)``: the first way (its own program,
+    fused) is kept unless another wins by :data:`MARGIN` (here 4.7 against 5
+    does not).
+
     >>> c = ExecutionChoice()
     >>> c.measure(lambda split: "split" if split else "fused",
     ...           clock=iter([0, 5, 0, 1, 0, 6, 0, 2, 0, 7, 0, 3]).__next__)
     'split'
     >>> c.split, c.describe()
     (True, 'execution: statement by statement (measured 5e+03 ms fused, 1e+03 ms statement by statement)')
+    >>> c = ExecutionChoice(((False, False), (True, True)))
+    >>> c.measure(lambda way: way, clock=iter([0, 5, 0, 4.7, 0, 6, 0, 4.7, 0, 7, 0, 4.7]).__next__)
+    (False, False)
+    >>> print(c.describe())  # doctest: +ELLIPSIS
+    execution: as one fused program (measured 5e+03 ms as one fused program, 4.7e+03 ms shared contractions, ...
     """
 
     #: timed rounds per way
@@ -230,31 +240,47 @@ class ExecutionChoice:
     #: how much faster statement by statement must be to be chosen
     MARGIN = 0.1
 
-    def __init__(self):
-        self.seconds: dict[bool, float] = {}
+    def __init__(self, ways: tuple = (False, True)):
+        self.ways = tuple(ways)   # split, or (shared, split); the first is the default
+        self.seconds: dict[Any, float] = {}
+        self.way: Any = None
         self.split: bool | None = None
 
-    def measure(self, run: Callable[[bool], Any], clock: Callable[[], float] = time.process_time) -> Any:
-        """Run ``run(split)`` both ways: once to plan, then :data:`ROUNDS` timed
+    def measure(self, run: Callable[[Any], Any], clock: Callable[[], float] = time.process_time) -> Any:
+        """Run ``run(way)`` every way: once to plan, then :data:`ROUNDS` timed
         rounds alternating the ways (the best of each counts); the winner's result."""
         results = {}
-        for way in (False, True):
+        for way in self.ways:
             run(way)  # plans
         for _ in range(self.ROUNDS):
-            for way in (False, True):
+            for way in self.ways:
                 start = clock()
                 results[way] = run(way)
                 self.seconds[way] = min(self.seconds.get(way, float("inf")), clock() - start)
-        self.split = self.seconds[True] < (1.0 - self.MARGIN) * self.seconds[False]
-        return results[self.split]
+        first = self.ways[0]
+        best = min(self.ways, key=self.seconds.__getitem__)
+        if not self.seconds[best] < (1.0 - self.MARGIN) * self.seconds[first]:
+            best = first
+        self.way = best
+        self.split = best[1] if isinstance(best, tuple) else best
+        return results[best]
+
+    @staticmethod
+    def _label(way) -> str:
+        if isinstance(way, tuple):
+            shared, split = way
+            return ("shared contractions, " if shared else "") + ExecutionChoice._label(split)
+        return "statement by statement" if way else "as one fused program"
 
     def describe(self) -> str:
         """The measurement and the choice, in words."""
         if self.split is None:
             return "execution: not measured yet"
-        way = "statement by statement" if self.split else "as one fused program"
-        return (f"execution: {way} (measured {1e3 * self.seconds[False]:.3g} ms fused, "
-                f"{1e3 * self.seconds[True]:.3g} ms statement by statement)")
+        if self.ways == (False, True):
+            return (f"execution: {self._label(self.split)} (measured {1e3 * self.seconds[False]:.3g} ms fused, "
+                    f"{1e3 * self.seconds[True]:.3g} ms statement by statement)")
+        measured = ", ".join(f"{1e3 * self.seconds[w]:.3g} ms {self._label(w)}" for w in self.ways)
+        return f"execution: {self._label(self.way)} (measured {measured})"
 
 
 _choices: dict = {}
@@ -285,15 +311,15 @@ def execution_choices(program: Program) -> list[ExecutionChoice]:
     return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
-def _measured(key: tuple, run: Callable[[bool], Any]) -> Any:
-    """``run(split)`` the way measured for ``key`` (measuring it on the first call)."""
+def _measured(key: tuple, run: Callable[[Any], Any], ways: tuple = (False, True)) -> Any:
+    """``run(way)`` the way measured for ``key`` (measuring ``ways`` on the first call)."""
     choice = _choices.get(key)
     if choice is None:
         if len(_choices) >= _MAX_CHOICES:
             _choices.pop(next(iter(_choices)))
-        choice = _choices[key] = ExecutionChoice()
+        choice = _choices[key] = ExecutionChoice(ways)
         return choice.measure(run)
-    return run(bool(choice.split))
+    return run(choice.way)
 
 
 def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *, fusion: str = "auto",
@@ -351,7 +377,9 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
     forward temporaries (computed here from ``tensors`` when not given).
     ``split``: run the adjoint program as one fused program (False) or one
     statement at a time (True); by default split when it has more than
-    :data:`SPLIT_ABOVE` statements, else measured (:class:`ExecutionChoice`).
+    :data:`SPLIT_ABOVE` statements, else measured (:class:`ExecutionChoice`);
+    an adjoint with an ``alternative`` (contractions shared) measures both
+    programs both ways, unless ``split`` is given (``adj.program`` then runs).
     ``trusted``: names in ``tensors`` validated by the caller in this call
     (not scanned again per statement); the operands made here from them,
     the kept temporaries and the transposes are trusted too.
@@ -374,24 +402,39 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             ops[pattern] = t.with_values(np.ones(t.nnz, dtype=t.dtype))
             if name in trusted:   # (its index arrays)
                 trusted.add(pattern)
-        for name, transposed in adj.transposed.items():
-            ops[transposed] = transposed_csr(tensors[name])
-            if name in trusted:
-                trusted.add(transposed)
-        if adj.ones:
+        # the alternative (shared contractions) reads the same operands, maybe not all of them
+        alternative = adj.alternative if split is None else None
+        variants = (adj,) if alternative is None else (adj, alternative)
+        for v in variants:
+            for name, transposed in v.transposed.items():
+                if transposed not in ops:
+                    ops[transposed] = transposed_csr(tensors[name])
+                    if name in trusted:
+                        trusted.add(transposed)
+        ones = {n: k for v in variants for n, k in v.ones.items()}
+        if ones:
             extents = _extents(adj.forward, tuple(sorted(shapes.items())))
-            for name, (statement, index) in adj.ones.items():
+            for name, (statement, index) in ones.items():
                 ops[name] = np.ones(extents[statement][index], dtype=dtype)
         if saved:
             ops.update(saved)
         program = adj.program
-        reads = set(program.inputs)
+        reads = set(program.inputs) | (set(alternative.program.inputs) if alternative is not None
+                                       and alternative.program is not None else set())
         missing = [adj.cotangents[r] for r in adj.cotangents if adj.cotangents[r] in reads
                    and adj.cotangents[r] not in ops]
         for name in missing:  # a result without a cotangent contributes nothing
             result = next(r for r, c in adj.cotangents.items() if c == name)
             ops[name] = np.zeros(_result_shapes(adj.forward, tuple(sorted(shapes.items())))[result], dtype=dtype)
-        if split is not None or len(program.statements) < 2:
+        if alternative is not None:
+            # (shared, split) ways, each program one statement at a time when long
+            assert alternative.program is not None
+            programs = {False: program, True: alternative.program}
+            ways = tuple((shared, s) for shared, p in programs.items() for s in (False, True)
+                         if not (s and len(p.statements) < 2) and not (not s and len(p.statements) > SPLIT_ABOVE))
+            raw = _measured((program, _signature(ops), fusion, num_threads), lambda way: (
+                _run_split if way[1] else _run_fused)(programs[way[0]], ops, fusion, num_threads, trusted), ways)
+        elif split is not None or len(program.statements) < 2:
             raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted)
         elif len(program.statements) > SPLIT_ABOVE:
             raw = _run_split(program, ops, fusion, num_threads, trusted)

@@ -32,7 +32,7 @@ Choices made visible by :meth:`Adjoint.describe`:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spfuse.autodiff.rules import ONE, ZERO, apply_factor, binary_factors, unary_factors, where_factors
 from spfuse.errors import ProgramError, UnsupportedError
@@ -72,6 +72,15 @@ class Adjoint:
     reasons: Mapping[str, str] = field(default_factory=dict)
     saved: Mapping[str, str] = field(default_factory=dict)   # kept temporary -> name it is saved under
     transposed: Mapping[str, str] = field(default_factory=dict)  # sparse input -> operand holding its transpose
+    #: how each gradient's contractions were written: multiplied out (their
+    #: order the planner's) or shared between gradients
+    contractions: tuple[str, ...] = ()
+    #: the same gradients with parts of the multiplied-out chains computed
+    #: once and shared (fewer multiply-adds, one statement more): which of
+    #: the two runs faster is measured by the first backward pass
+    #: (:func:`~spfuse.autodiff.run.run_adjoint`), as the cost model does not
+    #: price a statement's fixed cost; it reads the same operands
+    alternative: Adjoint | None = None
 
     @property
     def text(self) -> str:
@@ -115,12 +124,17 @@ class Adjoint:
             lines.append(f"transposed  {name} (read as {t}, the CSR of its transpose: its rows are summed)")
         for name in (*self.kept, *self.recomputed):
             lines.append(f"temporary {name}: {self.reasons[name]}")
+        lines.extend(self.contractions)
         zero = [n for n in self.wrt if n not in self.gradients]
         if zero:
             lines.append("zero gradient (no path from a cotangent)  " + ", ".join(zero))
         if self.program is not None:
             lines.append("program:")
             lines.extend("  " + line for line in self.text.splitlines())
+        if self.alternative is not None:
+            lines.append("alternative (measured against the program above on the first backward pass):")
+            lines.extend("  " + line for line in self.alternative.contractions if line.startswith("shared"))
+            lines.extend("  " + line for line in self.alternative.text.splitlines())
         return "\n".join(lines)
 
 
@@ -177,10 +191,12 @@ class _ProductChain:
     source_contribution: _Contribution
 
 
-def _product_chains(contributions) -> list[_ProductChain]:
+def _product_chains(contributions, planner_ordered: bool = False) -> list[_ProductChain]:
+    """The contributions whose chains are all products (``planner_ordered``:
+    also those with a forward partial product multiplied out)."""
     out = []
     for c in contributions:
-        if all(op == "*" for op, _ in c.chain):
+        if all(op == "*" for op, _ in c.chain) and (planner_ordered or not c.planner_ordered):
             chain = [("*", t) for _, f in c.chain for t in _product_terms(f)]
             if len(chain) > 2:
                 out.append(_ProductChain(chain, c.indices, c.negate, c))
@@ -325,6 +341,37 @@ def _product(terms: list[Expr]) -> Expr:
     return out
 
 
+def _summed_within(e: Expr, inner: str, outer: str) -> bool:
+    """Is a sum over ``inner`` nested inside the sum over ``outer`` in ``e``?
+
+    >>> from spfuse.frontend.parser import parse_expression
+    >>> e = parse_expression("sum(j, sum(i, G[i,h] * A[i,j]) * X[j,f])")
+    >>> _summed_within(e, "i", "j"), _summed_within(e, "j", "i")
+    (True, False)
+    """
+    if isinstance(e, Reduce) and e.index == outer:
+        return any(isinstance(x, Reduce) and x.index == inner for x in _subexpressions(e.body))
+    return any(_summed_within(c, inner, outer) for c in children(e))
+
+
+def _sum_body(t: Expr) -> tuple[list[str], Expr]:
+    """The indices of the plain sums ``t`` starts with, and what they sum.
+
+    >>> from spfuse.frontend.parser import parse_expression
+    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k])) * D[i]"))
+    >>> bound, to_text(body)
+    ([], 'sum(j, k, B[i, j, k] * C[k]) * D[i]')
+    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k]))"))
+    >>> bound, to_text(body)
+    (['j', 'k'], 'B[i, j, k] * C[k]')
+    """
+    bound: list[str] = []
+    while isinstance(t, Reduce) and t.op == "sum" and t.pattern is None:
+        bound.append(t.index)
+        t = t.body
+    return bound, t
+
+
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -459,6 +506,9 @@ class _Contribution:
     chain: list          # [(op, expr)], the first one ("*", cotangent access)
     negate: bool
     source: str = ""     # the forward statement's target
+    #: a forward partial product was multiplied out into the chain: its
+    #: contraction order is the planner's, no part of it is shared
+    planner_ordered: bool = False
 
     def expression(self, mapping: Mapping[str, str], target: tuple[str, ...]) -> Expr:
         """The contribution as one expression (indices renamed by ``mapping``)
@@ -474,7 +524,12 @@ class _Contribution:
                     last[k] = pos
         term: Expr = chain[0][1]
         for pos, (op, f) in enumerate(chain):
-            if pos:
+            if pos and op == "*" and isinstance(term, Reduce) and target and isinstance(f, Access) \
+                    and target[0] in f.indices and target[0] not in free_indices(term):
+                # a finished contraction times the factor holding the first output index:
+                # written first, the product (a GEMM) stores its result in the output's order
+                term = Binary("*", f, term)
+            elif pos:
                 term = apply_factor(term, op, f)
             for k in reversed([k for k, p in last.items() if p == pos]):
                 term = Reduce("sum", k, term)
@@ -484,18 +539,20 @@ class _Contribution:
 class _Builder:
     """One adjoint derivation (mutable scratch state, used once)."""
 
-    def __init__(self, forward: Program, wrt, cotangents, sparse, policy):
+    def __init__(self, forward: Program, wrt, cotangents, sparse, policy, share_ordered: bool = False):
         self.forward = forward
         self.wrt = wrt
         self.sparse = sparse
         self.on_pattern: set[str] = set()  # hoisted temporaries recomputed on a sparse pattern
         self.policy = policy
+        self.share_ordered = share_ordered   # share parts of chains whose order is otherwise the planner's
         all_names = set(forward.inputs) | set(forward.assigned)
         self.names = _Names(all_names)
         self.temporaries = set(forward.assigned) - set(forward.results)
         self.hoisted: dict[Expr, Access] = {}
         self.transposed: dict[str, str] = {}
         self.hoisted_statements: list[Assignment] = []
+        self.contraction_notes: list[str] = []
         self.ones: dict[str, tuple[int, str]] = {}
         self.ones_by_key: dict[tuple[int, str], str] = {}
         self.grad = {r: self.names.fresh(f"grad_{r}") for r in cotangents}
@@ -558,6 +615,73 @@ class _Builder:
         assert out is not None
         return out
 
+    def multiplied_out(self, factors: list, wanted: tuple[str, ...], name: str) -> list:
+        """``factors`` with every sum :meth:`contracted_terms` accepts
+        replaced by its product terms, each a factor of its own (so that the
+        sums of the gradient nest in the chain's order, one contraction after
+        another)."""
+        around = [g for op, f in factors if op == "*" for g in _product_terms(f)]
+        self.contribution_of = f"the gradient of {name}"
+        out = []
+        for op, f in factors:
+            if op != "*":   # (a divisor or a selection is a factor as it is)
+                out.append((op, f))
+                continue
+            terms = _product_terms(f)
+            inlined = [u for t in terms for u in (
+                None if self.projection_terms(t) else self.contracted_terms(t, wanted, around)) or [t]]
+            if inlined == terms:
+                out.append((op, f))
+                continue
+            out.extend(("*", u) for u in inlined)
+            for t in terms:
+                if t not in inlined:
+                    note = (f"multiplied out  {to_text(t)} (a partial product of the forward) into the "
+                            f"contraction of {self.contribution_of}: the forward's nesting fixes no order "
+                            "(the planner's reassociation orders it by cost"
+                            + (", after any part shared below)" if self.share_ordered else ")"))
+                    if note not in self.contraction_notes:
+                        self.contraction_notes.append(note)
+        return out
+
+    def contracted_terms(self, t: Expr, wanted: tuple[str, ...] | None, around: list[Expr]) -> list[Expr] | None:
+        """The product terms of a sum ``t`` to multiply into the chain, when
+        the gradient sums some of ``t``'s free indices too: the chain is then
+        one contraction of several factors, whose order is left to the
+        planner's reassociation (cost model) instead of being fixed here by
+        the forward's nesting; the adjoint's ``alternative`` shares a part of
+        it with another gradient (measured against this on the first run).  GCN's ``grad_W2[h,c] = sum(i, grad_Z[i,c] *
+        sum(j, A[i,j] * H[j,h]))`` becomes ``sum(i, j, grad_Z[i,c] * A[i,j] *
+        H[j,h])``, which may run as ``Hᵀ·(Aᵀ·grad_Z)`` (``nnz·C`` instead of
+        ``nnz·H``).  Not when ``t`` is masked -- a sparse input in the
+        chain (``around``) over exactly its free indices (SDDMM: ``t`` is
+        then computed on that pattern) or one in ``t`` that reads no index
+        ``t`` sums -- since the planner's chains are plain contractions."""
+        if wanted is None or not isinstance(t, Reduce):
+            return None
+        bound, body = _sum_body(t)
+        terms = _product_terms(body)
+        free = set(free_indices(t))
+        if not bound or isinstance(body, Reduce) or len(terms) < 2 or free <= set(wanted) \
+                or not all(isinstance(u, Access) or self.on_a_pattern(u) for u in terms):
+            return None
+        if any(isinstance(g, Access) and g.name in self.sparse and set(g.indices) == free for g in around):
+            return None
+        if any(isinstance(u, Access) and u.name in self.sparse and not set(u.indices) & set(bound) for u in terms):
+            return None
+        return terms
+
+    def on_a_pattern(self, t: Expr) -> bool:
+        """Is ``t`` a sum over a product with a sparse input that reads
+        exactly its free indices (an SDDMM: ``sum(k, B[i,j] * C[i,k] *
+        D[j,k])``)?  Multiplied into a chain, it is hoisted whole, stored on
+        that input's pattern: one sparse factor of the chain."""
+        if not (isinstance(t, Reduce) and t.op == "sum" and t.pattern is None):
+            return False
+        free = set(free_indices(t))
+        return any(isinstance(u, Access) and u.name in self.sparse and set(u.indices) == free
+                   and len(u.indices) == len(free) for u in _product_terms(_sum_body(t)[1]))
+
     def projection_terms(self, t: Expr) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain
         themselves, when stored ``t`` would be a projection of a sparse input
@@ -568,11 +692,7 @@ class _Builder:
         an MTTKRP of its own.  A sum over trailing modes (SpTTM's ``sum(k,
         B[i,j,k] * C[k,l])``, on B's (i, j) fibers) is hoisted as before.
         The bound indices are unique in the statement, so nothing clashes."""
-        bound: list[str] = []
-        body = t
-        while isinstance(body, Reduce) and body.op == "sum" and body.pattern is None:
-            bound.append(body.index)
-            body = body.body
+        bound, body = _sum_body(t)
         terms = _product_terms(body)
         if not bound or not all(isinstance(u, Access) for u in terms):
             return None
@@ -624,12 +744,13 @@ class _Builder:
                     raise UnsupportedError(
                         f"gradient through {to_text(e)}: an operand read with a repeated index "
                         "(a diagonal) is not differentiated; give the diagonal as its own operand")
-                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in factors]
+                flat = self.multiplied_out(factors, e.indices, e.name)
+                chain = [("*", cot)] + [(op, self.hoist_factor(f, base, factors, op == "*")) for op, f in flat]
                 present = {k for _, f in chain for k in free_indices(f)}
                 for k in scope:
                     if k not in present:  # broadcast, or a sum over an index the term lacks
                         chain.append(("*", Access(self.ones_vector(n, k), (k,))))
-                out.append(_Contribution(e.name, e.indices, chain, negate, target.name))
+                out.append(_Contribution(e.name, e.indices, chain, negate, target.name, flat != factors))
             elif isinstance(e, Binary):
                 (lf, ln), (rf, rn) = binary_factors(e.op, e.left, e.right)
                 walk(e.left, factors + lf, negate ^ ln, scope)
@@ -685,6 +806,11 @@ class _Builder:
         off_pattern = Binary("*", Binary("-", extent, stored), Where(extremum, ZERO, ONE))
         return self.hoist(Binary("+", on_pattern, off_pattern), base)
 
+    def note_shared(self, shared: Access, value: Expr, names: list[str]) -> None:
+        self.contraction_notes.append(
+            f"shared  {to_text(Assignment(shared, value))}: computed once, read by the gradients of "
+            + ", ".join(dict.fromkeys(names)))
+
     def share_sparse_prefixes(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
         """Compute once the product-chain prefix several contributions of one
         statement share, when it is sparse: the cotangent times a sparse
@@ -722,6 +848,7 @@ class _Builder:
                 for c in members:
                     c.negate = False
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.name for c in members])
             for c in members:
                 c.chain = [("*", shared)] + c.chain[len(prefix):]
 
@@ -736,7 +863,8 @@ class _Builder:
         rewrites the chains in place."""
         out: list[Assignment] = []
         while True:
-            best = _largest_shared(_product_chains(contributions), lambda common: [common], self.sparse_product)
+            best = _largest_shared(_product_chains(contributions, self.share_ordered), lambda common: [common],
+                                   self.sparse_product)
             if best is None:
                 return out
             common, members, sparse = best
@@ -749,6 +877,7 @@ class _Builder:
                     c.source_contribution.negate = False
             shared = Access(self.names.fresh(f"grad_{target}_p"), sparse.indices)
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.source_contribution.name for c in members])
             _take_out(shared, common, members)
 
     def share_dense_contractions(self, target: str, contributions: list[_Contribution]) -> list[Assignment]:
@@ -769,13 +898,19 @@ class _Builder:
 
         out: list[Assignment] = []
         while True:
-            best = _largest_shared(_product_chains(contributions), parts, self.dense_contraction)
+            best = _largest_shared(_product_chains(contributions, self.share_ordered), parts, self.dense_contraction)
             if best is None:
                 return out
             common, members, kept = best
+            # a sparse matrix summed over its rows: stored by its columns, read as its transpose's rows
+            sparse = self.sparse | {h.target.name for h in self.hoisted_statements if self.on_a_pattern(h.value)}
+            kept = tuple(sorted(kept, key=lambda ix: not any(
+                f.name in sparse and len(f.indices) == 2 and f.indices[1] == ix for f in common)))
             value = _Contribution("", kept, [("*", f) for f in common], False).expression({}, kept)
+            value = self.transpose_reads(value, kept, target)
             shared = Access(self.names.fresh(f"grad_{target}_c"), kept)
             out.append(Assignment(shared, value))
+            self.note_shared(shared, value, [c.source_contribution.name for c in members])
             _take_out(shared, common, members)
 
     def dense_contraction(self, common: list[Expr], members: list[_ProductChain]) -> tuple[str, ...] | None:
@@ -875,8 +1010,10 @@ class _Builder:
         if len(sparse) != 1 or self.structural_mask(source) is not None:
             return term
         acc = sparse[0]
-        if len(acc.indices) != 2 or acc.indices[0] in target or acc.indices[1] not in target:
+        if len(acc.indices) != 2 or acc.indices[0] in target:
             return term
+        if acc.indices[1] not in target and not _summed_within(term, acc.indices[0], acc.indices[1]):
+            return term   # (a column summed first: its rows scatter; summed after the row, as an SpMM's output)
         if len(target) == 1:
             return term   # a vector result: the rows scatter into it as stored (SpMV's adjoint is spmv_t)
         name = self.transposed.get(acc.name)
@@ -885,6 +1022,9 @@ class _Builder:
         swapped = Access(name, acc.indices[::-1])
 
         def walk(e: Expr) -> Expr:
+            if isinstance(e, Binary) and e.op == "*" and e.right == acc:
+                # written first: the SpMM over its rows stores its result row by row
+                return Binary("*", swapped, walk(e.left))
             return swapped if e == acc else map_children(e, walk)
 
         return walk(term)
@@ -949,7 +1089,7 @@ class _Builder:
         ones = {k: v for k, v in self.ones.items() if k in used}
         transposed = {n: t for n, t in self.transposed.items() if t in used}
         return Adjoint(forward, self.wrt, program, gradients, self.cotangents, self.patterns, ones,
-                       tuple(kept), tuple(recomputed), reasons, saved, transposed)
+                       tuple(kept), tuple(recomputed), reasons, saved, transposed, tuple(self.contraction_notes))
 
     def _on_pattern(self, statement) -> bool:
         """Is the statement's value a product with a sparse input read at the
@@ -1046,4 +1186,13 @@ def adjoint(program: str | Program, wrt: Iterable[str] | None = None,
             raise ValueError(f"a cotangent is given for {name!r}, which is not a result; "
                              f"results: {', '.join(results)}")
     sparse = frozenset(sparse) & set(inputs)
-    return _Builder(split_forward(program), wrt, cots, sparse, temporaries).build()
+    forward = split_forward(program)
+    adj = _Builder(forward, wrt, cots, sparse, temporaries).build()
+    shared = _Builder(forward, wrt, cots, sparse, temporaries, share_ordered=True).build()
+    if shared.program is None or adj.program is None or shared.program == adj.program:
+        return adj
+    same_operands = (shared.kept == adj.kept and shared.patterns == adj.patterns
+                     and shared.gradients == adj.gradients and shared.cotangents == adj.cotangents
+                     and all(adj.ones.get(n, k) == k for n, k in shared.ones.items())
+                     and all(adj.transposed.get(n, t) == t for n, t in shared.transposed.items()))
+    return replace(adj, alternative=shared) if same_operands else adj
