@@ -116,7 +116,7 @@ def test_spmv(kind, shape, it, dt, rng):
 @dtypes
 @itypes
 @cases
-@pytest.mark.parametrize("Kdim", [1, 7, 64, 300])
+@pytest.mark.parametrize("Kdim", [1, 2, 7, 8, 9, 64, 300])
 def test_spmm(kind, shape, it, dt, Kdim, rng):
     A = make_csr(kind, rng, *shape)
     ip, ind, val = arrays(A, it, dt)
@@ -128,6 +128,22 @@ def test_spmm(kind, shape, it, dt, Kdim, rng):
         return out
     got = both_threads(run)
     np.testing.assert_allclose(got, A.toarray() @ B.astype(np.float64), **tol(dt))
+
+
+@dtypes
+@cases
+def test_spmm_rows_in_registers_sum_as_the_workspace_rows(kind, shape, dt, rng):
+    # K <= 8 sums each row in registers; wider rows in a workspace: the
+    # same sequential sums, so the columns they share are bit-identical
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, np.int64, dt)
+    B = rng.standard_normal((shape[1], 9)).astype(dt)
+    wide = np.empty((shape[0], 9), dt)
+    K.spmm(ip, ind, val, B, wide, 1)
+    for k in (1, 3, 8):
+        narrow = np.empty((shape[0], k), dt)
+        K.spmm(ip, ind, val, np.ascontiguousarray(B[:, :k]), narrow, 2)
+        assert np.array_equal(narrow, wide[:, :k])
 
 
 @dtypes
