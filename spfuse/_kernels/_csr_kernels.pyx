@@ -223,7 +223,7 @@ cdef inline Py_ssize_t _row_in_registers(const index_t* ind, const floating* val
                                          Py_ssize_t K, size_t n) noexcept nogil:
     """``orow[0:K] = sum(p in p0:p1, val[p] * B[ind[p], 0:K])`` for ``K <= SMALL_K``,
     the sums in registers (a workspace row for a few columns costs a
-    store-reload per entry: 3-4x slower at K <= 8).  Each output is the same
+    store-reload per entry: about 2x slower at K <= 4 on cached operands).  Each output is the same
     sequential sum in double as the workspace path gives.  Returns -1, or
     the position of an index outside ``[0, n)``."""
     cdef double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0, a4 = 0.0, a5 = 0.0, a6 = 0.0, a7 = 0.0, v
