@@ -23,6 +23,7 @@ from spfuse.frontend.ast import Program
 from spfuse.ir.masks import TRUE
 from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, iter_nodes
+from spfuse.memo import attached_dict
 from spfuse.passes.build_trees import build_trees, op_extents
 from spfuse.passes.decompose import decompose
 from spfuse.passes.formats import FormatDecision, infer_formats
@@ -113,10 +114,7 @@ def without_propagation(plan: Plan, inputs: Mapping[str, TensorInfo]) -> Plan:
     (True, True)
     """
     key = tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length()) for n, i in inputs.items()))
-    remembered = plan.__dict__.get("_without_propagation")
-    if remembered is None:
-        remembered = {}
-        object.__setattr__(plan, "_without_propagation", remembered)
+    remembered = attached_dict(plan, "_without_propagation")
     fallback = remembered.get(key)
     if fallback is None:
         fallback = plan_program(plan.program, inputs, plan.fusion, propagate=False)

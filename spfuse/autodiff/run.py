@@ -21,6 +21,7 @@ from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.lowering.transposes import transposed_csr
+from spfuse.memo import attached_dict
 from spfuse.tensor import Tensor, as_tensor
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -130,10 +131,7 @@ def _forward_programs(adj: Adjoint, with_results: bool) -> tuple[Program | None,
     statement), per adjoint object (remembered on it): a training loop's
     every forward pass asks, and the content-keyed caches below cost a key
     built per call."""
-    ways = adj.__dict__.get("_forward_ways")
-    if ways is None:
-        ways = {}
-        object.__setattr__(adj, "_forward_ways", ways)
+    ways = attached_dict(adj, "_forward_ways")
     found = ways.get(with_results)
     if found is None:
         saving = _saving_program(adj, with_results)

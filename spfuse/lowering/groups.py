@@ -33,6 +33,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
+from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
@@ -1060,10 +1061,7 @@ def _transposed(t, nt: int):
 def _subplan(plan, g: Group):
     """The plan restricted to one group: earlier groups' temporaries are
     operands.  Made once per group (its lowering is cached on it)."""
-    made = plan.__dict__.get("_subplans")
-    if made is None:
-        made = {}
-        object.__setattr__(plan, "_subplans", made)
+    made = attached_dict(plan, "_subplans")
     sub = made.get(id(g))
     if sub is None or sub[0] is not g:
         names = {op.out for op in g.ops}

@@ -21,6 +21,7 @@ import numpy as np
 from spfuse.formats import Format, as_format
 from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset
+from spfuse.memo import attached_dict
 from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
@@ -577,10 +578,7 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
     ``prepare()``, when given, runs before any operand array is read (the
     call path scans unscanned operands there).
     ``key``: the operands' :func:`lowering_key`, when the caller knows it."""
-    cache = plan.__dict__.get("_lowered")
-    if cache is None:
-        cache = {}
-        object.__setattr__(plan, "_lowered", cache)
+    cache = attached_dict(plan, "_lowered")
     if key is None:
         key = lowering_key(operands)
     hit = cache.get(key)
