@@ -39,7 +39,14 @@ from spfuse.errors import ProgramError, UnsupportedError
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where, iter_accesses
 from spfuse.frontend.canonical import to_text
 from spfuse.frontend.parser import parse_program
-from spfuse.frontend.reductions import bound_indices, children, free_indices, make_reductions_explicit, map_children
+from spfuse.frontend.reductions import (
+    bound_indices,
+    children,
+    free_indices,
+    leading_sums,
+    make_reductions_explicit,
+    map_children,
+)
 from spfuse.passes.rename import all_indices
 
 __all__ = ["Adjoint", "adjoint", "TEMPORARY_POLICIES"]
@@ -354,24 +361,6 @@ def _summed_within(e: Expr, inner: str, outer: str) -> bool:
     return any(_summed_within(c, inner, outer) for c in children(e))
 
 
-def _sum_body(t: Expr) -> tuple[list[str], Expr]:
-    """The indices of the plain sums ``t`` starts with, and what they sum.
-
-    >>> from spfuse.frontend.parser import parse_expression
-    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k])) * D[i]"))
-    >>> bound, to_text(body)
-    ([], 'sum(j, k, B[i, j, k] * C[k]) * D[i]')
-    >>> bound, body = _sum_body(parse_expression("sum(j, sum(k, B[i,j,k] * C[k]))"))
-    >>> bound, to_text(body)
-    (['j', 'k'], 'B[i, j, k] * C[k]')
-    """
-    bound: list[str] = []
-    while isinstance(t, Reduce) and t.op == "sum" and t.pattern is None:
-        bound.append(t.index)
-        t = t.body
-    return bound, t
-
-
 def _has_reduce(e: Expr) -> bool:
     return isinstance(e, Reduce) or any(_has_reduce(c) for c in children(e))
 
@@ -659,7 +648,7 @@ class _Builder:
         ``t`` sums -- since the planner's chains are plain contractions."""
         if wanted is None or not isinstance(t, Reduce):
             return None
-        bound, body = _sum_body(t)
+        bound, body = leading_sums(t)
         terms = _product_terms(body)
         free = set(free_indices(t))
         if not bound or isinstance(body, Reduce) or len(terms) < 2 or free <= set(wanted) \
@@ -680,7 +669,7 @@ class _Builder:
             return False
         free = set(free_indices(t))
         return any(isinstance(u, Access) and u.name in self.sparse and set(u.indices) == free
-                   and len(u.indices) == len(free) for u in _product_terms(_sum_body(t)[1]))
+                   and len(u.indices) == len(free) for u in _product_terms(leading_sums(t)[1]))
 
     def projection_terms(self, t: Expr) -> list[Expr] | None:
         """The product terms of a sum ``t`` to multiply into the chain
@@ -692,7 +681,7 @@ class _Builder:
         an MTTKRP of its own.  A sum over trailing modes (SpTTM's ``sum(k,
         B[i,j,k] * C[k,l])``, on B's (i, j) fibers) is hoisted as before.
         The bound indices are unique in the statement, so nothing clashes."""
-        bound, body = _sum_body(t)
+        bound, body = leading_sums(t)
         terms = _product_terms(body)
         if not bound or not all(isinstance(u, Access) for u in terms):
             return None

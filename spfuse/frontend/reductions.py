@@ -14,7 +14,7 @@ import re
 from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Program, Reduce, Unary, Where
 
-__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices",
+__all__ = ["make_reductions_explicit", "free_indices", "children", "map_children", "bound_indices", "leading_sums",
            "reduce_index_position"]
 
 
@@ -73,6 +73,23 @@ def _rebuild(e: Expr, kids: list) -> Expr:
     if isinstance(e, Where):
         return Where(kids[0], kids[1], kids[2], e.span)
     return e
+
+
+def leading_sums(e: Expr) -> tuple[list[str], Expr]:
+    """The indices of the plain sums ``e`` starts with (outermost first),
+    and what they sum (a sum over a pattern is not plain).
+
+    >>> e = Reduce("sum", "j", Reduce("sum", "k", Binary("*", Access("B", ("i", "j", "k")), Access("C", ("k",)))))
+    >>> bound, body = leading_sums(e); bound, type(body).__name__
+    (['j', 'k'], 'Binary')
+    >>> leading_sums(Access("x", ("i",)))[0]
+    []
+    """
+    bound: list[str] = []
+    while isinstance(e, Reduce) and e.op == "sum" and e.pattern is None:
+        bound.append(e.index)
+        e = e.body
+    return bound, e
 
 
 def free_indices(e: Expr) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spfuse.frontend.ast import Access, Assignment, Binary, Expr, Literal, Reduce, Unary, Where, iter_accesses
-from spfuse.frontend.reductions import free_indices, map_children
+from spfuse.frontend.reductions import free_indices, leading_sums, map_children
 from spfuse.ir.ops import Ref
 from spfuse.ir.tree import Root
 from spfuse.passes.rename import all_indices as _all_indices
@@ -123,16 +123,14 @@ def lift_sums(e: Expr) -> tuple[tuple[str, ...], Expr] | None:
     return None if _has_reduce(e) else ((), e)
 
 
-def _spine(e: Expr, op: str | None = None) -> tuple[tuple[str, ...], str | None, Expr]:
+def _spine(e: Expr) -> tuple[tuple[str, ...], str | None, Expr]:
     """``(indices, op, body)`` of the sums at the top of ``e``, or of its
     one max/min (``sum(j, sum(k, b))`` -> ``(("j", "k"), "sum", b)``: one
     loop nest accumulates them; a max/min op reduces over one index)."""
-    if isinstance(e, Reduce) and e.pattern is None and (op is None or e.op == op == "sum"):
-        if e.op != "sum":
-            return (e.index,), e.op, e.body
-        inner, _, body = _spine(e.body, e.op)
-        return (e.index,) + inner, e.op, body
-    return (), op, e
+    if isinstance(e, Reduce) and e.pattern is None and e.op != "sum":
+        return (e.index,), e.op, e.body
+    bound, body = leading_sums(e)
+    return tuple(bound), ("sum" if bound else None), body
 
 
 def _respine(indices: tuple[str, ...], op: str | None, body: Expr) -> Expr:
