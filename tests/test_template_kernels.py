@@ -640,17 +640,13 @@ def test_spttm_spttm(kind, shape, it, dt, rng):
 # ---------------------------------------------------------------- dense
 @dtypes
 @pytest.mark.parametrize("mkn", [(7, 5, 3), (64, 33, 17), (0, 3, 4), (3, 0, 4), (3, 4, 0), (1, 1, 1)])
-def test_gemm_gemv(mkn, dt, rng):
+def test_gemm(mkn, dt, rng):
     m, k, n = mkn
     A = rng.standard_normal((m, k)).astype(dt)
     B = rng.standard_normal((k, n)).astype(dt)
     out = np.full((m, n), np.nan, dtype=dt)
     D.gemm(A, B, out)
     np.testing.assert_allclose(out, A.astype(np.float64) @ B.astype(np.float64), **tol(dt))
-    x = rng.standard_normal(k).astype(dt)
-    y = np.full(m, np.nan, dtype=dt)
-    D.gemv(A, x, y)
-    np.testing.assert_allclose(y, A.astype(np.float64) @ x.astype(np.float64), **tol(dt))
 
 
 @dtypes
@@ -659,6 +655,27 @@ def test_gemm_gemv(mkn, dt, rng):
 def test_gemm_thin_products_in_row_blocks(mkn, trans_a, trans_b, dt, rng):
     # thin products run as fixed row blocks on our own team (a tail block
     # included): the same bits on 1 and 2 threads, and numpy's answer
+    m, k, n = mkn
+    A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dt)
+    B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dt)
+
+    def run(nt):
+        out = np.full((m, n), np.nan, dtype=dt)
+        D.gemm(A, B, out, nt, trans_a=trans_a, trans_b=trans_b)
+        return out
+    got = both_threads(run)
+    want = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+@dtypes
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("mkn", [(700, 90, 80), (80, 90, 700), (33, 500, 31), (2000, 64, 130)])
+def test_gemm_wide_products_in_blocks_of_the_longer_side(mkn, trans_a, trans_b, dt, rng):
+    # with BLAS held to one thread, a wide product is cut along the longer
+    # side of out (rows, or columns when n > m; a tail block included)
+    from spfuse.runtime.blas_pool import hold_blas_once
+    hold_blas_once()
     m, k, n = mkn
     A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dt)
     B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dt)

@@ -155,3 +155,59 @@ def test_a_spinning_openblas_pool_is_seen_as_busy():
         if seen:
             break
     assert seen >= 1
+
+
+def _foreign_cpu_ticks(exclude) -> int:
+    """CPU time (clock ticks) this process's threads outside ``exclude`` have used."""
+    import os
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) in exclude:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:   # (a thread that ended meanwhile)
+            continue
+        total += int(fields[11]) + int(fields[12])   # utime, stime
+    return total
+
+
+@needs_openmp
+@needs_threadpoolctl
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_products_leave_scipys_blas_pool_asleep_and_its_setting_as_found():
+    """spfuse's products hold scipy's OpenBLAS to one thread and run their
+    blocks on spfuse's team: BLAS's own workers, which would busy-wait ~0.1 s
+    after each threaded call, never run.  The user's setting is restored."""
+    import os
+
+    from spfuse._kernels import _dense_kernels
+    from spfuse.runtime import blas_pool
+    path = blas_pool.hold_blas_once()
+    if path is None:
+        pytest.skip("scipy's BLAS is not a pthreads OpenBLAS with LP64 symbols")
+    if next(p for p in threadpoolctl.threadpool_info() if p["filepath"] == path)["num_threads"] < 2:
+        pytest.skip("scipy's OpenBLAS runs on one thread here")
+    A, B, out = np.ones((1500, 400)), np.ones((400, 300)), np.empty((1500, 300))
+    exclude = {*_config.team_thread_ids(2), threading.get_native_id(), os.getpid()}
+
+    def foreign_ticks_of_products():
+        before = _foreign_cpu_ticks(exclude)
+        for _ in range(10):
+            _dense_kernels.gemm(A, B, out, 2)
+        return _foreign_cpu_ticks(exclude) - before
+
+    import time
+    time.sleep(0.3)   # (a pool woken before this test has stopped spinning)
+    held = foreign_ticks_of_products()
+    _dense_kernels.hold_blas_to_one_thread(0, 0)   # control: BLAS on its own pool
+    try:
+        woken = foreign_ticks_of_products()
+    finally:
+        _dense_kernels.hold_blas_to_one_thread(*blas_pool._lp64_thread_symbols(path))
+    assert held <= max(2, woken // 4), (held, woken)
+    assert np.array_equal(out, A @ B)
+    with threadpoolctl.threadpool_limits(limits=3, user_api="blas"):
+        _dense_kernels.gemm(A, B, out, 2)
+        assert next(p for p in threadpoolctl.threadpool_info() if p["filepath"] == path)["num_threads"] == 3

@@ -38,6 +38,7 @@ from spfuse.passes.decompose import _product_factors
 from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
+from spfuse.runtime.blas_pool import hold_blas_once
 from spfuse.tensor import Tensor
 
 __all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
@@ -170,6 +171,7 @@ def _run_gemm(roles, out_shape, tensors, nt):
     X, xt = _blas_operand(tensors[x], xt, dtype)
     Y, yt = _blas_operand(tensors[y], yt, dtype)
     out = np.empty((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
+    hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
     _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
     return templates.c_ordered(out.T, nt) if ot else out
 
