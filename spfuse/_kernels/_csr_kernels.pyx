@@ -560,7 +560,9 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
         if ch > 0:
             PyErr_CheckSignals()
         with nogil:
-            for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+            # (dynamic: a thread whose core another process takes over leaves
+            # the remaining blocks to its teammate)
+            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
                 r0 = _block_chunk(ip, m, b, nb, ch, nch)
                 r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
                 # summed in a private variable, stored once: the blocks' sums share a cache line

@@ -308,6 +308,9 @@ def checked_operand(kernel: str, names) -> str:
     return next(n for n, (kind, _) in zip(names, SIGNATURES[kernel][1], strict=True) if kind == "csr")
 
 
+#: bilinear's fixed blocks: at most this many, of at least this many entries
+BILINEAR_MAX_BLOCKS, BILINEAR_BLOCK_ENTRIES = 16, 16384
+
 #: Per kernel, the dense factors (counted after the sparse operand) it reads
 #: transposed: SDDMM's D as Dᵀ rows, GNN-2's two Y reads as Yᵀ rows.
 _READ_TRANSPOSED = {"sddmm": (1,), "gnn2": (1, 2)}
@@ -325,8 +328,10 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
     if kernel == "bilinear":   # wᵀ·A·x: the SpMV's rows summed as made
         w, S = ts[0], ts[1]
         ip, ix, vals = _csr(S, itype, dtype)
+        # scalar partials cost nothing: many blocks, so that a thread slowed by
+        # another process is made up for; their count depends on nnz alone
         value, bad = csr.bilinear(ip, ix, vals, _dense(w, dtype), _dense(ts[2], dtype),
-                                  reduction_block_count(len(vals), 1), nt)
+                                  max(1, min(BILINEAR_MAX_BLOCKS, len(vals) // BILINEAR_BLOCK_ENTRIES)), nt)
         if bad >= 0:
             raise IndexCheckFailed(names[1], bad)
         return np.array(value, dtype)
