@@ -175,6 +175,23 @@ def test_tie_count_of_a_pattern_max_runs_on_the_pattern(rng):
     assert counts and all("A[i, j" in s.split("where(")[0] for s in counts), adj.text
 
 
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_a_pattern_extremums_bound_gets_no_gradient(op):
+    # max(j in A, S) = max(j, A/A * (S - c)) + c with c = min(j, A/A * S): the
+    # gradients c gets directly and back through ``- c`` cancel, so the adjoint
+    # differentiates neither c nor its ties, and counts the ties on A's pattern
+    from spfuse.autodiff.transform import pattern_extrema, split_forward
+    text = f"m[i] = {op}(j in A[i,j], S[i,j])"
+    assert pattern_extrema(split_forward(parse_program(text))) == {"m_term0": "m_term1"}
+    adj = adjoint(text, wrt=("S",), sparse=("A",))
+    assert "grad_m_term1" not in adj.text and "ones_" not in adj.text, adj.text
+    assert len(adj.program.statements) == 3, adj.text
+    # the plain reductions it is lowered to keep their full adjoint (implicit zeros take part)
+    plain = adjoint("m[i] = max(j, A[i,j] * S[i,j]) + min(j, A[i,j] * S[i,j])", wrt=("S",), sparse=("A",))
+    assert pattern_extrema(split_forward(parse_program(plain.forward.text))) == {}
+    assert "ones_" in plain.text
+
+
 @pytest.mark.parametrize("text", ["m[i] = max(j in A[i,j], S[i,j])", "m[i] = min(j in A[i,j], S[i,j])",
                                   "m[i] = max(j, A[i,j] * S[i,j])", "m[i] = min(j, A[i,j] * S[i,j])"])
 def test_pattern_extrema_gradients_with_off_pattern_ties(text, rng):
