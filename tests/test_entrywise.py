@@ -5,8 +5,7 @@ Their results must be the generic executor's bit for bit -- NaN (its
 sign aside), infinities and signed zeros included -- so each program runs twice, with
 the numpy path and with it switched off, and the results are compared
 exactly (and against numpy on dense operands).  The groups that must stay
-on the executor (reductions, transposed or broadcast reads, sparse
-operands, libm functions) do not qualify."""
+on the executor (reductions, sparse operands) do not qualify."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,22 +19,30 @@ from spfuse.lowering import groups
 from spfuse.lowering.entrywise import entrywise_group
 from spfuse.lowering.groups import split_groups
 
-#: program and numpy oracle (A n×m sparse, X m×k, Q n×k, D n×m, W k×k dense)
+#: program and numpy oracle (A n×m sparse, X m×k, Q n×k, D n×m, W k×k, b k dense)
 PROGRAMS = {
-    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", lambda A, X, Q, D, W: np.maximum(A @ X, 0.0)),
-    "gcn_layer": ("Y[i,h] = relu(A[i,j] * X[j,f] * W[f,h])", lambda A, X, Q, D, W: np.maximum(A @ X @ W, 0.0)),
+    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", lambda A, X, Q, D, W, b: np.maximum(A @ X, 0.0)),
+    "gcn_layer": ("Y[i,h] = relu(A[i,j] * X[j,f] * W[f,h])",
+                  lambda A, X, Q, D, W, b: np.maximum(A @ X @ W, 0.0)),
     "relu_gradient": ("T[i,h] = where(Q[i,h], Q[i,h], 0.0); Y[j,h] = sum(i, T[i,h] * D[i,j])",
-                      lambda A, X, Q, D, W: D.T @ np.where(Q != 0, Q, 0.0)),
+                      lambda A, X, Q, D, W, b: D.T @ np.where(Q != 0, Q, 0.0)),
     "arithmetic_tail": ("Y[i,h] = abs(A[i,j] * X[j,h]) / (sqrt(abs(Q[i,h])) + 1.0) - neg(Q[i,h]) * 2.0",
-                        lambda A, X, Q, D, W: np.abs(A @ X) / (np.sqrt(np.abs(Q)) + 1.0) + Q * 2.0),
+                        lambda A, X, Q, D, W, b: np.abs(A @ X) / (np.sqrt(np.abs(Q)) + 1.0) + Q * 2.0),
+    # a broadcast bias and libm's sigmoid (the autoencoder's encoder)
+    "bias_sigmoid": ("Y[i,h] = sigmoid(A[i,j] * X[j,h] + b[h])",
+                     lambda A, X, Q, D, W, b: 1.0 / (1.0 + np.exp(-(A @ X + b)))),
+    "libm_tail": ("Y[i,h] = exp(Q[i,h]) * tanh(A[i,j] * X[j,h]) + log(abs(Q[i,h]) + 1.0)",
+                  lambda A, X, Q, D, W, b: np.exp(Q) * np.tanh(A @ X) + np.log(np.abs(Q) + 1.0)),
+    # a transposed read (a numpy view) and a broadcast one
+    "transposed_and_broadcast": ("Y[f,h] = W[h,f] * b[h] + W[f,h]", lambda A, X, Q, D, W, b: W.T * b + W),
 }
 
 
 def _operands(rng, n, m, k, density, dtype, special: bool):
     A = sp.random_array((n, m), density=density, format="csr", rng=rng, dtype=np.float64)
     A.data = rng.standard_normal(A.nnz)
-    X, Q, D, W = (rng.standard_normal(s) for s in ((m, k), (n, k), (n, m), (k, k)))
-    for arr in (X, Q):
+    X, Q, D, W, b = (rng.standard_normal(s) for s in ((m, k), (n, k), (n, m), (k, k), (k,)))
+    for arr in (X, Q, b):
         arr[rng.random(arr.shape) < 0.3] = 0.0
         if special:   # the values where numpy and the executor could part ways
             picks = rng.random(arr.shape)
@@ -44,7 +51,7 @@ def _operands(rng, n, m, k, density, dtype, special: bool):
             arr[(picks >= 0.1) & (picks < 0.13)] = np.inf
             arr[(picks >= 0.13) & (picks < 0.16)] = -np.inf
     ops = {"A": A.astype(dtype), "X": X.astype(dtype), "Q": Q.astype(dtype), "D": D.astype(dtype),
-           "W": W.astype(dtype)}
+           "W": W.astype(dtype), "b": b.astype(dtype)}
     if special:   # a Fortran-ordered operand: read in its logical order
         ops["Q"] = np.asfortranarray(ops["Q"])
     return ops
@@ -107,9 +114,6 @@ def test_bit_for_bit_with_executor(case, n, m, k, density, dtype, special, seed,
 NOT_ENTRYWISE = {
     "reduction": "y[i] = sum(h, T[i,h])",
     "transposed_read": "Y[h,i] = T[i,h] * 2.0",
-    "broadcast": "Y[i,h] = T[i,h] * v[h]",
-    "libm_function": "Y[i,h] = exp(T[i,h])",
-    "sigmoid": "Y[i,h] = sigmoid(T[i,h])",
     "sparse_operand": "Y[i,h] = A[i,h] * 2.0",
 }
 

@@ -9,9 +9,10 @@ of ns per element at any size).  Here each operation is one numpy call over
 the whole arrays.
 
 A group qualifies (:func:`entrywise_group`, at planning) when every
-operation is element-wise -- no reduction, every operand read at the
-operation's own indices in the same order (no transpose, no broadcast) or a
-constant -- over dense operands, its iteration space is not restricted by a
+operation is element-wise -- no reduction, every operand read at distinct
+indices among the operation's own (a transposed read is a numpy view, a
+missing index a broadcast: ``T[i,h] + b[h]``) or a constant -- over dense
+operands, its iteration space is not restricted by a
 propagated mask (the executor computes every element too), its operator is
 one numpy evaluates exactly as the executor does, and the outputs that are
 results of the plan are stored dense in identity order.
@@ -21,8 +22,9 @@ read as float64, as the executor reads them), ``a / b`` is 0 where ``a`` is
 0, ``where`` tests ``!= 0`` (NaN is true), ``relu(x)`` is ``x`` where
 ``x > 0`` and ``+0.0`` elsewhere (NaN and -0.0 included), a linear
 combination is evaluated left to right.  ``exp``, ``log``, ``tanh`` and
-``sigmoid`` are left to the executor: numpy's vectorised versions may round
-differently from libm's.
+``sigmoid`` run through :func:`spfuse._kernels._dense_kernels.map_unary`,
+libm with the executor's formulas: numpy's vectorised versions may round
+differently.
 """
 from __future__ import annotations
 
@@ -31,13 +33,16 @@ from typing import Any
 
 import numpy as np
 
+from spfuse._kernels._dense_kernels import UNARY_OPS, map_unary
 from spfuse.ir.ops import Const, UnitOp
 from spfuse.lowering.pattern_values import _entrywise
 
 __all__ = ["EntrywiseGroup", "entrywise_group", "run_entrywise_group"]
 
-#: operators numpy evaluates exactly as the executor does (see the module's docstring)
-EXACT = frozenset({None, "+", "-", "*", "/", "where", "relu", "neg", "abs", "sqrt"})
+#: unary operators run through map_unary (libm, the executor's formulas)
+LIBM = frozenset({"exp", "log", "tanh", "sigmoid"})
+#: operators evaluated exactly as the executor does (see the module's docstring)
+EXACT = frozenset({None, "+", "-", "*", "/", "where", "relu", "neg", "abs", "sqrt"}) | LIBM
 
 _F64 = np.dtype(np.float64)
 
@@ -88,7 +93,7 @@ def entrywise_group(plan, ops, outputs) -> EntrywiseGroup | None:
         for a in op.args:
             if isinstance(a, Const):
                 continue
-            if tuple(a.indices) != out:
+            if not set(a.indices) <= set(out) or len(set(a.indices)) != len(a.indices):
                 return None
             info = plan.inputs.get(a.name)
             if info is not None and info.is_sparse:
@@ -129,11 +134,13 @@ def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
     """
     local: dict[str, np.ndarray] = {}
     for op, shape in zip(eg.ops, eg.shapes, strict=True):
+        out_ix = tuple(op.out_indices)
         xs: list[Any] = []
         for a in op.args:
             if isinstance(a, Const):
                 xs.append(a.value)
                 continue
+            ix = tuple(a.indices)
             v = local.get(a.name)
             if v is None:
                 t = env[a.name]
@@ -143,16 +150,36 @@ def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
                 v = t.values
                 if v.dtype != _F64:
                     v = v.astype(_F64)
+                stored = t.shape
                 if fmt.is_identity_order:
-                    v = v.reshape(shape)
+                    v = v.reshape(stored)
                 else:   # the logical order, as a view
                     order = fmt.mode_order
-                    v = v.reshape(tuple(shape[m] for m in order)).transpose(np.argsort(order))
-            xs.append(v)
+                    v = v.reshape(tuple(stored[m] for m in order)).transpose(np.argsort(order))
+            xs.append(v if ix == out_ix else _aligned(v, ix, out_ix))
         if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
             r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
             local[op.out] = r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
             continue
         out = np.empty(shape)
-        local[op.out] = _relu(xs[0], out) if op.operator == "relu" else _entrywise(op, xs, out)
+        if op.operator == "relu":
+            local[op.out] = _relu(xs[0], out)
+        elif op.operator in LIBM:
+            np.copyto(out, xs[0])
+            map_unary(out.reshape(-1), UNARY_OPS[op.operator], out.reshape(-1), 1)
+            local[op.out] = out
+        else:
+            local[op.out] = _entrywise(op, xs, out)
     return {name: local[name] for name in eg.outputs}
+
+
+def _aligned(v: np.ndarray, indices: tuple, out_indices: tuple) -> np.ndarray:
+    """``v`` (axes ``indices``) as a view that broadcasts against ``out_indices``:
+    its axes in their order there, a length-1 axis for each index it lacks.
+
+    >>> _aligned(np.arange(6.0).reshape(2, 3), ("h", "i"), ("i", "k", "h")).shape
+    (3, 1, 2)
+    """
+    v = v.transpose(sorted(range(len(indices)), key=lambda n: out_indices.index(indices[n])))
+    return v.reshape(tuple(v.shape[sorted(indices, key=out_indices.index).index(k)] if k in indices else 1
+                           for k in out_indices))

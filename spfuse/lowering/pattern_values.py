@@ -320,11 +320,7 @@ def _entrywise(op: UnitOp, xs: list, out: np.ndarray) -> np.ndarray:
     elif o == "/":  # a / b, and 0 where a is 0 (0/0 too)
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(xs[0], xs[1], out=out)
-        zero = np.asarray(xs[0]) == 0
-        if zero.ndim:
-            out[zero] = 0.0
-        elif zero:
-            out[...] = 0.0
+        np.copyto(out, 0.0, where=np.asarray(xs[0]) == 0)
     elif o == "where":
         np.copyto(out, xs[2])
         np.copyto(out, xs[1], where=np.asarray(xs[0]) != 0)
