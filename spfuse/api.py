@@ -654,7 +654,7 @@ def describe_execution(plan: Plan) -> str:
         how = "generic loop-tree executor (Cython, nogil): one interpreter walk of the fused tree"
     else:
         roles = ", ".join(f"{n}={k}" for n, k in m.roles.items())
-        how = f"template kernel '{m.kernel}' ({m.why}; {roles})"
+        how = f"template kernel '{m.kernel}' ({m.why}; {roles})" if roles else f"template kernel '{m.kernel}' ({m.why})"
     flat = _fibres(plan, {n: Format(tuple(i.levels), tuple(i.mode_order)) for n, i in plan.inputs.items()})
     return how if flat is None else f"{how}; over shared fibres, {flat.describe()}"
 

@@ -304,7 +304,7 @@ def test_spmv_and_spmm_groups_check_their_operand_in_kernel():
     x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
     Q = rng.standard_normal((300, 4))
     assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
-    assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv → generic", frozenset({"A"}))
+    assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv → numpy", frozenset({"A"}))
     assert _checks("Y[i,k] = relu(A[i,j] * X[j,k])", A=A, X=X)[1] == frozenset({"A"})
     # read transposed: the pattern is gathered before the kernel sees it
     assert "A" not in _checks("Y[h,j] = relu(sum(i, A[i,j] * Q[i,h]))", A=A, Q=Q)[1]

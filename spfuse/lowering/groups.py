@@ -831,7 +831,7 @@ def lower_groups(plan):
     be split)."""
     from spfuse.lowering.templates import TemplateMatch
     groups = split_groups(plan)
-    if all(g.kernel in ("generic", "copy") for g in groups):
+    if all(g.kernel in ("generic", "copy") and g.entrywise is None for g in groups):
         return None  # the whole-plan generic executor: one call, copies in its loops
     roles = {}
     for g in groups:
@@ -845,7 +845,7 @@ def lower_groups(plan):
             from spfuse.lowering.templates import SIGNATURES
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
-    kernel = " → ".join(g.kernel for g in groups)
+    kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
     return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt),
                          _checked_in_kernel(plan, groups))
 
