@@ -651,29 +651,15 @@ def test_gemm(mkn, dt, rng):
 
 @dtypes
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("mkn", [(1000, 32, 16), (8193, 64, 64), (300, 2, 1), (5000, 65, 64)])
-def test_gemm_thin_products_in_row_blocks(mkn, trans_a, trans_b, dt, rng):
-    # thin products run as fixed row blocks on our own team (a tail block
-    # included): the same bits on 1 and 2 threads, and numpy's answer
-    m, k, n = mkn
-    A = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dt)
-    B = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dt)
-
-    def run(nt):
-        out = np.full((m, n), np.nan, dtype=dt)
-        D.gemm(A, B, out, nt, trans_a=trans_a, trans_b=trans_b)
-        return out
-    got = both_threads(run)
-    want = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
-    np.testing.assert_allclose(got, want, **tol(dt))
-
-
-@dtypes
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("mkn", [(700, 90, 80), (80, 90, 700), (33, 500, 31), (2000, 64, 130)])
-def test_gemm_wide_products_in_blocks_of_the_longer_side(mkn, trans_a, trans_b, dt, rng):
-    # with BLAS held to one thread, a wide product is cut along the longer
-    # side of out (rows, or columns when n > m; a tail block included)
+@pytest.mark.parametrize("mkn", [
+    # thin: fixed row blocks small enough for BLAS to run each serially
+    (1000, 32, 16), (8193, 64, 64), (300, 2, 1), (5000, 65, 64),
+    # wide, with BLAS held to one thread: blocks of the longer side of out
+    # (rows, or columns when n > m)
+    (700, 90, 80), (80, 90, 700), (33, 500, 31), (2000, 64, 130)])
+def test_gemm_in_blocks_on_our_team(mkn, trans_a, trans_b, dt, rng):
+    # the blocks run on our own team (a tail block included): the same bits
+    # on 1 and 2 threads, and numpy's answer
     from spfuse.runtime.blas_pool import hold_blas_once
     hold_blas_once()
     m, k, n = mkn

@@ -606,8 +606,11 @@ class _Builder:
         for s in forward.statements:
             if any(a.name in active for a in iter_accesses(s.value)):
                 active.add(s.target.name)
-        # a pattern extremum's bound gets no gradient (see pattern_extrema)
-        self.pattern_extrema = pattern_extrema(forward)
+        # a pattern extremum's bound gets no gradient (see pattern_extrema), when its
+        # ties can be counted on the pattern: the pattern operand is a sparse input
+        by_name = {st.target.name: st.value for st in forward.statements}
+        self.pattern_extrema = {e: b for e, b in pattern_extrema(forward).items()
+                                if _pattern_mask(by_name[e].body, by_name[e].index, sparse) is not None}
         self.active = active - set(self.pattern_extrema.values())
 
     # -- hoisting ---------------------------------------------------------
