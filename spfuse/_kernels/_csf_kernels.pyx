@@ -42,6 +42,8 @@ __all__ = ["ttv", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_gemm", "spttm_spttm
 
 cdef enum:
     BLOCKS_PER_THREAD = 16
+    # mttkrp_mid's blocks of output rows per thread: each walks every slice
+    MID_BLOCKS_PER_THREAD = 4
 
 
 cdef inline Py_ssize_t _num_blocks(Py_ssize_t n, int num_threads) noexcept nogil:
@@ -379,24 +381,29 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
 
     MTTKRP on the middle stored mode: ``A[j,r] = sum_{i,k} X[i,j,k] * C[i,r] * D[k,r]``.
 
-    Owner computes: the output rows are cut into ranges of ``j``, handed
-    out dynamically; a range's block walks every slice, finds the slice's
-    first fiber in the range by binary search (a slice's fibers are sorted by
-    ``j``), and for each fiber ``(i, j)`` in the range forms ``t[r] = sum_k
-    X[i,j,k] * D[k,r]`` (as :func:`mttkrp`) and adds ``t[r] * C[i,r]`` to row
-    ``j``, which no other block writes.  Row j is therefore summed over the
-    slices in order whatever the ranges: results are bit-identical for any
-    thread count, with no partial results to add.  Preconditions: C (I, R)
-    with ``I > max(crd0)``, D (Kd, R), out (J, R) C-contiguous with ``J >
-    max(crd1)``; each slice's fibers strictly increasing in ``j``
-    (canonical CSF).  ``out`` fully overwritten.  Complexity O(nnz * R +
-    n_fibers * R + blocks * n_slices * log(fibers per slice)); workspace R
-    doubles per thread.
+    Owner computes: the output rows are cut into a few ranges of ``j`` per
+    thread (one on one thread), handed out dynamically; a range's block
+    walks the slices, finds each slice's first fiber in the range by binary
+    search (a slice's fibers are sorted by ``j``), and for each fiber
+    ``(i, j)`` in the range forms ``t[r] = sum_k X[i,j,k] * D[k,r]`` (as
+    :func:`mttkrp`) and adds ``t[r] * C[i,r]`` to row ``j``, which no other
+    block writes.  The interruptible chunks are ranges of slices that every
+    block walks in turn, so row j is summed over the slices in order
+    whatever the chunks and ranges: results are bit-identical for any
+    thread count, with no partial results to add.  (The chunks used to be
+    groups of blocks, ~1.6 per chunk on two threads, so a thread often
+    waited for its teammate's block: 2M entries took 41-51 ms on two
+    threads, now 33-37.)  Preconditions: C (I, R) with ``I > max(crd0)``,
+    D (Kd, R), out (J, R) C-contiguous with ``J > max(crd1)``; each slice's
+    fibers strictly increasing in ``j`` (canonical CSF).  ``out`` fully
+    overwritten.  Complexity O(nnz * R + n_fibers * R + blocks * n_slices *
+    log(fibers per slice)); workspace R doubles per thread (float32: and a
+    double copy of out, rounded once at the end).
     """
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t J = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, b0, b1, b, q, f, f1, lo, hi, mid, j0, j1, row, r
+    cdef Py_ssize_t nb, nch, ch, q0, q1, b, q, f, f1, lo, hi, mid, j0, j1, row, r
     cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* c1 = _iptr(crd1)
@@ -417,29 +424,30 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
     if n == 0:
         return
     work = _work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), 1.0)
-    # blocks: enough to balance the threads, few enough that the per-slice
-    # searches (blocks x slices) stay a small part of the work
-    nb = _num_blocks(J, num_threads)
-    while nb > num_threads and <double>nb * <double>n * 8.0 > work / 16.0:
+    # blocks: a few per thread to balance them, few enough that the per-slice
+    # searches and factor-row loads (blocks x slices, ~1 us each) stay a
+    # small part of the work
+    nb = min(_num_blocks(J, num_threads), <Py_ssize_t>num_threads * MID_BLOCKS_PER_THREAD)
+    while nb > num_threads and <double>nb * <double>n * 64.0 > work / 16.0:
         nb = nb >> 1
-    nch = num_chunks(work, num_threads, J)
-    if nch > nb:
-        nb = nch
     if nb > J:
         nb = J
+    # interruptible chunks of slices, each run by every block: a row is summed
+    # over the slices in order whatever the chunks and blocks
+    nch = num_chunks(work, num_threads, n)
     cdef _Workspaces ws = _Workspaces(num_threads)
     cdef void** wsp = ws.ptr
-    # float32: a block sums its rows in a double workspace, rounded once at its end
-    cdef Py_ssize_t rows_max = (J + nb - 1) // nb
-    cdef Py_ssize_t stride = R if floating is double else R + rows_max * R
+    # float32: the rows are summed in a double copy of out, rounded once at the end
+    cdef double[:, ::1] wide = None if floating is double else np.zeros((J, R))
+    cdef double* wp = NULL if floating is double else &wide[0, 0]
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
-        b0 = nb * ch // nch
-        b1 = nb * (ch + 1) // nch
+        q0 = _split(p1, p2, n, ch, nch)
+        q1 = _split(p1, p2, n, ch + 1, nch)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, stride * sizeof(double))
-            for b in prange(b0, b1, schedule="dynamic", chunksize=1):
+            t = <double*>_ws_get(wsp, R * sizeof(double))
+            for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:
                     failed += 1
                     continue
@@ -448,9 +456,8 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
                 if floating is double:
                     acc = <double*>(op_ + j0 * R)
                 else:
-                    acc = t + R
-                    memset(acc, 0, (j1 - j0) * R * sizeof(double))
-                for q in range(n):
+                    acc = wp + j0 * R
+                for q in range(q0, q1):
                     # the slice's first fiber with j >= j0
                     lo = p1[q]
                     hi = p1[q + 1]
@@ -469,11 +476,12 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
                         for r in range(R):
                             acc[row + r] += t[r] * <double>crow[r]
                         f = f + 1
-                if floating is not double:
-                    for row in range((j1 - j0) * R):
-                        op_[j0 * R + row] = <floating>acc[row]
         if failed:
             raise MemoryError("mttkrp_mid: cannot allocate the thread workspace")
+    if floating is not double:
+        with nogil:
+            for row in prange(J * R, schedule="static", num_threads=num_threads):
+                op_[row] = <floating>wp[row]
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
