@@ -298,6 +298,9 @@ def test_zero_size_and_empty_rows(rng):
 @example(seed=1828165, zero_size=False, density=0.3)
 # an adjoint of ~100 ops whose fusion search re-walked the op graph per edge: 64 s, now ~1.5 s
 @example(seed=624, zero_size=False, density=0.0)
+# sum(i, E[i]) inside a sum over i inside a statement with a min over i: the inner index,
+# renamed twice, lost its original name, and its ones vector had no extent (KeyError)
+@example(seed=7862, zero_size=False, density=0.0)
 def test_random_programs_match_torch(seed, zero_size, density):
     rng = np.random.default_rng(seed)
     program, shapes = random_program(rng, n_statements=(1, 2), max_depth=3, max_ndim=2, max_extent=4,

@@ -279,7 +279,9 @@ def _unique_bound(value: Expr, outputs: tuple[str, ...]) -> tuple[Expr, dict[str
             index = e.index
             if index in used:
                 index = names.fresh(e.index)
-                origin[index] = e.index
+                # (an index renamed by an enclosing reduction's rename is renamed
+                # again here: its original is the first name)
+                origin[index] = origin.get(e.index, e.index)
                 body = _rename(body, {e.index: index})
             used.add(index)
             return Reduce(e.op, index, walk(body))
