@@ -84,11 +84,6 @@ def hold_blas_to_one_thread(size_t set_address, size_t get_address):
     _blas_get_threads = <_get_threads_fn>get_address
 
 
-def blas_held() -> bool:
-    """Whether :func:`hold_blas_to_one_thread` has bound a BLAS library."""
-    return _blas_set_threads != NULL
-
-
 cdef inline void _gemm_block(char* ta, char* tb, int m0, int mb, int n0, int nb, int k,
                              const floating* a0, int lda, const floating* b0, int ldb,
                              floating* o0, int ldo, bint trans_a, bint trans_b) noexcept nogil:

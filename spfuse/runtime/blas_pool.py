@@ -25,7 +25,7 @@ import os
 
 from spfuse._kernels import _dense_kernels
 
-__all__ = ["hold_blas_once", "held_library"]
+__all__ = ["hold_blas_once"]
 
 _held: list[str | None] = []
 
@@ -41,11 +41,6 @@ def hold_blas_once() -> str | None:
     if not _held:
         _held.append(_bind())
     return _held[0]
-
-
-def held_library() -> str | None:
-    """The path :func:`hold_blas_once` bound, without binding (None if none yet)."""
-    return _held[0] if _held else None
 
 
 def _bind() -> str | None:
