@@ -343,7 +343,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     # Everything decided from the operands' formats, shapes, dtypes and origins
     # is remembered: a repeat call validates its operands, then only runs.
     key = (program, fusion, out_format,
-           tuple((n, t._format, t._shape, t._values.dtype, t.origin, len(t._values).bit_length())
+           tuple((n, t._format, t._shape, t._values.dtype, t._index_dtype, t.origin, len(t._values).bit_length())
                  for n, t in tensors.items()))
     dispatch = _dispatch_cache.get(key)
     if dispatch is None:
@@ -424,7 +424,9 @@ class _Dispatch:
         self.plan = plan = _cached_plan(program, infos, fusion)
         if plan.__dict__.get("_has_max") is not False:
             _check_empty_max(plan)
-        self.template = _template(plan)
+        self.template = template = _template(plan)
+        # the template's run for this signature alone (binds what it decides on its first call)
+        self.run = None if template is None else (template.run if template.bind is None else template.bind())
         # operands the planner chose to read in another storage order
         # (planner.with_storage_orders), whole or for one read (an alias):
         # converted before anything runs
@@ -481,7 +483,7 @@ class _Dispatch:
         if self.conversions:
             tensors = {n: _stored_as(t, self.conversions[n]) if n in self.conversions else t
                        for n, t in tensors.items()}
-        raw_values = self.template.run(tensors, threads) if self.template is not None else \
+        raw_values = self.run(tensors, threads) if self.run is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
         return self._results(raw_values, tensors, raw)
 

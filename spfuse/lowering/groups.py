@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from spfuse._kernels import _dense_kernels
+from spfuse.formats import Format
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
@@ -41,7 +42,7 @@ from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
 from spfuse.tensor import Tensor
 
-__all__ = ["Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
+__all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,31 @@ def _run_gemm(roles, out_shape, tensors, nt):
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
     _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
     return templates.c_ordered(out.T, nt) if ot else out
+
+
+def _bind_gemm(roles, tensors):
+    """:func:`_run_gemm` bound to the operand signature of ``tensors`` (both
+    factors C-ordered matrices of the product's dtype: handed to BLAS as
+    stored), or None; each call checks the signature by identity and takes
+    :func:`_run_gemm` when it differs."""
+    x, y, xt, yt, ot = roles
+    _, dtype = templates._types([tensors[x], tensors[y]])
+    matrix = Format.dense(2)
+    if ot or any(tensors[n]._format is not matrix or tensors[n]._values.dtype is not dtype for n in (x, y)):
+        return None
+    gemm = templates._specialised(_dense_kernels.gemm, dtype)
+    hold_blas_once()
+
+    def run(tensors, nt: int) -> np.ndarray:
+        X, Y = tensors[x], tensors[y]
+        if X._format is not matrix or Y._format is not matrix or X._values.dtype is not dtype \
+                or Y._values.dtype is not dtype:
+            return _run_gemm(roles, None, tensors, nt)
+        xs, ys = X._shape, Y._shape
+        out = np.empty((xs[1] if xt else xs[0], ys[0] if yt else ys[1]), dtype)
+        gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt)
+        return out
+    return run
 
 
 def _blas_operand(t, transposed: bool, dtype) -> tuple[np.ndarray, bool]:
@@ -847,7 +873,7 @@ def lower_groups(plan):
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
     return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt),
-                         _checked_in_kernel(plan, groups))
+                         _checked_in_kernel(plan, groups), bind=lambda: BoundGroups(plan, groups))
 
 
 def _checked_in_kernel(plan, groups) -> frozenset:
@@ -874,25 +900,30 @@ def _checked_in_kernel(plan, groups) -> frozenset:
                      if n in plan.inputs and all(plain(g, n) for g in gs))
 
 
-def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
-    """Run ``groups`` in order, passing crossing temporaries as dense operands."""
+def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | None = None,
+               binding: list | None = None) -> dict:
+    """Run ``groups`` in order, passing crossing temporaries as dense operands.
+
+    ``steps``: per group, its run bound to this call's operand signature
+    (see :class:`BoundGroups`), used instead of working out each group's
+    way; ``binding``: a list to append those bound runs to, made from the
+    operands each group meets in this call."""
     env = dict(tensors)
     out: dict[str, Any] = {}
     arrays: dict[str, np.ndarray] = {}   # crossing temporaries' dense arrays, for the copies
-    for g in groups:
+    for n, g in enumerate(groups):
         if g.kernel == "copy":
             out[g.outputs[0]] = _copied(g.ops[0].refs[0].name, out, arrays, env)
+            if binding is not None:
+                binding.append(None)
             continue
+        if binding is not None:
+            binding.append(_bound_group(plan, g, env))
         try:
-            if g.on_pattern is not None:
-                values = run_pattern_group(g.on_pattern, env, plan.shapes)
-            elif g.entrywise is not None:
-                values = run_entrywise_group(g.entrywise, env)
-            else:
-                values = None if g.kernel == "generic" else _runner(plan, g)(env, nt)
-            if values is None:
-                values = _run_generic(_subplan(plan, g), env, nt)
+            values = steps[n](env, nt) if steps is not None else _run_group(plan, g, env, nt)
         except UnrealizableMask:
+            if binding is not None:
+                binding.clear()   # (not bound: this signature always comes here)
             return _run_unpropagated(plan, tensors, nt)
         for name, v in values.items():
             if name in plan.results:
@@ -913,6 +944,64 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int) -> dict:
                 fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
                 env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
+
+
+def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
+    """One group's results, its way worked out on this call."""
+    if g.on_pattern is not None:
+        values = run_pattern_group(g.on_pattern, env, plan.shapes)
+    elif g.entrywise is not None:
+        values = run_entrywise_group(g.entrywise, env)
+    else:
+        values = None if g.kernel == "generic" else _runner(plan, g)(env, nt)
+    if values is None:
+        values = _run_generic(_subplan(plan, g), env, nt)
+    return values
+
+
+def _bound_group(plan, g: Group, env: Mapping[str, Any]):
+    """``_run_group`` of ``g`` bound to the operands in ``env`` (the signature
+    of this call): a plain template or gemm group calls its kernel straight
+    (:func:`~spfuse.lowering.templates.bind_einsum`, :func:`_bind_gemm`);
+    any other group works out its way per call as before."""
+    if g.kernel not in ("generic", "copy") and g.on_pattern is None and g.entrywise is None and _route_needs(g)[1]:
+        name, shape = g.outputs[0], tuple(plan.shapes[g.outputs[0]])
+        run = (_bind_gemm(g.names, env) if g.kernel == "gemm"
+               else templates.bind_einsum(g.kernel, g.names, shape, env))
+        if run is not None:
+            return lambda env, nt: {name: run(env, nt)}
+    return functools.partial(_run_group, plan, g)
+
+
+class BoundGroups:
+    """:func:`run_groups` for one operand signature (one call path's
+    dispatch): the first call runs as usual and binds each group's run to
+    the operands it met; later calls run the bound steps -- the kernels
+    called with what was worked out once (dtypes, compiled specialisation,
+    team or not), interpretation paid per group, not per decision.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> from spfuse.tensor import as_tensor
+    >>> A, X, W = sp.csr_array(np.eye(3)), np.ones((3, 2)), np.ones((2, 2))
+    >>> plan = spfuse.compile("Z[i,j] = A[i,k] * X[k,h] * W[h,j]").plans(A=A, X=X, W=W)["auto"]
+    >>> run = BoundGroups(plan, split_groups(plan))
+    >>> ops = {"A": as_tensor(A), "X": as_tensor(X), "W": as_tensor(W)}
+    >>> run(ops, 1)["Z"].tolist() == run(ops, 1)["Z"].tolist() == [[2.0, 2.0]] * 3
+    True
+    """
+
+    def __init__(self, plan, groups):
+        self.plan, self.groups = plan, groups
+        self.steps: list | None = None
+
+    def __call__(self, tensors: Mapping[str, Any], nt: int) -> dict:
+        if self.steps is not None:
+            return run_groups(self.plan, self.groups, tensors, nt, self.steps)
+        steps: list = []
+        out = run_groups(self.plan, self.groups, tensors, nt, binding=steps)
+        if len(steps) == len(self.groups):
+            self.steps = steps
+        return out
 
 
 def _copied(src: str, out: Mapping, arrays: dict, env: Mapping) -> np.ndarray:

@@ -14,6 +14,7 @@ generic loop-tree executor.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ class TemplateMatch:
     #: Operands whose column indices the kernel bounds-checks as it reads
     #: them (SpMV, SpMM): the call path need not scan them first.
     checks_indices: frozenset = frozenset()
+    #: Makes a ``run`` for one operand signature (a call path's dispatch)
+    #: that binds what the signature decides on its first call; None: ``run``.
+    bind: Callable[[], Callable[[Mapping[str, Any], int], dict]] | None = None
 
 
 # -- classification of operands -------------------------------------------
@@ -337,6 +341,113 @@ _READ_TRANSPOSED = {"sddmm": (1,), "gnn2": (1, 2)}
 
 #: The scaling kernels and the side each dense factor scales.
 _SCALINGS = {"scale": ("i", "j"), "scale_rows": ("i",), "scale_cols": ("j",)}
+
+
+_C_TYPES = {_I32: "int32_t", _I64: "int64_t", _F32: "float", _F64: "double"}
+
+
+def _specialised(kernel: Callable, *dtypes) -> Callable:
+    """A fused-type kernel's compiled specialisation for these index and
+    value dtypes (no fused-type dispatch per call), or the kernel itself.
+
+    >>> _specialised(csr.spmv, np.dtype(np.int32), np.dtype(np.float64)) is csr.spmv
+    False
+    """
+    return getattr(kernel, "__signatures__", {}).get("|".join(_C_TYPES[d] for d in dtypes), kernel)
+
+
+def _spmm_gemm(k, ip, ix, v, d, out, nt, S, tile) -> int:
+    k(ip, ix, v, d[0], d[1], out, nt)
+    return -1   # (its operand's indices are scanned before it runs: it does not check them)
+
+
+#: The CSR kernels :func:`bind_einsum` binds, and how each takes its dense
+#: factors and options after ``(indptr, indices, data)``; each returns -1 or
+#: the position of an out-of-range index.
+_BOUND_CALLS: dict[str, Callable] = {
+    "spmv": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, S._shape[1]),
+    "row_sums": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, None, out, nt, S._shape[1]),
+    "spmm": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, tile),
+    "spmm_gemm": _spmm_gemm,
+}
+_BOUND_KERNELS = {"spmv": csr.spmv, "row_sums": csr.spmv, "spmm": csr.spmm, "spmm_gemm": csr.spmm_gemm}
+
+
+def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callable | None:
+    """:func:`_run_einsum` of ``kernel`` bound to the operand signature of
+    ``tensors``: ``run(tensors, nt) -> ndarray``, or None when the kernel is
+    not one bound here or an operand would be converted (another dtype, a
+    dense factor not C-ordered).
+
+    Bound are what depends on the signature only: the dtypes, the compiled
+    specialisation, whether the work is worth a team (decided on these
+    operands' sizes: results do not depend on the team size).  Each call
+    checks the signature by identity (formats and dtypes are shared
+    objects) and takes the general path when it differs, so a bound call
+    is never wrong, only sometimes not faster.
+
+    >>> import scipy.sparse as sp
+    >>> from spfuse.tensor import as_tensor
+    >>> ops = {"A": as_tensor(sp.csr_array(np.eye(3))), "x": as_tensor(np.arange(3.0))}
+    >>> run = bind_einsum("spmv", ("A", "x"), (3,), ops)
+    >>> run(ops, 1)
+    array([0., 1., 2.])
+    """
+    fn = _BOUND_KERNELS.get(kernel)
+    if fn is None:
+        return None
+    names = tuple(names)
+    ts = [tensors[n] for n in names]
+    S, dense = ts[0], ts[1:]
+    itype, dtype = _types(ts)
+    sparse_format = Format.csr()
+    if S._format is not sparse_format or S._index_dtype is not itype or S._values.dtype is not dtype:
+        return None
+    formats = tuple(Format.dense(len(t._shape)) for t in dense)
+    if any(t._format is not f or t._values.dtype is not dtype for t, f in zip(dense, formats, strict=True)):
+        return None
+    call, compiled = _BOUND_CALLS[kernel], _specialised(fn, itype, dtype)
+    team = _work(ts) >= PARALLEL_MIN_WORK
+    sparse_name, dense_names = names[0], tuple(zip(names[1:], formats, strict=True))
+    out_shape = tuple(out_shape)
+
+    def run(tensors, nt: int) -> np.ndarray:
+        S = tensors[sparse_name]
+        d = []
+        same = S._format is sparse_format and S._index_dtype is itype and S._values.dtype is dtype
+        for name, fmt in dense_names:
+            t = tensors[name]
+            same = same and t._format is fmt and t._values.dtype is dtype
+            d.append(t._values.reshape(t._shape))
+        if not same:
+            return _run_einsum(kernel, list(names), "", out_shape, tensors, nt, tile)
+        level = S._levels[1]
+        out = np.empty(out_shape, dtype)
+        bad = call(compiled, level.pos, level.crd, S._values, d, out, nt if team else 1, S, tile)
+        if bad >= 0:
+            raise IndexCheckFailed(sparse_name, bad)
+        return out
+    return run
+
+
+class BoundEinsum:
+    """A one-template program's run for one operand signature: its first
+    call binds the kernel (:func:`bind_einsum`) to the operands it meets;
+    a kernel not bound there runs :func:`_run_einsum` per call."""
+
+    def __init__(self, kernel: str, names, out_name: str, out_shape, tile: int = 0):
+        self.kernel, self.names, self.out_name, self.tile = kernel, list(names), out_name, tile
+        self.out_shape = out_shape
+        self.bound: Callable | None = None
+
+    def __call__(self, tensors, nt: int) -> dict:
+        run = self.bound
+        if run is None:
+            run = self.bound = bind_einsum(self.kernel, self.names, self.out_shape, tensors, self.tile) or self._unbound
+        return {self.out_name: run(tensors, nt)}
+
+    def _unbound(self, tensors, nt: int):
+        return _run_einsum(self.kernel, self.names, self.out_name, self.out_shape, tensors, nt, self.tile)
 
 
 def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt: int, tile: int = 0):
@@ -725,7 +836,8 @@ def _match(plan) -> TemplateMatch | None:
                         "sddmm" if kernel == "sddmm_t" else kernel, roles, why,
                         lambda tensors, nt, k=kernel, names=names, tile=tile: {
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
-                        frozenset({checked_operand(kernel, names)}) if kernel in CHECKS_INDICES else frozenset())
+                        frozenset({checked_operand(kernel, names)}) if kernel in CHECKS_INDICES else frozenset(),
+                        bind=functools.partial(BoundEinsum, kernel, names, out_name, out_shape, tile))
     affine = _match_spmv_add(plan, infos)
     if affine is not None and None not in out_shape:
         a, x, b = affine
