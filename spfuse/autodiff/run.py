@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -363,6 +364,38 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
     return _measured((saving, _signature(ops), fusion, num_threads), run)
 
 
+@dataclass(frozen=True)
+class _Static:
+    """What :func:`run_adjoint` needs of an adjoint (with or without its
+    alternative) besides the operands: worked out once, not per call."""
+
+    #: the ones vectors either program reads: name -> (statement, index)
+    ones: Mapping[str, tuple]
+    #: (result, cotangent name) of the cotangents either program reads
+    cotangents_read: tuple[tuple[str, str], ...]
+    #: with an alternative: the (shared, split) ways measured, each program
+    #: one statement at a time when long
+    ways: tuple
+
+
+def _static(adj: Adjoint, alternative: Adjoint | None) -> _Static:
+    made = attached_dict(adj, "_run_static")
+    found = made.get(alternative is not None)
+    if found is None:
+        variants = (adj,) if alternative is None else (adj, alternative)
+        programs = [v.program for v in variants if v.program is not None]
+        reads = {n for p in programs for n in p.inputs}
+        ways: tuple = ()
+        if alternative is not None and alternative.program is not None and adj.program is not None:
+            ways = tuple((shared, s) for shared, p in ((False, adj.program), (True, alternative.program))
+                         for s in (False, True)
+                         if not (s and len(p.statements) < 2) and not (not s and len(p.statements) > SPLIT_ABOVE))
+        found = made[alternative is not None] = _Static(
+            {n: k for v in variants for n, k in v.ones.items()},
+            tuple((r, c) for r, c in adj.cotangents.items() if c in reads), ways)
+    return found
+
+
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
                 saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
                 num_threads: int | None = None, split: bool | None = None,
@@ -392,7 +425,6 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             _, saved = run_forward(adj.forward, adj, {n: t for n, t in tensors.items() if n in used},
                                    fusion=fusion, num_threads=num_threads, results=False, trusted=trusted)
             trusted |= set(saved)   # made here
-        shapes = {n: t.shape for n, t in tensors.items()}
         ops: dict[str, Any] = dict(tensors)
         ops.update({adj.cotangents[r]: v for r, v in cotangents.items() if r in adj.cotangents})
         for name, pattern in adj.patterns.items():
@@ -409,29 +441,24 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
                     ops[transposed] = transposed_csr(tensors[name])
                     if name in trusted:
                         trusted.add(transposed)
-        ones = {n: k for v in variants for n, k in v.ones.items()}
-        if ones:
-            extents = _extents(adj.forward, tuple(sorted(shapes.items())))
-            for name, (statement, index) in ones.items():
+        static = _static(adj, alternative)
+        if static.ones:
+            extents = _extents(adj.forward, tuple(sorted((n, t.shape) for n, t in tensors.items())))
+            for name, (statement, index) in static.ones.items():
                 ops[name] = np.ones(extents[statement][index], dtype=dtype)
         if saved:
             ops.update(saved)
         program = adj.program
-        reads = set(program.inputs) | (set(alternative.program.inputs) if alternative is not None
-                                       and alternative.program is not None else set())
-        missing = [adj.cotangents[r] for r in adj.cotangents if adj.cotangents[r] in reads
-                   and adj.cotangents[r] not in ops]
-        for name in missing:  # a result without a cotangent contributes nothing
-            result = next(r for r, c in adj.cotangents.items() if c == name)
-            ops[name] = np.zeros(_result_shapes(adj.forward, tuple(sorted(shapes.items())))[result], dtype=dtype)
+        for result, name in static.cotangents_read:
+            if name not in ops:   # a result without a cotangent contributes nothing
+                shapes = tuple(sorted((n, t.shape) for n, t in tensors.items()))
+                ops[name] = np.zeros(_result_shapes(adj.forward, shapes)[result], dtype=dtype)
         if alternative is not None:
-            # (shared, split) ways, each program one statement at a time when long
             assert alternative.program is not None
             programs = {False: program, True: alternative.program}
-            ways = tuple((shared, s) for shared, p in programs.items() for s in (False, True)
-                         if not (s and len(p.statements) < 2) and not (not s and len(p.statements) > SPLIT_ABOVE))
             raw = _measured((program, _signature(ops), fusion, num_threads), lambda way: (
-                _run_split if way[1] else _run_fused)(programs[way[0]], ops, fusion, num_threads, trusted), ways)
+                _run_split if way[1] else _run_fused)(programs[way[0]], ops, fusion, num_threads, trusted),
+                static.ways)
         elif split is not None or len(program.statements) < 2:
             raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted)
         elif len(program.statements) > SPLIT_ABOVE:

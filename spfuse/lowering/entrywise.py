@@ -28,16 +28,18 @@ differently.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from spfuse._kernels._dense_kernels import UNARY_OPS, map_unary
+from spfuse.formats import Format
 from spfuse.ir.ops import Const, UnitOp
 from spfuse.lowering.pattern_values import _entrywise
 
-__all__ = ["EntrywiseGroup", "entrywise_group", "run_entrywise_group"]
+__all__ = ["EntrywiseGroup", "bind_entrywise", "entrywise_group", "run_entrywise_group"]
 
 #: unary operators run through map_unary (libm, the executor's formulas)
 LIBM = frozenset({"exp", "log", "tanh", "sigmoid"})
@@ -157,20 +159,80 @@ def run_entrywise_group(eg: EntrywiseGroup, env: dict) -> dict[str, Any] | None:
                     order = fmt.mode_order
                     v = v.reshape(tuple(stored[m] for m in order)).transpose(np.argsort(order))
             xs.append(v if ix == out_ix else _aligned(v, ix, out_ix))
-        if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
-            r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
-            local[op.out] = r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
-            continue
-        out = np.empty(shape)
-        if op.operator == "relu":
-            local[op.out] = _relu(xs[0], out)
-        elif op.operator in LIBM:
-            np.copyto(out, xs[0])
-            map_unary(out.reshape(-1), UNARY_OPS[op.operator], out.reshape(-1), 1)
-            local[op.out] = out
-        else:
-            local[op.out] = _entrywise(op, xs, out)
+        local[op.out] = _apply(op, xs, shape)
     return {name: local[name] for name in eg.outputs}
+
+
+def bind_entrywise(eg: EntrywiseGroup, env: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], dict] | None:
+    """:func:`run_entrywise_group` bound to the operand signature of ``env``
+    (every operand read a C-ordered float64 array, viewed as stored), or
+    None; each call checks that signature by identity and runs
+    :func:`run_entrywise_group` when it differs.
+
+    >>> import numpy as np, spfuse
+    >>> from spfuse.tensor import as_tensor
+    >>> T = np.array([[1.0, -2.0]])
+    >>> plan = spfuse.compile("H[i,h] = relu(T[i,h])").plans(T=T)["auto"]
+    >>> run = bind_entrywise(entrywise_group(plan, plan.ops, ("H",)), {"T": as_tensor(T)})
+    >>> run({"T": as_tensor(T)})["H"]
+    array([[1., 0.]])
+    """
+    formats: dict[str, Any] = {}
+    steps = []
+    produced: set[str] = set()
+    for op, shape in zip(eg.ops, eg.shapes, strict=True):
+        out_ix = tuple(op.out_indices)
+        args: list[tuple] = []   # (constant or None, operand name, (indices, out indices) when not aligned)
+        for a in op.args:
+            if isinstance(a, Const):
+                args.append((a.value, None, None))
+                continue
+            ix = tuple(a.indices)
+            if a.name not in produced:
+                t = env.get(a.name)
+                if t is None or t._format is not Format.dense(len(t._shape)) or t._values.dtype is not _F64:
+                    return None
+                formats[a.name] = t._format
+            args.append((None, a.name, None if ix == out_ix else (ix, out_ix)))
+        steps.append((op, shape, tuple(args)))
+        produced.add(op.out)
+    outputs = eg.outputs
+
+    def run(env: Mapping[str, Any]) -> dict | None:
+        for name, fmt in formats.items():
+            t = env[name]
+            if t._format is not fmt or t._values.dtype is not _F64:
+                return run_entrywise_group(eg, env)
+        local: dict[str, np.ndarray] = {}
+        for op, shape, args in steps:
+            xs: list[Any] = []
+            for constant, name, align in args:
+                if name is None:
+                    xs.append(constant)
+                    continue
+                v = local.get(name)
+                if v is None:
+                    t = env[name]
+                    v = t._values.reshape(t._shape)
+                xs.append(v if align is None else _aligned(v, *align))
+            local[op.out] = _apply(op, xs, shape)
+        return {name: local[name] for name in outputs}
+    return run
+
+
+def _apply(op: UnitOp, xs: list, shape: tuple) -> np.ndarray:
+    """One operation on its operands' arrays (aligned to its output), float64."""
+    if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
+        r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
+        return r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
+    out = np.empty(shape)
+    if op.operator == "relu":
+        return _relu(xs[0], out)
+    if op.operator in LIBM:
+        np.copyto(out, xs[0])
+        map_unary(out.reshape(-1), UNARY_OPS[op.operator], out.reshape(-1), 1)
+        return out
+    return _entrywise(op, xs, out)
 
 
 def _aligned(v: np.ndarray, indices: tuple, out_indices: tuple) -> np.ndarray:

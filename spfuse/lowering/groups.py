@@ -31,7 +31,7 @@ from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
-from spfuse.lowering.entrywise import EntrywiseGroup, entrywise_group, run_entrywise_group
+from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
 from spfuse.memo import attached_dict
@@ -964,7 +964,11 @@ def _bound_group(plan, g: Group, env: Mapping[str, Any]):
     of this call): a plain template or gemm group calls its kernel straight
     (:func:`~spfuse.lowering.templates.bind_einsum`, :func:`_bind_gemm`);
     any other group works out its way per call as before."""
-    if g.kernel not in ("generic", "copy") and g.on_pattern is None and g.entrywise is None and _route_needs(g)[1]:
+    if g.entrywise is not None:
+        bound = bind_entrywise(g.entrywise, env)
+        if bound is not None:
+            return lambda env, nt: bound(env) or _run_group(plan, g, env, nt)
+    elif g.kernel not in ("generic", "copy") and g.on_pattern is None and _route_needs(g)[1]:
         name, shape = g.outputs[0], tuple(plan.shapes[g.outputs[0]])
         run = (_bind_gemm(g.names, env) if g.kernel == "gemm"
                else templates.bind_einsum(g.kernel, g.names, shape, env))
