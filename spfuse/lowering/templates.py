@@ -350,27 +350,41 @@ def _specialised(kernel: Callable, *dtypes) -> Callable:
     """A fused-type kernel's compiled specialisation for these index and
     value dtypes (no fused-type dispatch per call), or the kernel itself.
 
-    >>> _specialised(csr.spmv, np.dtype(np.int32), np.dtype(np.float64)) is csr.spmv
+    >>> _specialised("spmv", np.dtype(np.int32), np.dtype(np.float64)) is csr.spmv
     False
     """
     return getattr(kernel, "__signatures__", {}).get("|".join(_C_TYPES[d] for d in dtypes), kernel)
 
 
-def _spmm_gemm(k, ip, ix, v, d, out, nt, S, tile) -> int:
-    k(ip, ix, v, d[0], d[1], out, nt)
-    return -1   # (its operand's indices are scanned before it runs: it does not check them)
+def _no_check(call: Callable) -> Callable:
+    """A kernel call that does not check its operand's indices (they are
+    scanned before it runs) in the form of those that do: returns -1."""
+    def run(*args) -> int:
+        call(*args)
+        return -1
+    return run
 
 
-#: The CSR kernels :func:`bind_einsum` binds, and how each takes its dense
-#: factors and options after ``(indptr, indices, data)``; each returns -1 or
-#: the position of an out-of-range index.
-_BOUND_CALLS: dict[str, Callable] = {
-    "spmv": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, S._shape[1]),
-    "row_sums": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, None, out, nt, S._shape[1]),
-    "spmm": lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, tile),
-    "spmm_gemm": _spmm_gemm,
+#: The CSR kernels :func:`bind_einsum` binds (by name in ``_csr_kernels``,
+#: looked up when bound), and how each takes its dense
+#: factors (``d``, those of :data:`_READ_TRANSPOSED` transposed) and options
+#: after ``(indptr, indices, data)``; each returns -1 or the position of an
+#: out-of-range index.
+_BOUND_CALLS: dict[str, tuple[str, Callable]] = {
+    "spmv": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, S._shape[1])),
+    "row_sums": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, None, out, nt, S._shape[1])),
+    "spmm": ("spmm", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, tile)),
+    "spmm_gemm": ("spmm_gemm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, nt))),
+    "sddmm": ("sddmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
+    "sddmm_t": ("sddmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
+    "gnn2": ("sddmm_spmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
+    "sddmm_spmm": ("sddmm_spmm",
+                   _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
+    "sddmm_spmm_gemm": ("sddmm_spmm_gemm",
+                        _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, nt))),
 }
-_BOUND_KERNELS = {"spmv": csr.spmv, "row_sums": csr.spmv, "spmm": csr.spmm, "spmm_gemm": csr.spmm_gemm}
+#: bound kernels whose result is values on the sparse operand's pattern
+_ON_PATTERN = frozenset({"sddmm", "sddmm_t"})
 
 
 def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callable | None:
@@ -393,8 +407,8 @@ def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callab
     >>> run(ops, 1)
     array([0., 1., 2.])
     """
-    fn = _BOUND_KERNELS.get(kernel)
-    if fn is None:
+    found = _BOUND_CALLS.get(kernel)
+    if found is None:
         return None
     names = tuple(names)
     ts = [tensors[n] for n in names]
@@ -403,30 +417,36 @@ def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callab
     sparse_format = Format.csr()
     if S._format is not sparse_format or S._index_dtype is not itype or S._values.dtype is not dtype:
         return None
-    formats = tuple(Format.dense(len(t._shape)) for t in dense)
+    transposed = _READ_TRANSPOSED.get(kernel, ())
+    # a factor read as stored: C-ordered; one read transposed: any dense order (a copy when C-ordered)
+    formats = tuple(t._format if n in transposed else Format.dense(len(t._shape)) for n, t in enumerate(dense))
     if any(t._format is not f or t._values.dtype is not dtype for t, f in zip(dense, formats, strict=True)):
         return None
-    call, compiled = _BOUND_CALLS[kernel], _specialised(fn, itype, dtype)
+    fn, call = found
+    compiled = _specialised(getattr(csr, fn), itype, dtype)
     team = _work(ts) >= PARALLEL_MIN_WORK
-    sparse_name, dense_names = names[0], tuple(zip(names[1:], formats, strict=True))
+    sparse_name = names[0]
+    dense_names = tuple(zip(names[1:], formats, (n in transposed for n in range(len(dense))), strict=True))
     out_shape = tuple(out_shape)
+    on_pattern = kernel in _ON_PATTERN
 
-    def run(tensors, nt: int) -> np.ndarray:
+    def run(tensors, nt: int):
         S = tensors[sparse_name]
+        nt = nt if team else 1
         d = []
         same = S._format is sparse_format and S._index_dtype is itype and S._values.dtype is dtype
-        for name, fmt in dense_names:
+        for name, fmt, flip in dense_names:
             t = tensors[name]
             same = same and t._format is fmt and t._values.dtype is dtype
-            d.append(t._values.reshape(t._shape))
+            d.append(_dense_t(t, dtype, nt) if flip else t._values.reshape(t._shape))
         if not same:
             return _run_einsum(kernel, list(names), "", out_shape, tensors, nt, tile)
         level = S._levels[1]
-        out = np.empty(out_shape, dtype)
-        bad = call(compiled, level.pos, level.crd, S._values, d, out, nt if team else 1, S, tile)
+        out = np.empty(len(S._values) if on_pattern else out_shape, dtype)
+        bad = call(compiled, level.pos, level.crd, S._values, d, out, nt, S, tile)
         if bad >= 0:
             raise IndexCheckFailed(sparse_name, bad)
-        return out
+        return S._with_kernel_values(out) if on_pattern else out
     return run
 
 
