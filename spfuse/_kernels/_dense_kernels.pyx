@@ -9,6 +9,10 @@
   pool is kept asleep (see :func:`hold_blas_to_one_thread`).
 * ``map_unary`` applies one unary op to a 1-D value array (e.g. the data of
   a sparse operand with an unchanged pattern), computed in double.
+* ``pattern_program`` runs element-wise work and row reductions on one CSR
+  pattern (``spfuse.lowering.pattern_values``): a table of instructions,
+  interpreted per row and instruction, each a tight loop over the row's
+  entries.
 * ``transpose`` copies a C-ordered matrix into its transpose, C-ordered,
   tile by tile: a dense operand read in the other mode order (``D.T``, a
   Fortran array, a result wanted the other way round) becomes C-ordered at
@@ -19,6 +23,8 @@ cimport cython
 from cython cimport floating
 from cython.parallel cimport prange
 from libc.math cimport exp, fabs, log, sqrt, tanh
+from libc.stdint cimport int64_t
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 from scipy.linalg.cython_blas cimport dgemm, sgemm
 
@@ -26,8 +32,10 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
     UNARY_TANH,
 )
+from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 
-__all__ = ["UNARY_OPS", "gemm", "hold_blas_to_one_thread", "map_unary", "transpose"]
+__all__ = ["PATTERN_ARGS", "PATTERN_OPS", "UNARY_OPS", "gemm", "hold_blas_to_one_thread", "map_unary",
+           "pattern_program", "transpose"]
 
 #: op codes of :func:`map_unary` (name -> code)
 UNARY_OPS = {
@@ -247,3 +255,275 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
                     for i in range(i0, i1):
                         out[j, i] = a[i, j]
                 i0 = i0 + _TILE
+
+
+# --------------------------------------------------------------------------
+# Pattern programs: element-wise work and row reductions on one CSR pattern
+# --------------------------------------------------------------------------
+# A program (made by ``spfuse.lowering.pattern_values``) is a table of
+# instructions, one row each:
+#   [opcode, sub, dst_kind, dst, nargs, coef_base, flags, (arg kind, arg index) * nargs]
+# run row by row: entry registers hold a row's entries, row registers one
+# value per row.  Interpretation is paid per instruction and row, never per
+# entry: each argument is first laid out over the row's entries by a loop of
+# its own kind, then the operation runs one tight loop over them.
+cdef enum:
+    PAT_COPY = 0
+    PAT_ADD = 1        # sum of coefficient * argument, left to right
+    PAT_SUB = 2        # the first term minus the others (each times its coefficient)
+    PAT_MUL = 3
+    PAT_DIV = 4        # a / b, and 0 where a is 0
+    PAT_WHERE = 5      # b where a != 0 (NaN too), else c
+    PAT_UNARY = 6      # sub: a UNARY_* code
+    PAT_REDUCE = 7     # sub: 0 sum, 1 max, 2 min over the row's entries (max/min see implicit zeros)
+
+cdef enum:
+    ARG_CONST = 0      # consts[index]
+    ARG_ENTRY = 1      # entry register
+    ARG_ROW = 2        # row register (the row's value at every entry)
+    ARG_PATTERN = 3    # arrays[index][p]: values stored on the pattern
+    ARG_ROWVEC = 4     # arrays[index][i]
+    ARG_COLVEC = 5     # arrays[index][column of p]
+    ARG_MATRIX = 6     # arrays[index][i * strides[index] + column of p]
+    ARG_SCALAR = 7     # arrays[index][0]
+
+cdef enum:
+    PAT_HEADER = 7
+    PAT_ROW_RESTRICTED = 1   # flag: a row-wise result is 0 on rows storing nothing
+
+PATTERN_OPS = {"copy": PAT_COPY, "+": PAT_ADD, "-": PAT_SUB, "*": PAT_MUL, "/": PAT_DIV, "where": PAT_WHERE,
+               "unary": PAT_UNARY, "reduce": PAT_REDUCE}
+PATTERN_ARGS = {"const": ARG_CONST, "entry": ARG_ENTRY, "row": ARG_ROW, "pattern": ARG_PATTERN,
+                "rowvec": ARG_ROWVEC, "colvec": ARG_COLVEC, "matrix": ARG_MATRIX, "scalar": ARG_SCALAR}
+
+
+cdef inline double _row_arg(int kind, Py_ssize_t index, Py_ssize_t i, const double* consts, double* rows,
+                            double** arrays) noexcept nogil:
+    """A row-level argument's value at row ``i``."""
+    if kind == ARG_CONST:
+        return consts[index]
+    if kind == ARG_ROW:
+        return rows[index]
+    if kind == ARG_ROWVEC:
+        return arrays[index][i]
+    return arrays[index][0]   # ARG_SCALAR
+
+
+cdef inline const double* _entry_arg(int kind, Py_ssize_t index, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n,
+                                     const int64_t* cols, const double* consts, double* rows, double** arrays,
+                                     const int64_t* strides, double* entries, Py_ssize_t width,
+                                     double* scratch) noexcept nogil:
+    """An argument laid out over row ``i``'s ``n`` entries (from position
+    ``p0``): a register or stored values as they are, anything else written
+    into ``scratch``."""
+    cdef Py_ssize_t e
+    cdef double v
+    cdef const double* a
+    if kind == ARG_ENTRY:
+        return entries + index * width
+    if kind == ARG_PATTERN:
+        return arrays[index] + p0
+    if kind == ARG_COLVEC:
+        a = arrays[index]
+        for e in range(n):
+            scratch[e] = a[cols[p0 + e]]
+        return scratch
+    if kind == ARG_MATRIX:
+        a = arrays[index] + i * strides[index]
+        for e in range(n):
+            scratch[e] = a[cols[p0 + e]]
+        return scratch
+    v = _row_arg(kind, index, i, consts, rows, arrays)
+    for e in range(n):
+        scratch[e] = v
+    return scratch
+
+
+cdef inline double _row_op(const int64_t* ins, Py_ssize_t i, const double* consts, double* rows,
+                           double** arrays) noexcept nogil:
+    """A row-wise instruction's value at row ``i`` (the entry-wise ones, on one value)."""
+    cdef int op = <int>ins[0]
+    cdef Py_ssize_t nargs = ins[4], k
+    cdef double a = _row_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i, consts, rows, arrays)
+    cdef double b, r
+    if op == PAT_COPY:
+        return a
+    if op == PAT_UNARY:
+        return _unary(<int>ins[1], a)
+    if op == PAT_ADD or op == PAT_SUB:
+        r = a * consts[ins[5]]
+        for k in range(1, nargs):
+            b = _row_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, consts, rows, arrays)
+            if consts[ins[5] + k] != 1.0:
+                b = b * consts[ins[5] + k]
+            r = r + b if op == PAT_ADD else r - b
+        return r
+    b = _row_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, consts, rows, arrays)
+    if op == PAT_MUL:
+        r = a * b
+        for k in range(2, nargs):
+            r = r * _row_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, consts, rows, arrays)
+        return r
+    if op == PAT_DIV:
+        return 0.0 if a == 0.0 else a / b
+    # PAT_WHERE
+    return b if a != 0.0 else _row_arg(<int>ins[PAT_HEADER + 4], ins[PAT_HEADER + 5], i, consts, rows, arrays)
+
+
+cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i,
+                       Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const int64_t* cols,
+                       const double* consts, double* rows, double** arrays, const int64_t* strides,
+                       double* entries, Py_ssize_t width, double* scratch) noexcept nogil:
+    """Every instruction on row ``i`` (entries ``[p0, p0 + n)``)."""
+    cdef Py_ssize_t t, e, k, nargs
+    cdef const int64_t* ins
+    cdef int op, sub
+    cdef double* dst
+    cdef const double* a
+    cdef const double* b
+    cdef const double* c
+    cdef double coef, r
+    for t in range(n_ins):
+        ins = code + t * stride
+        op = <int>ins[0]
+        sub = <int>ins[1]
+        nargs = ins[4]
+        if ins[2] == 1 and op != PAT_REDUCE:   # a row-wise result
+            r = _row_op(ins, i, consts, rows, arrays)
+            if (ins[6] & PAT_ROW_RESTRICTED) and n == 0:
+                r = 0.0
+            rows[ins[3]] = r
+            continue
+        a = _entry_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i, p0, n, cols, consts, rows, arrays, strides,
+                       entries, width, scratch)
+        if op == PAT_REDUCE:
+            if n == 0:
+                rows[ins[3]] = 0.0
+                continue
+            r = a[0]
+            if sub == 0:
+                for e in range(1, n):
+                    r = r + a[e]
+            else:
+                for e in range(1, n):   # NaN propagates, as numpy's maximum / minimum
+                    if r != r or a[e] != a[e]:
+                        r = r + a[e]
+                    elif (sub == 1 and a[e] > r) or (sub == 2 and a[e] < r):
+                        r = a[e]
+                if n < ncols and r == r and ((sub == 1 and r < 0.0) or (sub == 2 and r > 0.0)):
+                    r = 0.0   # the row's implicit zeros take part
+            rows[ins[3]] = r
+            continue
+        dst = entries + ins[3] * width
+        if op == PAT_COPY:
+            for e in range(n):
+                dst[e] = a[e]
+        elif op == PAT_UNARY:
+            for e in range(n):
+                dst[e] = _unary(sub, a[e])
+        elif op == PAT_ADD or op == PAT_SUB:
+            coef = consts[ins[5]]
+            for e in range(n):
+                dst[e] = a[e] * coef
+            for k in range(1, nargs):
+                b = _entry_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, p0, n, cols, consts,
+                               rows, arrays, strides, entries, width, scratch + width)
+                coef = consts[ins[5] + k]
+                if op == PAT_ADD:
+                    for e in range(n):
+                        dst[e] = dst[e] + (b[e] if coef == 1.0 else b[e] * coef)
+                else:
+                    for e in range(n):
+                        dst[e] = dst[e] - (b[e] if coef == 1.0 else b[e] * coef)
+        elif op == PAT_MUL:
+            if nargs == 1:
+                for e in range(n):
+                    dst[e] = a[e]
+            else:
+                # (the first argument's scratch is read before the second's is written: two slots)
+                b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows,
+                               arrays, strides, entries, width, scratch + width)
+                for e in range(n):
+                    dst[e] = a[e] * b[e]
+                for k in range(2, nargs):
+                    b = _entry_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, p0, n, cols,
+                                   consts, rows, arrays, strides, entries, width, scratch + width)
+                    for e in range(n):
+                        dst[e] = dst[e] * b[e]
+        elif op == PAT_DIV:
+            b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows, arrays,
+                           strides, entries, width, scratch + width)
+            for e in range(n):
+                dst[e] = 0.0 if a[e] == 0.0 else a[e] / b[e]
+        else:   # PAT_WHERE
+            b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows, arrays,
+                           strides, entries, width, scratch + width)
+            c = _entry_arg(<int>ins[PAT_HEADER + 4], ins[PAT_HEADER + 5], i, p0, n, cols, consts, rows, arrays,
+                           strides, entries, width, scratch + 2 * width)
+            for e in range(n):
+                dst[e] = b[e] if a[e] != 0.0 else c[e]
+
+
+def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize_t ncols,
+                    const int64_t[:, ::1] code, const double[::1] consts, list arrays,
+                    const int64_t[::1] strides, Py_ssize_t n_entry, Py_ssize_t n_row,
+                    const int64_t[:, ::1] outputs, int num_threads=1):
+    """pattern_program(indptr, cols, ncols, code, consts, arrays, strides, n_entry, n_row, outputs, num_threads=1)
+
+    Run a pattern program (see the table above) over every row of the CSR
+    pattern ``(indptr, cols)`` (``ncols`` columns).  ``arrays``: float64
+    C-contiguous 1-D arrays the arguments and the outputs index;
+    ``strides[k]``: the row length of ``arrays[k]`` read as a matrix.
+    ``outputs``: rows ``(register kind, register, array index)`` -- an entry
+    register written at each row's positions, a row register at the row.
+    Each row is computed alone, in the instructions' order, so results do
+    not depend on ``num_threads``.  Preconditions (the caller's): column
+    indices in ``[0, ncols)``, every array long enough for what reads it.
+    """
+    cdef Py_ssize_t m = indptr.shape[0] - 1, i, j, width = 1, n_ins = code.shape[0]
+    cdef Py_ssize_t stride = code.shape[1], n_out = outputs.shape[0], n_arrays = len(arrays)
+    cdef const int64_t* ip = &indptr[0]
+    cdef const int64_t* cp = &cols[0] if cols.shape[0] > 0 else NULL
+    cdef const int64_t* cd = &code[0, 0] if n_ins > 0 else NULL
+    cdef const int64_t* st = &strides[0] if strides.shape[0] > 0 else NULL
+    cdef const int64_t* outs = &outputs[0, 0] if n_out > 0 else NULL
+    cdef const double* cs = &consts[0] if consts.shape[0] > 0 else NULL
+    cdef const double[::1] view
+    cdef double** ptrs
+    cdef double* work
+    cdef double* rows
+    cdef double* entries
+    cdef Py_ssize_t per_thread, p0, n, o, e
+    if m <= 0 or n_ins == 0:
+        return
+    for i in range(m):
+        if ip[i + 1] - ip[i] > width:
+            width = ip[i + 1] - ip[i]
+    per_thread = (n_entry + 3) * width + n_row + 1
+    ptrs = <double**>malloc((n_arrays + 1) * sizeof(double*))
+    work = <double*>malloc(<size_t>per_thread * num_threads * sizeof(double))
+    if ptrs == NULL or work == NULL:
+        free(ptrs)
+        free(work)
+        raise MemoryError()
+    try:
+        for j in range(n_arrays):
+            view = arrays[j]
+            ptrs[j] = <double*>&view[0] if view.shape[0] > 0 else NULL   # (outputs are fresh, writable arrays)
+        with nogil:
+            for i in prange(m, schedule="static", chunksize=64, num_threads=num_threads):
+                rows = work + <Py_ssize_t>omp_get_thread_num() * per_thread
+                entries = rows + n_row + 1
+                p0 = ip[i]
+                n = ip[i + 1] - p0
+                _pattern_row(cd, n_ins, stride, i, p0, n, ncols, cp, cs, rows, ptrs, st, entries, width,
+                             entries + n_entry * width)
+                for o in range(n_out):
+                    if outs[3 * o] == 0:
+                        for e in range(n):
+                            ptrs[outs[3 * o + 2]][p0 + e] = entries[outs[3 * o + 1] * width + e]
+                    else:
+                        ptrs[outs[3 * o + 2]][i] = rows[outs[3 * o + 1]]
+    finally:
+        free(ptrs)
+        free(work)

@@ -949,7 +949,7 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
 def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
     """One group's results, its way worked out on this call."""
     if g.on_pattern is not None:
-        values = run_pattern_group(g.on_pattern, env, plan.shapes)
+        values = run_pattern_group(g.on_pattern, env, plan.shapes, nt)
     elif g.entrywise is not None:
         values = run_entrywise_group(g.entrywise, env)
     else:
