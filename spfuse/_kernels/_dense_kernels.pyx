@@ -276,6 +276,7 @@ cdef enum:
     PAT_WHERE = 5      # b where a != 0 (NaN too), else c
     PAT_UNARY = 6      # sub: a UNARY_* code
     PAT_REDUCE = 7     # sub: 0 sum, 1 max, 2 min over the row's entries (max/min see implicit zeros)
+    PAT_ROW_DOT = 8    # a row's sum over e of the product of dense operands; sub: the array whose stride is e's extent
 
 cdef enum:
     ARG_CONST = 0      # consts[index]
@@ -286,15 +287,18 @@ cdef enum:
     ARG_COLVEC = 5     # arrays[index][column of p]
     ARG_MATRIX = 6     # arrays[index][i * strides[index] + column of p]
     ARG_SCALAR = 7     # arrays[index][0]
+    ARG_DENSE_ROW = 8  # arrays[index][i * strides[index] + e] (a row dot's matrix operand)
+    ARG_DENSE_E = 9    # arrays[index][e] (a row dot's vector operand)
 
 cdef enum:
     PAT_HEADER = 7
     PAT_ROW_RESTRICTED = 1   # flag: a row-wise result is 0 on rows storing nothing
 
 PATTERN_OPS = {"copy": PAT_COPY, "+": PAT_ADD, "-": PAT_SUB, "*": PAT_MUL, "/": PAT_DIV, "where": PAT_WHERE,
-               "unary": PAT_UNARY, "reduce": PAT_REDUCE}
+               "unary": PAT_UNARY, "reduce": PAT_REDUCE, "row_dot": PAT_ROW_DOT}
 PATTERN_ARGS = {"const": ARG_CONST, "entry": ARG_ENTRY, "row": ARG_ROW, "pattern": ARG_PATTERN,
-                "rowvec": ARG_ROWVEC, "colvec": ARG_COLVEC, "matrix": ARG_MATRIX, "scalar": ARG_SCALAR}
+                "rowvec": ARG_ROWVEC, "colvec": ARG_COLVEC, "matrix": ARG_MATRIX, "scalar": ARG_SCALAR,
+                "dense_row": ARG_DENSE_ROW, "dense_e": ARG_DENSE_E}
 
 
 cdef inline double _row_arg(int kind, Py_ssize_t index, Py_ssize_t i, const double* consts, double* rows,
@@ -370,6 +374,29 @@ cdef inline double _row_op(const int64_t* ins, Py_ssize_t i, const double* const
     return b if a != 0.0 else _row_arg(<int>ins[PAT_HEADER + 4], ins[PAT_HEADER + 5], i, consts, rows, arrays)
 
 
+cdef inline double _row_dot(const int64_t* ins, Py_ssize_t i, const double* consts, double* rows,
+                            double** arrays, const int64_t* strides) noexcept nogil:
+    """``sum(e, x0 * x1 * ...)`` at row ``i``: each term's factors multiplied
+    left to right, the terms added in ``e`` order from 0."""
+    cdef Py_ssize_t extent = strides[ins[1]], nargs = ins[4], e, k, index
+    cdef int kind
+    cdef double r = 0.0, t, x
+    for e in range(extent):
+        t = 1.0
+        for k in range(nargs):
+            kind = <int>ins[PAT_HEADER + 2 * k]
+            index = ins[PAT_HEADER + 2 * k + 1]
+            if kind == ARG_DENSE_ROW:
+                x = arrays[index][i * strides[index] + e]
+            elif kind == ARG_DENSE_E:
+                x = arrays[index][e]
+            else:
+                x = _row_arg(kind, index, i, consts, rows, arrays)
+            t = x if k == 0 else t * x
+        r = r + t
+    return r
+
+
 cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i,
                        Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const int64_t* cols,
                        const double* consts, double* rows, double** arrays, const int64_t* strides,
@@ -389,7 +416,8 @@ cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride,
         sub = <int>ins[1]
         nargs = ins[4]
         if ins[2] == 1 and op != PAT_REDUCE:   # a row-wise result
-            r = _row_op(ins, i, consts, rows, arrays)
+            r = _row_dot(ins, i, consts, rows, arrays, strides) if op == PAT_ROW_DOT else \
+                _row_op(ins, i, consts, rows, arrays)
             if (ins[6] & PAT_ROW_RESTRICTED) and n == 0:
                 r = 0.0
             rows[ins[3]] = r
