@@ -39,6 +39,7 @@ handed back (None): the caller runs the generic executor.
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -268,7 +269,6 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
     level = first.levels[1]
     indptr, cols = np.asarray(level.pos, dtype=np.int64), level.crd
     nrows, ncols = first.shape
-    counts = np.diff(indptr)
     on_pattern: dict[str, np.ndarray] = {n: env[n].values for n in pg.sparse}
     for op, c in zip(pg.ops, pg.op_cols, strict=True):
         # a sparse temporary of an earlier group (SDDMM kept on the pattern) on the same pattern
@@ -298,11 +298,12 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
             op = next(o for o in pg.ops if o.out == name)
             wide = op.reduction is None and len(op.out_indices) == 2
             results[name] = np.empty(len(cols) if wide else (nrows if op.out_indices else ()))
+        counts = np.diff(indptr)
         for lo, hi in _row_blocks(indptr, nrows):
             _run_block(pg, lo, hi, indptr, cols, counts, ncols, on_pattern, dense, results)
     out: dict[str, Any] = {}
     for name, v in results.items():
-        if not np.all(np.isfinite(v)):
+        if not math.isfinite(v.sum()):   # (inf or NaN anywhere makes the sum so; an overflow only sends it back too)
             return None
         if v.ndim == 1 and len(v) == len(cols) and name in {o.out for o in pg.ops if len(o.out_indices) == 2}:
             out[name] = first._with_kernel_values(v)  # (float64, as the executor's; the call path casts results)
