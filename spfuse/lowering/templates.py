@@ -350,8 +350,9 @@ def _specialised(kernel: Callable, *dtypes) -> Callable:
     """A fused-type kernel's compiled specialisation for these index and
     value dtypes (no fused-type dispatch per call), or the kernel itself.
 
-    >>> _specialised("spmv", np.dtype(np.int32), np.dtype(np.float64)) is csr.spmv
-    False
+    >>> f = _specialised(csr.spmv, np.dtype(np.int32), np.dtype(np.float64))
+    >>> f is csr.spmv, f is csr.spmv.__signatures__["int32_t|double"]
+    (False, True)
     """
     return getattr(kernel, "__signatures__", {}).get("|".join(_C_TYPES[d] for d in dtypes), kernel)
 
@@ -365,21 +366,22 @@ def _no_check(call: Callable) -> Callable:
     return run
 
 
+#: ``kernel(indptr, indices, data, *dense factors, out, 0, nt)``: the SDDMM family (op 0: multiply)
+_SDDMM_CALL = _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))
+
 #: The CSR kernels :func:`bind_einsum` binds (by name in ``_csr_kernels``,
-#: looked up when bound), and how each takes its dense
-#: factors (``d``, those of :data:`_READ_TRANSPOSED` transposed) and options
-#: after ``(indptr, indices, data)``; each returns -1 or the position of an
-#: out-of-range index.
+#: looked up when bound), and how each takes its dense factors (``d``, those
+#: of :data:`_READ_TRANSPOSED` transposed) and options after ``(indptr,
+#: indices, data)``; each returns -1 or the position of an out-of-range index.
 _BOUND_CALLS: dict[str, tuple[str, Callable]] = {
     "spmv": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, S._shape[1])),
     "row_sums": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, None, out, nt, S._shape[1])),
     "spmm": ("spmm", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, tile)),
     "spmm_gemm": ("spmm_gemm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, nt))),
-    "sddmm": ("sddmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
-    "sddmm_t": ("sddmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
-    "gnn2": ("sddmm_spmm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
-    "sddmm_spmm": ("sddmm_spmm",
-                   _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, 0, nt))),
+    "sddmm": ("sddmm", _SDDMM_CALL),
+    "sddmm_t": ("sddmm", _SDDMM_CALL),
+    "gnn2": ("sddmm_spmm", _SDDMM_CALL),
+    "sddmm_spmm": ("sddmm_spmm", _SDDMM_CALL),
     "sddmm_spmm_gemm": ("sddmm_spmm_gemm",
                         _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, nt))),
 }
