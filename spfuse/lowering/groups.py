@@ -77,7 +77,7 @@ class Group:
         how = "BLAS gemm" if self.kernel == "gemm" else (
             "generic executor" if self.kernel == "generic" else f"template {self.kernel}")
         if self.on_pattern is not None:
-            how = f"numpy {self.on_pattern.describe()}"
+            how = self.on_pattern.describe()
         if self.entrywise is not None:
             how = self.entrywise.describe()
         r = self.route
