@@ -25,6 +25,7 @@ PROGRAMS = {
     "spmv": "y[i] = A[i,j] * x[j]",
     "row_sums": "y[i] = A[i,j]",
     "spmm": "C[i,k] = A[i,j] * B[j,k]",
+    "spmm_t": "C[j,k] = A[i,j] * P[i,k]",
     "spmm_gemm": "Z[i,l] = A[i,j] * B[j,k] * W[k,l]",
     "sddmm": "S[i,j] = A[i,j] * (P[i,k] * Q[k,j])",
     "gnn2": "Z[i,j] = (A[i,h] * (P[i,k] * Qt[h,k])) * E[j,h]",
@@ -90,6 +91,7 @@ def test_the_programs_reach_bound_steps():
 
 @pytest.mark.parametrize("kernel,names,shape", [
     ("spmv", ("A", "x"), (23,)), ("row_sums", ("A",), (23,)), ("spmm", ("A", "B"), (23, 6)),
+    ("spmm_t", ("A", "P"), (23, 6)),
     ("spmm_gemm", ("A", "B", "W"), (23, 5)), ("sddmm", ("A", "P", "Q"), (23, 23)),
     ("sddmm_spmm", ("A", "P", "Qt", "F"), (23, 4))])
 def test_a_bound_kernel_given_another_signature_takes_the_general_path(kernel, names, shape):

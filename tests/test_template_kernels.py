@@ -131,6 +131,30 @@ def test_spmm(kind, shape, it, dt, Kdim, rng):
 
 
 @dtypes
+@itypes
+@cases
+@pytest.mark.parametrize("Kdim", [0, 1, 8, 17, 40])
+def test_spmm_t(kind, shape, it, dt, Kdim, rng):
+    """Aᵀ·B by scatter: every element is summed in row order (each column
+    the same sums as a one-column call); duplicates and unsorted rows taken
+    as they are."""
+    A = make_csr(kind, rng, *shape)
+    ip, ind, val = arrays(A, it, dt)
+    if len(ind) >= 2:
+        ind[1] = ind[0]
+    dense = sp.csr_matrix((val.astype(np.float64), ind, ip), shape=shape).toarray()
+    B = rng.standard_normal((shape[0], Kdim)).astype(dt)
+
+    got = np.full((shape[1], Kdim), np.nan, dtype=dt)
+    assert K.spmm_t(ip, ind, val, B, got) == -1  # every index in range
+    np.testing.assert_allclose(got, dense.T @ B.astype(np.float64), **tol(dt))
+    if Kdim:
+        one = np.empty((shape[1], 1), dtype=dt)
+        K.spmm_t(ip, ind, val, np.ascontiguousarray(B[:, -1:]), one)
+        np.testing.assert_array_equal(one[:, 0], got[:, -1])
+
+
+@dtypes
 @cases
 def test_spmm_rows_in_registers_sum_as_the_workspace_rows(kind, shape, dt, rng):
     # K <= 8 sums each row in registers; wider rows in a workspace: the
@@ -188,7 +212,7 @@ def test_bilinear(kind, shape, it, dt, blocks, rng):
 
 
 @itypes
-@pytest.mark.parametrize("kernel", ["spmv", "spmv_t", "spmm"])
+@pytest.mark.parametrize("kernel", ["spmv", "spmv_t", "spmm", "spmm_t"])
 @pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1])
 @pytest.mark.parametrize("nt", [1, 2])
 def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad, nt, it):
@@ -198,12 +222,16 @@ def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad,
     ip = np.array([0, 2, 2, 5], dtype=it)
     ind = np.array([0, 8, 1, 4, 3], dtype=it)
     val = np.ones(5)
-    dense = np.ones((9, 3)) if kernel == "spmm" else np.ones(3 if kernel == "spmv_t" else 9)
-    out = np.empty((3, 3)) if kernel == "spmm" else np.empty(9 if kernel == "spmv_t" else 3)
+    dense = np.ones((9, 3)) if kernel == "spmm" else np.ones((3, 2)) if kernel == "spmm_t" else np.ones(
+        3 if kernel == "spmv_t" else 9)
+    out = np.empty((3, 3)) if kernel == "spmm" else np.empty((9, 2)) if kernel == "spmm_t" else np.empty(
+        9 if kernel == "spmv_t" else 3)
 
     def run(ind, dense, out):
         if kernel == "spmv_t":
             return K.spmv_t(ip, ind, val, dense, out, 2, nt)
+        if kernel == "spmm_t":
+            return K.spmm_t(ip, ind, val, dense, out)
         return getattr(K, kernel)(ip, ind, val, dense, out, nt)
     assert run(ind, dense, out) == -1
     ind[3] = bad
@@ -212,6 +240,9 @@ def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad,
         assert run(ind, dense, np.empty(0)) in (0, 1)  # n = 0: every index is out of range
     if kernel == "spmm":  # K = 0: nothing gathered, the index is still checked
         assert K.spmm(ip, ind, val, np.ones((9, 0)), np.empty((3, 0)), nt) == 3
+    if kernel == "spmm_t":  # K = 0 and n = 0: nothing scattered, the index is still checked
+        assert K.spmm_t(ip, ind, val, np.ones((3, 0)), np.empty((9, 0))) == 3
+        assert K.spmm_t(ip, ind, val, dense, np.empty((0, 2))) in (0, 1)
 
 
 @dtypes

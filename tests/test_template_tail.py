@@ -21,9 +21,10 @@ CASES = {
     # GCN's ReLU gradient summed against a dense temporary: generic where, then BLAS gemm
     "where_then_gemm": ("T[i,h] = where(Q[i,h], Q[i,h], 0.0); Y[j,h] = sum(i, T[i,h] * D[i,j])",
                         ("generic", "gemm"), lambda A, Q, D: D.T @ np.where(Q != 0, Q, 0.0)),
-    # the autoencoder's grad_We shape: a sigmoid's derivative summed against a sparse input (SpMM with Aᵀ)
+    # the autoencoder's grad_We shape: a sigmoid's derivative summed against a sparse input (a small
+    # output: scattered by spmm_t; a large one is SpMM with Aᵀ)
     "sigmoid_then_spmm": ("T[i,h] = sigmoid(Q[i,h]) * (1.0 - sigmoid(Q[i,h])); Y[j,h] = sum(i, A[i,j] * T[i,h])",
-                          ("generic", "spmm"),
+                          ("generic", "spmm_t"),
                           lambda A, Q, D: A.T @ (1 / (1 + np.exp(-Q)) * (1 - 1 / (1 + np.exp(-Q))))),
 }
 
