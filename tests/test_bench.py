@@ -139,6 +139,32 @@ def test_wrong_peer_is_flagged_not_timed(tiny_inputs):
     assert "MISMATCH!" in text and "wrong on uniform-300/SpMV" in text
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the ceiling reads /proc")
+def test_a_peer_wanting_more_memory_than_the_machine_has_is_an_error_not_a_crash(tiny_inputs):
+    """A peer's first call runs under an address-space ceiling: an allocation
+    past the machine's available memory raises MemoryError there (an
+    ``error`` entry), where outside it the same lazy allocation succeeds --
+    and is what the OOM killer ends the run for once it is touched."""
+    import resource
+    avail = harness._memory_available()
+    assert avail
+    wanted = int(0.9 * avail) // 8
+    try:
+        np.empty(wanted)   # (untouched: no memory used; the ceiling is what refuses it)
+    except MemoryError:
+        pytest.skip("this machine refuses the allocation anyway (strict overcommit)")
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    with pytest.raises(MemoryError):
+        with harness.memory_ceiling():
+            np.empty(wanted)
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    greedy = _fake_peer("greedy", lambda o: np.empty(wanted))
+    recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SpMV"], TINY, [1], repeat=1,
+                            peer_list=[peers.all_peers()[0], greedy])
+    by = {r.peer: r for r in recs}
+    assert by["greedy"].status == "error" and "MemoryError" in by["greedy"].note
+
+
 def test_kernel_a_peer_cannot_express_is_na(tiny_inputs):
     spf = peers.all_peers()[0]
     recs = harness.run_case(tiny_inputs["matrix"], suite.KERNELS_BY_NAME["SDDMM"], TINY, [1], repeat=1,
