@@ -874,6 +874,7 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
             op[i] = <floating>acc[i]
     return -1
 
+
 def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
           const floating[:, ::1] C, const floating[:, ::1] Dt, floating[::1] out_data,
           int op, int num_threads):

@@ -107,8 +107,8 @@ def memory_ceiling(headroom: float = 0.8):
     A peer's first call runs under it, so a call that wants more fails with
     ``MemoryError`` -- an ``error`` entry in the table -- instead of the
     kernel's OOM killer ending the whole run (pydata sparse's SpTTM-SpTTM at
-    ``--size medium`` asks for 5.8 GiB arrays and took the process to 16 GiB;
-    the full medium run was killed at 24 GiB).  Nothing changes where
+    ``--size medium`` took the process to 16 GiB, then asked for 5.8 GiB
+    more: very likely what killed a full medium run at 24 GiB).  Nothing changes where
     ``resource`` or ``/proc`` is missing, or a tighter limit is already set.
 
     >>> import numpy as np
