@@ -278,7 +278,8 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     from spfuse.lowering.templates import whole_program_kernel
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
-    if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None:
+    if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None \
+            or _one_template_as_stored(plan):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     reordered = _template_mode_order(plan, planner)
     if reordered is not None:
@@ -327,6 +328,22 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
         return plan
     # best.inputs holds the order planned for: the call converts the operand to it
     return replace(best, decisions=best.decisions + (why,))
+
+
+def _one_template_as_stored(plan: Plan) -> bool:
+    """Does one template group run the whole plan, reading every sparse
+    operand as stored or through a free transpose (a CSC matrix's arrays
+    are the CSR of its transpose)?  ``A·X`` of a CSC ``A`` is then
+    ``spmm_t`` on A's own arrays, where converting A to CSR first cost a
+    gather per call and SpMM after it (5000 rows, K=16: 0.68 ms against
+    scipy's 0.34)."""
+    from spfuse.lowering.groups import _free_transpose, split_groups
+    groups = split_groups(plan)
+    if len(groups) != 1 or groups[0].route is None or groups[0].kernel in ("generic", "copy", "gemm"):
+        return False
+    route = groups[0].route
+    return not route.merged and bool(route.transposed) and all(
+        n in plan.inputs and _free_transpose(plan.inputs[n]) for n in route.transposed)
 
 
 def _template_mode_order(plan: Plan, planner) -> Plan | None:

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import spfuse
-from spfuse.lowering import transposes
+from spfuse.lowering import templates, transposes
 from spfuse.lowering.groups import split_groups
 
 
@@ -110,8 +110,10 @@ def test_each_case_takes_its_route(case):
     assert got[:len(kernels)] == kernels[:len(got)] and kernels[0] in got, got
 
 
-def test_route_details_are_described():
-    # an output past templates.SPMM_T_MAX_OUTPUT_BYTES: SpMM of Aᵀ, not the scatter
+def test_route_details_are_described(monkeypatch):
+    # an output past templates.SPMM_T_MAX_OUTPUT_BYTES (lowered here): SpMM of Aᵀ, not the scatter
+    monkeypatch.setattr(templates, "SPMM_T_MAX_OUTPUT_BYTES", 1 << 18)
+    spfuse.clear_cache()
     A = sp.random_array((40, 3000), density=0.02, format="csr", rng=np.random.default_rng(0))
     plan = spfuse.compile("Y[h,j] = sum(i, A[i,j] * Q[i,h])").plans(A=A, Q=np.ones((40, 16)))["auto"]
     (g,) = split_groups(plan)
@@ -300,7 +302,9 @@ def _checks(program, **ops):
     return m.kernel, m.checks_indices
 
 
-def test_spmv_and_spmm_groups_check_their_operand_in_kernel():
+def test_spmv_and_spmm_groups_check_their_operand_in_kernel(monkeypatch):
+    monkeypatch.setattr(templates, "SPMM_T_MAX_OUTPUT_BYTES", 1 << 18)   # (the large case below past it)
+    spfuse.clear_cache()
     rng = np.random.default_rng(8)
     A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
     x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
@@ -569,11 +573,13 @@ def test_connected_or_untemplated_groups_are_not_split():
 
 @pytest.mark.parametrize("cols,width,kernel", [(30, 4, "spmm_t"), (3000, 16, "spmm")])
 @pytest.mark.parametrize("csc", [False, True])
-def test_rows_summed_scatter_when_the_output_is_small(cols, width, kernel, csc):
+def test_rows_summed_scatter_when_the_output_is_small(cols, width, kernel, csc, monkeypatch):
     """``sum(i, A[i,j] * Q[i,h])`` (and ``A·X`` of a CSC ``A``) scatters
     each row into the output (``spmm_t``, no transpose) when the output
-    fits templates.SPMM_T_MAX_OUTPUT_BYTES, else runs SpMM of the transpose;
-    the same values either way."""
+    fits templates.SPMM_T_MAX_OUTPUT_BYTES (lowered here to 256 KiB), else
+    runs SpMM of the transpose; the same values either way."""
+    monkeypatch.setattr(templates, "SPMM_T_MAX_OUTPUT_BYTES", 1 << 18)
+    spfuse.clear_cache()
     rng = np.random.default_rng(4)
     A = sp.random_array((40, cols), density=0.05, format="csr", rng=rng)
     A.data[:] = rng.standard_normal(A.nnz)
@@ -587,3 +593,29 @@ def test_rows_summed_scatter_when_the_output_is_small(cols, width, kernel, csc):
         assert f"template kernel '{kernel}" in how, how
     for nt in (1, 2):
         np.testing.assert_allclose(spfuse.evaluate(program, num_threads=nt, **ops), want, rtol=1e-12, atol=1e-12)
+
+
+def test_csc_spmm_scatters_its_own_arrays_instead_of_converting():
+    """``A·X`` of a CSC ``A`` is ``spmm_t`` on A's arrays (the CSR of Aᵀ):
+    the planner keeps the storage order a template reads through a free
+    transpose, where converting to CSR cost a gather and an SpMM per call;
+    past SPMM_T_MAX_OUTPUT_BYTES the conversion stays."""
+    rng = np.random.default_rng(12)
+    A = sp.random_array((5000, 5000), density=0.002, format="csc", rng=rng)
+    X = rng.standard_normal((5000, 16))
+    program = "C[i,k] = A[i,j] * X[j,k]"
+    how = spfuse.compile(program).explain(A=A, X=X).split("execution:")[1].splitlines()[0]
+    assert "template kernel 'spmm_t'" in how and "A.T=csr" in how, how
+    np.testing.assert_allclose(spfuse.evaluate(program, A=A, X=X), A @ X, rtol=1e-12, atol=1e-12)
+    wide = rng.standard_normal((5000, 16))
+    big = {"A": A, "X": wide}
+    old = templates.SPMM_T_MAX_OUTPUT_BYTES
+    try:
+        templates.SPMM_T_MAX_OUTPUT_BYTES = 1 << 10
+        spfuse.clear_cache()
+        how = spfuse.compile(program).explain(**big).split("execution:")[1].splitlines()[0]
+        assert "spmm_t" not in how, how
+        np.testing.assert_allclose(spfuse.evaluate(program, **big), A @ wide, rtol=1e-12, atol=1e-12)
+    finally:
+        templates.SPMM_T_MAX_OUTPUT_BYTES = old
+        spfuse.clear_cache()

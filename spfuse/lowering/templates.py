@@ -204,13 +204,14 @@ def follows_template(kernel: str, names, ops, infos: Mapping[str, TensorInfo] | 
 
 
 #: ``spmm_t`` (a scatter into the output's rows, one thread) runs when its
-#: output is at most this many bytes, in cache; a larger one is computed as
-#: SpMM of the transpose, whose gathers stream better once the scattered
-#: rows leave the cache and which the team shares (measured: 2000 x 16,
-#: 94 us scatter against 102 us gather on one thread, 73 us on two, plus
-#: 24 us for the transpose's values; 2000 x 64, 338 against 296 / 190 us;
-#: 100k x 64, 98 ms against 72 / 33 ms).
-SPMM_T_MAX_OUTPUT_BYTES = 1 << 18
+#: output is at most this many bytes; a larger one is computed as SpMM of
+#: the transpose, which the team shares.  Measured as evaluate calls of
+#: ``C[j,k] = A[i,j] * X[i,k]`` (10 entries per row; scatter against SpMM of
+#: Aᵀ, 1 / 2 threads): 5000 x 16, 0.40 / 0.44 ms against 1.32 / 0.70;
+#: 20000 x 16, 1.8 / 1.8 against 8.1 / 3.1; 100k x 16 (12 MiB), 17 / 19
+#: against 41 / 26; 100k x 32 (24 MiB), 46 / 45 against 57 / 40; 100k x 64,
+#: 105 / 101 against 108 / 90.
+SPMM_T_MAX_OUTPUT_BYTES = 1 << 24
 
 
 def _scatter_fits(names, infos) -> bool:
@@ -219,7 +220,7 @@ def _scatter_fits(names, infos) -> bool:
     extents: no.
 
     >>> from spfuse.ir.ops import TensorInfo
-    >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (10**5, 2000), nnz=10**6)
+    >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (10**5, 10**5), nnz=10**6)
     >>> _scatter_fits(("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 16))})
     True
     >>> _scatter_fits(("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 64))})
