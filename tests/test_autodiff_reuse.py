@@ -48,6 +48,29 @@ def test_transpose_matches_scipy_and_follows_new_values(rng):
     assert t2.format.name == "csr" and t2.shape == (5, 7)
 
 
+@pytest.mark.parametrize("n", [7, 3000])   # (bytes compared below 64 KiB, integer views above)
+def test_same_values_reuse_their_transpose_and_any_changed_bit_gathers_again(rng, n):
+    """The last values transposed are remembered per pattern, compared bit
+    for bit: the same values (a training loop's adjacency) reuse their
+    transpose, read-only; values changed in place -- one entry, or only the
+    sign of a zero -- are gathered again."""
+    transposes.clear()
+    A = _csr(rng, n, 5, density=0.6)
+    t1 = transposes.transposed_csr(as_tensor(A))
+    t2 = transposes.transposed_csr(as_tensor(A))
+    assert np.shares_memory(t1.values, t2.values) and not t2.values.flags.writeable
+    A.data[0] += 1.0   # in place: the same buffer, other values
+    t3 = transposes.transposed_csr(as_tensor(A))
+    np.testing.assert_array_equal(t3.todense(), A.toarray().T)
+    assert not np.shares_memory(t2.values, t3.values)
+    A.data[0] = 0.0
+    t4 = transposes.transposed_csr(as_tensor(A))
+    A.data[0] = -0.0
+    t5 = transposes.transposed_csr(as_tensor(A))
+    at = int(np.flatnonzero(t5.values == 0.0)[0])
+    assert np.signbit(t5.values[at]) and not np.signbit(t4.values[at])
+
+
 def test_pattern_changed_in_place_is_not_served_a_stale_transpose(rng):
     transposes.clear()
     A = sp.csr_array(np.array([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]]))

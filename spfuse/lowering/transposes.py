@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,13 @@ _CSR = Format.csr()
 #: patterns remembered (least recently used dropped first)
 MAX_PATTERNS = 16
 
+#: a pattern of at most this many entries also remembers the last values it
+#: transposed: a call with the same values (compared bit for bit, in order:
+#: a sequential pass) reuses their transpose instead of gathering them in
+#: the transpose's order (a random pass: 20000 rows, 200k entries, 1.2 ms of
+#: a 4.3 ms Aᵀ·X call)
+KEEP_VALUES_MAX = 1 << 22
+
 
 @dataclass(frozen=True)
 class _Transposed:
@@ -50,6 +57,9 @@ class _Transposed:
     t_crd: np.ndarray
     order: np.ndarray      # source value positions in the transpose's storage order
     shell: Tensor          # the transpose (its values a placeholder): each call only swaps in values
+    #: ``[(source values copied, their transpose read-only)]`` of the last call, when at most
+    #: :data:`KEEP_VALUES_MAX` entries: a training loop transposes the same matrix every epoch
+    last: list = field(default_factory=list, compare=False)
 
 
 _cache: OrderedDict = OrderedDict()
@@ -132,9 +142,32 @@ def transposed_csr(t: Tensor) -> Tensor:
             _cache.move_to_end(key)
             while len(_cache) > MAX_PATTERNS:
                 _cache.popitem(last=False)
-    out = found.shell._with_kernel_values(t.values[found.order])  # (a gather: C-contiguous, t's dtype)
+    out = found.shell._with_kernel_values(_transposed_values(found, t.values))
     out.origin = t.origin
     return out
+
+
+def _transposed_values(found: _Transposed, values: np.ndarray) -> np.ndarray:
+    """``values`` in the transpose's storage order: the last call's when
+    they are the same bits, else a gather (C-contiguous, ``values``' dtype)."""
+    last = found.last[0] if found.last else None   # (one read: the pair is replaced whole)
+    if last is not None and _same_bits(last[0], values):
+        return last[1]
+    gathered = values[found.order]
+    if len(values) <= KEEP_VALUES_MAX:
+        gathered.flags.writeable = False   # (shared by later calls' transposes)
+        found.last[:] = [(values.copy(), gathered)]
+    return gathered
+
+
+def _same_bits(kept: np.ndarray, a: np.ndarray) -> bool:
+    """Does ``a`` hold exactly ``kept``'s bits (a NaN equal to itself, -0.0 not to 0.0)?"""
+    if kept.shape != a.shape or kept.dtype != a.dtype or not a.flags.c_contiguous:
+        return False
+    if a.nbytes <= _BYTES_COMPARE:
+        return kept.tobytes() == a.tobytes()
+    as_int = np.dtype(f"i{a.dtype.itemsize}")
+    return bool(np.array_equal(kept.view(as_int), a.view(as_int)))
 
 
 @dataclass(frozen=True)
