@@ -437,7 +437,7 @@ def _choose_kernel(ein, local, ops) -> Route | None:
 
 
 def _route(ein, local, ops) -> Route | None:
-    from spfuse.lowering.templates import SIGNATURES, _unify, follows_template
+    from spfuse.lowering.templates import SIGNATURES, _unify, fits_operands, follows_template
     out, out_ix, summed, factors = ein
     if len(set(summed)) != len(summed):
         return None
@@ -459,7 +459,8 @@ def _route(ein, local, ops) -> Route | None:
         o_ix = out_ix[::-1] if out_swapped else out_ix
         for name, sig in SIGNATURES.items():
             found = _unify(sig, o_ix, summed, facs, names_local)
-            if found is None or not follows_template(name, found, ops, names_local):
+            if found is None or not fits_operands(name, found, names_local) \
+                    or not follows_template(name, found, ops, names_local):
                 continue
             if (swaps or out_swapped) and name not in _DENSE_RESULT | _FRESH_SPARSE_RESULT and not (
                     name in _ON_OPERAND_PATTERN and _read_as_stored(found[0], factors, swaps, out_swapped, local)):

@@ -188,8 +188,6 @@ def follows_template(kernel: str, names, ops, infos: Mapping[str, TensorInfo] | 
     >>> follows_template("mttkrp", ["X", "C", "D"], kfirst), follows_template("mttkrp", ["X", "C", "D"], jfirst)
     (True, False)
     """
-    if kernel == "spmm_t":
-        return _scatter_fits(names, infos)
     if kernel not in ("mttkrp", "mttkrp_mid"):
         return True
     x, _, d = names
@@ -214,19 +212,23 @@ def follows_template(kernel: str, names, ops, infos: Mapping[str, TensorInfo] | 
 SPMM_T_MAX_OUTPUT_BYTES = 1 << 24
 
 
-def _scatter_fits(names, infos) -> bool:
-    """Is ``spmm_t``'s output (A's columns x B's columns, float64) small
-    enough to scatter into (:data:`SPMM_T_MAX_OUTPUT_BYTES`)?  Unknown
-    extents: no.
+def fits_operands(kernel: str, names, infos: Mapping[str, TensorInfo]) -> bool:
+    """Is ``kernel`` the one to run on operands of these sizes?  A kernel
+    that does not fit leaves the einsum to the next signature or route (it
+    says nothing of the planned tree, as :func:`follows_template` does).
+    ``spmm_t`` fits when its output (A's columns x B's columns, float64) is
+    at most :data:`SPMM_T_MAX_OUTPUT_BYTES`; unknown extents do not fit.
 
     >>> from spfuse.ir.ops import TensorInfo
     >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (10**5, 10**5), nnz=10**6)
-    >>> _scatter_fits(("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 16))})
+    >>> fits_operands("spmm_t", ("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 16))})
     True
-    >>> _scatter_fits(("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 64))})
+    >>> fits_operands("spmm_t", ("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 64))})
     False
     """
-    if infos is None or names[0] not in infos or names[1] not in infos:
+    if kernel != "spmm_t":
+        return True
+    if names[0] not in infos or names[1] not in infos:
         return False
     cols, width = infos[names[0]].shape[1], infos[names[1]].shape[1]
     return cols is not None and width is not None and 8 * cols * width <= SPMM_T_MAX_OUTPUT_BYTES
@@ -880,9 +882,9 @@ def _match(plan) -> TemplateMatch | None:
         if all(n in infos for n, _ in factors):
             for kernel, sig in SIGNATURES.items():
                 names = _unify(sig, out_ix, summed, factors, infos)
+                if names is not None and not fits_operands(kernel, names, infos):
+                    continue   # (spmm_t's output too large to scatter into: SpMM of the transpose, a group's route)
                 if names is not None and not follows_template(kernel, names, plan.ops, infos):
-                    if kernel == "spmm_t":
-                        continue   # too large to scatter into: SpMM of the transpose (a group's route)
                     return None  # the planned tree is another one: the generic executor runs it
                 if names is not None:
                     roles = dict(zip(names, (k for k, _ in sig[1]), strict=True))

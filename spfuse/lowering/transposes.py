@@ -83,13 +83,16 @@ _KEY_BY_CONTENT = 4096
 
 
 def _same_array(kept: np.ndarray, a: np.ndarray) -> bool:
-    """Does ``a`` hold what ``kept`` (a cache's copy, same dtype) holds?
-    (``tobytes`` gives the logical order's bytes, for any strides.)"""
+    """Does ``a`` hold exactly ``kept``'s bits (a cache's copy, same dtype;
+    a NaN equal to itself, -0.0 not to 0.0)?  (``tobytes`` gives the
+    logical order's bytes, for any strides; a view as integers of the same
+    size compares floats bit for bit.)"""
     if kept.shape != a.shape or kept.dtype != a.dtype:
         return False
     if a.nbytes <= _BYTES_COMPARE:
         return kept.tobytes() == a.tobytes()
-    return bool(np.array_equal(kept, a))
+    as_int = np.dtype(f"i{a.dtype.itemsize}")
+    return bool(np.array_equal(kept.view(as_int), a.view(as_int)))
 
 
 def _pattern_key(pos: np.ndarray) -> Any:
@@ -151,23 +154,13 @@ def _transposed_values(found: _Transposed, values: np.ndarray) -> np.ndarray:
     """``values`` in the transpose's storage order: the last call's when
     they are the same bits, else a gather (C-contiguous, ``values``' dtype)."""
     last = found.last[0] if found.last else None   # (one read: the pair is replaced whole)
-    if last is not None and _same_bits(last[0], values):
+    if last is not None and _same_array(last[0], values):
         return last[1]
     gathered = values[found.order]
     if len(values) <= KEEP_VALUES_MAX:
         gathered.flags.writeable = False   # (shared by later calls' transposes)
         found.last[:] = [(values.copy(), gathered)]
     return gathered
-
-
-def _same_bits(kept: np.ndarray, a: np.ndarray) -> bool:
-    """Does ``a`` hold exactly ``kept``'s bits (a NaN equal to itself, -0.0 not to 0.0)?"""
-    if kept.shape != a.shape or kept.dtype != a.dtype or not a.flags.c_contiguous:
-        return False
-    if a.nbytes <= _BYTES_COMPARE:
-        return kept.tobytes() == a.tobytes()
-    as_int = np.dtype(f"i{a.dtype.itemsize}")
-    return bool(np.array_equal(kept.view(as_int), a.view(as_int)))
 
 
 @dataclass(frozen=True)
