@@ -248,9 +248,12 @@ def test_seven_index_op_plans_quickly():
              "Z": TensorInfo.dense("Z", (30, 30, 30)), "w": TensorInfo.dense("w", (30,))}
     prog = parse_program(text)
     plan_program(prog, infos, "max")
-    t = time.perf_counter()
-    p = plan_program(prog, infos, "max")
-    assert time.perf_counter() - t < 0.25  # generous: a shared CI machine; ~tens of ms here
+    best = float("inf")
+    for _ in range(3):   # (the best of three: one CI run saw a 1 s stall of the machine, not of planning)
+        t = time.perf_counter()
+        p = plan_program(prog, infos, "max")
+        best = min(best, time.perf_counter() - t)
+    assert best < 0.25  # generous: a shared CI machine; ~3 ms here
     assert len(p.orders[0]) == 7
 
 
