@@ -22,19 +22,18 @@ on the thread count, so results are bit-identical for any ``num_threads``.
 Interruptible (see ``_interrupt.pxd``): a call whose estimated work exceeds
 one chunk runs its level-0 positions as consecutive chunks (balanced like
 the blocks), one parallel region each, with ``PyErr_CheckSignals()`` in
-between; workspaces live in a ``_Workspaces`` table (one slot per thread,
-allocated by the thread on first use) freed on any exit, KeyboardInterrupt
-included.  Chunks group whole slices, so chunking never changes results.
+between; workspaces live in a ``Workspaces`` table (``_workspace.pxd``: one
+slot per thread, allocated by the thread on first use, never sharing a cache
+line with another thread's) freed on any exit, KeyboardInterrupt included.  Chunks group whole slices, so chunking never changes results.
 """
 cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
-from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport index_t
-from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread_num
+from spfuse._kernels._workspace cimport Workspaces, ws_get
 
 import numpy as np
 
@@ -142,34 +141,6 @@ cdef inline double _work(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
     return per_entry * ne + per_fiber * nf + per_slice * <double>n
 
 
-cdef inline void* _ws_get(void** ws, size_t nbytes) noexcept nogil:
-    """The calling thread's workspace, malloc'ed on first use (NULL on failure)."""
-    cdef void** mine = ws + omp_get_thread_num()
-    if mine[0] == NULL:
-        mine[0] = malloc(nbytes)
-    return mine[0]
-
-
-cdef class _Workspaces:
-    """One workspace pointer per thread for one call; freed on any exit."""
-    cdef void** ptr
-    cdef Py_ssize_t n
-
-    def __cinit__(self, int num_threads):
-        # (num_threads <= 0 lets OpenMP choose the team: up to its max)
-        self.n = num_threads if num_threads > 0 else max(1, omp_get_max_threads())
-        self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
-        if self.ptr == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        cdef Py_ssize_t t
-        if self.ptr != NULL:
-            for t in range(self.n):
-                free(self.ptr[t])
-            free(self.ptr)
-
-
 def _set_chunk_work(double units):
     """_set_chunk_work(units) -> previous value
 
@@ -264,7 +235,7 @@ def ttv_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1]
             memset(op + row * K, 0, K * sizeof(floating))
     if n == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     nch = num_chunks(_work(p1, p2, n, 4.0, 4.0, <double>K), num_threads, n)
     for ch in range(nch):
@@ -274,7 +245,7 @@ def ttv_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1]
         h1 = _split(p1, p2, n, ch + 1, nch)
         nb = _num_blocks(h1 - h0, num_threads)
         with nogil, parallel(num_threads=num_threads):
-            acc = NULL if floating is double else <double*>_ws_get(wsp, K * sizeof(double))
+            acc = NULL if floating is double else <double*>ws_get(wsp, 1, 0, K * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if floating is not double and acc == NULL:
                     failed += 1
@@ -340,7 +311,7 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
             memset(op + row * R, 0, R * sizeof(floating))
     if n == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
     nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), <double>(R + 1)),
@@ -352,7 +323,7 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
         h1 = _split(p1, p2, n, ch + 1, nch)
         nb = _num_blocks(h1 - h0, num_threads)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, (2 * R + 1) * sizeof(double))
+            t = <double*>ws_get(wsp, 1, 0, (2 * R + 1) * sizeof(double))
             acc = t + R
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:
@@ -435,7 +406,7 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
     # interruptible chunks of slices, each run by every block: a row is summed
     # over the slices in order whatever the chunks and blocks
     nch = num_chunks(work, num_threads, n)
-    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # float32: the rows are summed in a double copy of out, rounded once at the end
     cdef double[:, ::1] wide = None if floating is double else np.zeros((J, R))
@@ -446,7 +417,7 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
         q0 = _split(p1, p2, n, ch, nch)
         q1 = _split(p1, p2, n, ch + 1, nch)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, R * sizeof(double))
+            t = <double*>ws_get(wsp, 1, 0, R * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:
                     failed += 1
@@ -528,7 +499,7 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
             memset(op + row * M, 0, M * sizeof(floating))
     if n == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
     nch = num_chunks(_work(p1, p2, n, <double>(J + 8), <double>(2 * J + 8), <double>(J * M + J + 1)),
@@ -540,7 +511,7 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
         h1 = _split(p1, p2, n, ch + 1, nch)
         nb = _num_blocks(h1 - h0, num_threads)
         with nogil, parallel(num_threads=num_threads):
-            u = <double*>_ws_get(wsp, (2 * J + M + 1) * sizeof(double))
+            u = <double*>ws_get(wsp, 1, 0, (2 * J + M + 1) * sizeof(double))
             t = u + J
             acc = t + J
             for b in prange(nb, schedule="dynamic", chunksize=1):
@@ -598,7 +569,7 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     cdef int failed = 0
     if n == 0 or M == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
     nch = num_chunks(_work(p1, p2, n, <double>(L + 8), <double>(L * M + L + 8), 1.0),
@@ -610,7 +581,7 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
         h1 = _split(p1, p2, n, ch + 1, nch)
         nb = _num_blocks(h1 - h0, num_threads)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, (L + M + 1) * sizeof(double))
+            t = <double*>ws_get(wsp, 1, 0, (L + M + 1) * sizeof(double))
             acc = t + L
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:

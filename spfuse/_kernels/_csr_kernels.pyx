@@ -34,8 +34,9 @@ Conventions shared by every routine of this module
   (tens of ms).  Chunks group whole rows, so chunking never changes results.
 * Thread-private workspaces are allocated once per call per thread (lazily,
   by the thread, on its first chunk; slot ``omp_get_thread_num()`` of a
-  ``_Workspaces`` table) and freed by the Python-level ``finally`` -- also when
-  a signal interrupts the call; an allocation failure raises ``MemoryError``
+  ``Workspaces`` table, ``_workspace.pxd``: whole cache lines, never shared
+  with another thread) and freed when the table is -- also when a signal
+  interrupts the call; an allocation failure raises ``MemoryError``
   after the parallel region.
 * Sparse outputs are built in two phases: a symbolic pass that counts the
   entries of each row, a prefix sum (numpy ``cumsum``, in Python), and a
@@ -50,7 +51,7 @@ cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport free, malloc
 from libc.math cimport INFINITY
 from libc.string cimport memcpy, memmove, memset
 
@@ -66,7 +67,7 @@ from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_s
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
 )
-from spfuse._kernels._openmp_helpers cimport omp_get_max_threads, omp_get_thread_num
+from spfuse._kernels._workspace cimport Workspaces, spfuse_ws_alloc, ws_get, ws_slot, ws_zeroed
 
 cdef extern from *:
     """
@@ -315,56 +316,6 @@ cdef inline Py_ssize_t _block_chunk(const index_t* ptr, Py_ssize_t m, Py_ssize_t
     interruptible chunks: the blocks, never the chunks or the threads,
     decide which rows a partial result holds."""
     return _sub(ptr, _split(ptr, m, b, nb), _split(ptr, m, b + 1, nb), c, nch)
-
-
-cdef inline void* _ws_get(void** ws, int k, int slot, size_t nbytes) noexcept nogil:
-    """The calling thread's workspace ``slot`` (of ``k`` per thread), malloc'ed
-    on first use (NULL if that fails; the caller counts the failure)."""
-    cdef void** mine = ws + <Py_ssize_t>omp_get_thread_num() * k + slot
-    if mine[0] == NULL:
-        mine[0] = malloc(nbytes)
-    return mine[0]
-
-
-cdef inline void* _ws_zeroed(void** ws, int k, int slot, size_t nbytes) noexcept nogil:
-    """The calling thread's workspace ``slot``, calloc'ed (zeroed) on first
-    use: a caller that leaves it zeroed after each row never clears it whole."""
-    cdef void** mine = ws + <Py_ssize_t>omp_get_thread_num() * k + slot
-    if mine[0] == NULL:
-        mine[0] = calloc(nbytes, 1)
-    return mine[0]
-
-
-cdef inline void** _ws_slot(void** ws, int k, int slot) noexcept nogil:
-    """Address of the calling thread's workspace ``slot`` (of ``k`` per thread)."""
-    return ws + <Py_ssize_t>omp_get_thread_num() * k + slot
-
-
-cdef class _Workspaces:
-    """Thread-private workspace pointers of one kernel call, freed on any exit.
-
-    ``k`` slots per thread; thread ``t`` owns ``ptr[t * k : (t + 1) * k]``.
-    Threads allocate their slots lazily inside the parallel region (first
-    touch by the owner) and keep them across chunks; ``__dealloc__`` (the
-    kernel's reference dropping, on return or on an exception such as
-    KeyboardInterrupt) frees them.
-    """
-    cdef void** ptr
-    cdef Py_ssize_t n
-
-    def __cinit__(self, int num_threads, int k):
-        # (num_threads <= 0 lets OpenMP choose the team: up to its max)
-        self.n = <Py_ssize_t>(num_threads if num_threads > 0 else max(1, omp_get_max_threads())) * k
-        self.ptr = <void**>calloc(self.n + 1, sizeof(void*))
-        if self.ptr == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        cdef Py_ssize_t t
-        if self.ptr != NULL:
-            for t in range(self.n):
-                free(self.ptr[t])
-            free(self.ptr)
 
 
 def _set_chunk_work(double units):
@@ -749,7 +700,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
         return -1
     if tile == 0 or tile > K:
         tile = K
-    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     # work: K multiply-adds + a row fetch per entry
     nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8), num_threads, m)
@@ -760,7 +711,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            acc = <double*>_ws_get(wsp, 1, 0, tile * sizeof(double))
+            acc = <double*>ws_get(wsp, 1, 0, tile * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL:
                     failed += 1
@@ -1006,7 +957,7 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 8.0), num_threads, m)
     for ch in range(nch):
@@ -1016,10 +967,10 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
         c1 = _split(aip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            slot = _ws_slot(wsp, 1, 0)
+            slot = ws_slot(wsp, 1, 0)
             if slot[0] == NULL:
                 # first chunk of this thread: marker array (stamp = row number)
-                mark = <index_t*>malloc((n_cols + 1) * sizeof(index_t))
+                mark = <index_t*>spfuse_ws_alloc((n_cols + 1) * sizeof(index_t), 0)
                 if mark != NULL:
                     for z in range(n_cols):
                         mark[z] = -1
@@ -1059,15 +1010,15 @@ cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept n
     per column and a zeroed summary bit per 64 columns, made on first use;
     False if an allocation fails."""
     cdef Py_ssize_t nw = (n_cols + 63) >> 6
-    cdef void** sv = _ws_slot(wsp, k, first)
-    cdef void** sb = _ws_slot(wsp, k, first + 1)
-    cdef void** sw = _ws_slot(wsp, k, first + 2)
+    cdef void** sv = ws_slot(wsp, k, first)
+    cdef void** sb = ws_slot(wsp, k, first + 1)
+    cdef void** sw = ws_slot(wsp, k, first + 2)
     if sv[0] == NULL:
-        sv[0] = malloc((n_cols + 1) * sizeof(double))
+        sv[0] = spfuse_ws_alloc((n_cols + 1) * sizeof(double), 0)
     if sb[0] == NULL:
-        sb[0] = calloc(nw + 1, sizeof(uint64_t))
+        sb[0] = spfuse_ws_alloc((nw + 1) * sizeof(uint64_t), 1)
     if sw[0] == NULL:
-        sw[0] = calloc(((nw + 63) >> 6) + 1, sizeof(uint64_t))
+        sw[0] = spfuse_ws_alloc((((nw + 63) >> 6) + 1) * sizeof(uint64_t), 1)
     return sv[0] != NULL and sb[0] != NULL and sw[0] != NULL
 
 
@@ -1193,7 +1144,7 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
     if m <= 0 or mip[m] == mip[0]:
         return
     cdef Py_ssize_t annz = aip[m], mnnz = mip[m]
-    cdef _Workspaces ws = _Workspaces(num_threads, 2)
+    cdef Workspaces ws = Workspaces(num_threads, 2)
     cdef void** wsp = ws.ptr
     nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 4.0)
                      + 4.0 * <double>(mnnz - mip[0]), num_threads, m)
@@ -1205,9 +1156,9 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
         nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
             # zeroed on first use; every row leaves them zeroed
-            dense = <double*>_ws_zeroed(wsp, 2, 0, (width + 1) * sizeof(double))
+            dense = <double*>ws_zeroed(wsp, 2, 0, (width + 1) * sizeof(double))
             # bytes per column (Gustavson's marks) or bits (the dot's bitmap)
-            flag = <unsigned char*>_ws_zeroed(wsp, 2, 1, width + 9)
+            flag = <unsigned char*>ws_zeroed(wsp, 2, 1, width + 9)
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if dense == NULL or flag == NULL:
                     failed += 1
@@ -1272,7 +1223,7 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     cdef Py_ssize_t annz = aip[m] if m > 0 else 0
     if m == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads, 3)
+    cdef Workspaces ws = Workspaces(num_threads, 3)
     cdef void** wsp = ws.ptr
     nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 16.0)
                      + 4.0 * <double>(cip[m] - cip[0]), num_threads, m)
@@ -1288,9 +1239,9 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
             bits = NULL
             words = NULL
             if _bitmap_ws(wsp, 3, 0, n_cols):
-                acc = <double*>_ws_slot(wsp, 3, 0)[0]
-                bits = <uint64_t*>_ws_slot(wsp, 3, 1)[0]
-                words = <uint64_t*>_ws_slot(wsp, 3, 2)[0]
+                acc = <double*>ws_slot(wsp, 3, 0)[0]
+                bits = <uint64_t*>ws_slot(wsp, 3, 1)[0]
+                words = <uint64_t*>ws_slot(wsp, 3, 2)[0]
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL:
                     failed += 1
@@ -1905,8 +1856,8 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
     if nb0 < (klen + max_ub // 2 + 2) * sizeof(uint64_t):
         nb0 = (klen + max_ub // 2 + 2) * sizeof(uint64_t)
     with parallel(num_threads=num_threads):
-        bv0 = <double*>_ws_get(wsp, 5, 0, nb0)
-        bv1 = <double*>_ws_get(wsp, 5, 1, nb1)
+        bv0 = <double*>ws_get(wsp, 5, 0, nb0)
+        bv1 = <double*>ws_get(wsp, 5, 1, nb1)
         bc0 = <index_t*>(bv0 + max_ub + 1) if bv0 != NULL else NULL
         bc1 = <index_t*>(bv1 + max_ub + 1) if bv1 != NULL else NULL
         for b in prange(nb, schedule="dynamic", chunksize=1):
@@ -1923,7 +1874,7 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                     scat = False
                 else:
                     scat = _prefer_scatter(ops, i, fixed, entry, itype)
-                _spadd_prefetch(ops, i, r1, <const double*>(_ws_slot(wsp, 5, 2)[0] if scat else NULL),
+                _spadd_prefetch(ops, i, r1, <const double*>(ws_slot(wsp, 5, 2)[0] if scat else NULL),
                                 itype, ftype)
                 if scat:
                     # (this thread's bitmap workspace is made on its first scatter row)
@@ -1931,9 +1882,9 @@ cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_col
                         nfail += 1
                         break
                     # (thread-private pointers: assigned in the loop body)
-                    acc = <double*>_ws_slot(wsp, 5, 2)[0]
-                    bits = <uint64_t*>_ws_slot(wsp, 5, 3)[0]
-                    words = <uint64_t*>_ws_slot(wsp, 5, 4)[0]
+                    acc = <double*>ws_slot(wsp, 5, 2)[0]
+                    bits = <uint64_t*>ws_slot(wsp, 5, 3)[0]
+                    words = <uint64_t*>ws_slot(wsp, 5, 4)[0]
                     cnt = _row_scatter(ops, coef, i, acc, bits, words, itype, oind + w, oval + w)
                 else:
                     cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen, itype,
@@ -1959,7 +1910,7 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
     cdef Py_ssize_t nch, ch, c0, c1
     cdef int64_t seq = 0
     cdef double work
-    cdef _Workspaces ws
+    cdef Workspaces ws
     cdef const double* coef = <const double*>coef_addr
     cdef const int64_t* ubp = <const int64_t*>ub_addr
     cdef int64_t* rc = <int64_t*>rc_addr
@@ -1977,7 +1928,7 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
         _collect(indptrs, ops.indptr)
         _collect(indices, ops.indices)
         _collect(datas, ops.data)
-        ws = _Workspaces(num_threads, 5)
+        ws = Workspaces(num_threads, 5)
         # work: ~ a merge step per entry and chain level, plus the rows
         work = <double>(ubp[n_rows] - ubp[0]) * (2.0 + <double>_bit_length(n)) + 4.0 * <double>n_rows * n
         nch = num_chunks(work, num_threads, n_rows)
@@ -2276,7 +2227,7 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + L + 8), num_threads, m)
     for ch in range(nch):
@@ -2286,7 +2237,7 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            acc = <double*>_ws_get(wsp, 1, 0, (L + 1) * sizeof(double))
+            acc = <double*>ws_get(wsp, 1, 0, (L + 1) * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL:
                     failed += 1
@@ -2341,7 +2292,7 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or L == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8)
                      + <double>m * <double>K * <double>L, num_threads, m)
@@ -2352,7 +2303,7 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, 1, 0, (K + L + 1) * sizeof(double))
+            t = <double*>ws_get(wsp, 1, 0, (K + L + 1) * sizeof(double))
             acc = t + K
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:
@@ -2411,7 +2362,7 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
     cdef Py_ssize_t annz = ip[m]
     if m == 0 or M == 0:
         return
-    cdef _Workspaces ws = _Workspaces(num_threads, 1)
+    cdef Workspaces ws = Workspaces(num_threads, 1)
     cdef void** wsp = ws.ptr
     nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + Lf + 8)
                      + <double>m * <double>Lf * <double>M, num_threads, m)
@@ -2422,7 +2373,7 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            t = <double*>_ws_get(wsp, 1, 0, (Lf + M + 1) * sizeof(double))
+            t = <double*>ws_get(wsp, 1, 0, (Lf + M + 1) * sizeof(double))
             acc = t + Lf
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if t == NULL:

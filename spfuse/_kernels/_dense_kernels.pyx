@@ -33,6 +33,7 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_TANH,
 )
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
+from spfuse._kernels._workspace cimport padded_stride
 
 __all__ = ["PATTERN_ARGS", "PATTERN_OPS", "UNARY_OPS", "gemm", "hold_blas_to_one_thread", "map_unary",
            "pattern_program", "transpose"]
@@ -527,7 +528,8 @@ def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize
     for i in range(m):
         if ip[i + 1] - ip[i] > width:
             width = ip[i + 1] - ip[i]
-    per_thread = (n_entry + 3) * width + n_row + 1
+    # (whole cache lines and a line of gap: threads' rows never share a line)
+    per_thread = padded_stride((n_entry + 3) * width + n_row + 1, sizeof(double))
     ptrs = <double**>malloc((n_arrays + 1) * sizeof(double*))
     work = <double*>malloc(<size_t>per_thread * num_threads * sizeof(double))
     if ptrs == NULL or work == NULL:

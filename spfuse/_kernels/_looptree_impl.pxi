@@ -14,6 +14,7 @@ from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num, omp_get_num_threads
+from spfuse._kernels._workspace cimport padded_stride
 
 cnp.import_array()
 
@@ -209,6 +210,7 @@ ctypedef struct Ctx:
     double* sw_t       # sweeps: per-row values of the row temporaries, SW per slot
     int64_t work       # work counter (loop iterations + reset elements)
     int err
+    char line_gap[64]  # (unused: neighbouring threads' contexts never share a cache line)
 
 
 # ---------------------------------------------------------------- levels --
@@ -3165,7 +3167,8 @@ cdef class _Program:
         cdef bint* priv
         cdef double** shared
         cdef int64_t* scratch
-        cdef int64_t per = 5 * self.nlev + self.nvars + self.max_free + 1
+        # (a line of gap between threads' scratch: their cursors never share a cache line)
+        cdef int64_t per = padded_stride(5 * self.nlev + self.nvars + self.max_free + 1, sizeof(int64_t))
         if len(buffers) != nb:
             raise ValueError("buffer count mismatch")
         bufs = buffers
