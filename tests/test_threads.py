@@ -127,6 +127,26 @@ def test_running_elsewhere_reads_the_system(monkeypatch):
     assert busy >= 0 and elsewhere >= 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_team_started_after_the_listing_is_listed_when_asked_about():
+    # A Python thread's first parallel block starts a new libgomp pool.  Its
+    # workers must be in the listing running_elsewhere reads, or they count
+    # as another process's threads (the next call ran on half its team for
+    # up to 0.5 s after the pool started).
+    _config.running_elsewhere([threading.get_native_id()])   # a listing made now
+    seen = {}
+
+    def in_a_new_thread():
+        team = _config.team_thread_ids(2)
+        _config.running_elsewhere(team, 1)
+        seen["team"], seen["listed"] = team, set(_config._listed_thread_ids())
+
+    t = threading.Thread(target=in_a_new_thread)
+    t.start()
+    t.join()
+    assert set(seen["team"]) <= seen["listed"]
+
+
 def test_threads_for_call_of_one_thread_asks_nothing(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a one-thread call must not scan the process's threads")

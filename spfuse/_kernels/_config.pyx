@@ -141,6 +141,26 @@ _RELIST_S = 0.5
 _LOCK = threading.Lock()
 
 
+def _listed_thread_ids():
+    """Testing hook: the OS ids of this process's threads as last listed."""
+    return [_tids[k] for k in range(_n_listed)]
+
+
+cdef bint _all_listed(const long* ids, int n) noexcept:
+    """Whether every thread in ``ids`` is in the current listing.  A team
+    started after the last listing is not: its workers, spinning after a
+    kernel, would be taken for another process's threads (the next call on
+    half its team) until the listing is made again."""
+    cdef int j, k
+    for j in range(n):
+        for k in range(_n_listed):
+            if _tids[k] == ids[j]:
+                break
+        else:
+            return False
+    return True
+
+
 cdef int _relist() except -1:
     global _n_listed
     cdef int k
@@ -206,7 +226,8 @@ def running_elsewhere(team, int stop_at=1 << 30):
     try:
         for k in range(n_team):
             ids[k] = team[k]
-        if time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]:
+        if (time.monotonic() - _listed_at[0] > _RELIST_S or os.getpid() != _listed_pid[0]
+                or not _all_listed(ids, n_team)):
             _relist()
         if _loadavg[1] != os.getpid():
             if _loadavg[0] >= 0:

@@ -16,7 +16,9 @@ For one (input, kernel) *case*:
    clock and load hit all alike; back to back, so each timed call finds its
    own operands as warm as in a user's loop -- timing a single call would
    favour whichever peer follows one that just read the same scipy arrays);
-   the median of ``time.perf_counter`` deltas is reported.
+   each pair starts once the previous peer's thread pool has stopped
+   spinning (:func:`settle_threads`); the median of ``time.perf_counter``
+   deltas is reported.
 
 >>> from spfuse.bench import suite
 >>> size = suite.SIZES["tiny"]
@@ -40,7 +42,7 @@ from spfuse.bench import budget, compare
 from spfuse.bench import peers as peers_mod
 from spfuse.bench.suite import BenchKernel, Input, Size
 
-__all__ = ["Record", "run_case", "planning_times", "nbytes_moved", "memory_ceiling"]
+__all__ = ["Record", "run_case", "planning_times", "nbytes_moved", "memory_ceiling", "settle_threads"]
 
 
 @dataclasses.dataclass
@@ -85,6 +87,34 @@ def _call(f: Callable, state: Any) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = f(state)
     return out, time.perf_counter() - t0
+
+
+def settle_threads(max_wait: float = 0.02) -> float:
+    """Wait (at most ``max_wait`` s) until no other thread of this process
+    runs; return the seconds waited.
+
+    A thread pool busy-waits for a few milliseconds after its call (libgomp,
+    torch's and GraphBLAS's OpenMP: ~3.5 ms measured here; OpenBLAS longer).
+    In an interleaved round, the previous peer's spinning pool would take a
+    core from the next peer's calls, and a short 2-thread call would be timed
+    on one core.  Each peer's pair of calls starts once the others' pools
+    sleep, as in a user's loop over one library; the cost of following
+    another library's call is the subject of ``spfuse.bench.after_blas``.
+    Returns at once where threads cannot be counted (not Linux).
+
+    >>> 0.0 <= settle_threads(0.001) < 1.0
+    True
+    """
+    import threading
+
+    from spfuse._kernels import _config
+    me = [threading.get_native_id()]
+    t0 = time.perf_counter()
+    waited = 0.0
+    while waited < max_wait and _config.runnable_threads(me, 1) > 0:
+        time.sleep(0.0002)
+        waited = time.perf_counter() - t0
+    return waited
 
 
 def _memory_available() -> int | None:
@@ -252,6 +282,7 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
         with _all_threads_for([by_name[name] for name in states], n):
             for _ in range(rounds):
                 for name, (impl, state) in states.items():
+                    settle_threads()
                     impl.run(state)  # warms this peer's own operands and code
                     timed[name].append(_call(impl.run, state)[1])
                 tick()
