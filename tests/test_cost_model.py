@@ -329,3 +329,20 @@ def test_a_large_dense_operand_is_copied_when_its_storage_order_forces_gathers()
         want = np.exp(B.data * np.einsum("pk,kp->p", C[rows], D[:, B.indices]))
         np.testing.assert_allclose(got.data, want, rtol=1e-12)
         np.testing.assert_array_equal(got.indices, B.indices)
+
+
+def test_a_dense_result_scattered_under_a_reduction_pays_no_workspace():
+    # grad_E[j,l] = sum(i, G[i,l] * T0[i,j]) with T0 on B's pattern: visiting
+    # i, j, l scatters into rows j of a 20000 x 32 result the formats pass
+    # stores dense.  Charged as a sparse workspace (1.2 s) it lost to an
+    # l-outer order, which kept T0 out of the fused SDDMM-SpMM and ran the
+    # gradient on the generic executor (670 ms against 12 ms fused).
+    from spfuse.lowering.groups import split_groups
+    from spfuse.planner import plan_program
+    n, K = 20000, 32
+    ins = {"G": TensorInfo.dense("G", (n, K)), "C": TensorInfo.dense("C", (n, K)),
+           "D": TensorInfo.dense("D", (n, K)),
+           "B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (n, n), nnz=20 * n)}
+    plan = plan_program(parse_program("grad_E[j,l] = G[i,l] * B[i,j] * C[i,k] * D[j,k]"), ins)
+    assert [g.kernel for g in split_groups(plan)] == ["sddmm_spmm"]
+    assert plan.formats["grad_E"].levels == ("dense", "dense")

@@ -71,13 +71,56 @@ def test_unknown_nnz_keeps_the_written_order():
     assert [str(o) for o in ops] == [str(o) for o in decompose(parse_program(GNN1))]
 
 
-def test_sparse_temporary_factor_keeps_the_written_order():
+def test_chain_through_a_sampling_product_keeps_a_template_order_unless_far_cheaper():
+    # SDDMM-SpMM-GEMM, whose written order a fused template runs: the chain now
+    # reaches through B·(C·D) (a product that sums nothing), and a tree the
+    # estimate puts 2x cheaper is not taken -- only one 8x cheaper would be
     text = "A[i,m] = B[i,j] * C[i,k] * D[j,k] * F[j,l] * W[l,m]"
     ins = {"B": csr_info("B", (50, 60), 300), "C": TensorInfo.dense("C", (50, 8)),
            "D": TensorInfo.dense("D", (60, 8)), "F": TensorInfo.dense("F", (60, 64)),
            "W": TensorInfo.dense("W", (64, 2))}
     ops, (a,) = run_pass(text, ins)
-    assert not a.changed and "sparse temporary" in a.note
+    assert a.factors == ("B", "C", "D", "F", "W")
+    assert not a.changed and "8× margin" in a.note
+    assert a.written_cost == 300 * 8 + 300 + 300 * 64 + 50 * 64 * 2   # C·D costed on B's pattern only
+
+
+# the gradient of SDDMM-SpMM with respect to E, in the order the adjoint writes it
+GRAD_E = "E[j,l] = G[i,l] * B[i,j] * C[i,k] * D[j,k]"
+
+
+def grad_e_infos(n, K, L, nnz):
+    return {"G": TensorInfo.dense("G", (n, L)), "B": csr_info("B", (n, n), nnz),
+            "C": TensorInfo.dense("C", (n, K)), "D": TensorInfo.dense("D", (n, K))}
+
+
+def test_a_written_order_that_blows_up_a_temporary_is_re_formed_through_the_sampling():
+    # written: (G·B) then ·C summing i -- a dense [l,j,k] temporary of n·K·L
+    # entries; re-formed: SDDMM (B·C)·D, then ·G
+    ops, (a,) = run_pass(GRAD_E, grad_e_infos(20000, 16, 16, 200000))
+    assert a.changed and a.chosen in ("(G·((B·C)·D))", "(((B·C)·D)·G)", "(G·((B·D)·C))", "(((B·D)·C)·G)")
+    assert a.chosen_cost == 200000 * 16 * 3
+    assert [o.reduced for o in ops] == [(), ("k",), ("i",)]
+    assert ops[0].reduction is None   # the sampling product sums nothing
+
+
+def test_gradient_of_sddmm_spmm_runs_as_a_template_and_matches_numpy(rng):
+    n, K, L = 400, 16, 16
+    B = sp.random_array((n, n), density=0.02, format="csr", rng=rng)
+    G, C, D = (rng.standard_normal((n, w)) for w in (L, K, K))
+    k = spfuse.compile(GRAD_E)
+    assert "generic" not in k.explain(G=G, B=B, C=C, D=D).split("execution:")[1].splitlines()[0]
+    want = np.einsum("il,ij,ik,jk->jl", G, B.toarray(), C, D)
+    for threads in (1, 2):
+        with spfuse.threads(threads):
+            np.testing.assert_allclose(k(G=G, B=B, C=C, D=D), want, rtol=1e-10, atol=1e-10)
+
+
+def test_dense_products_are_never_formed():
+    # X∘Y sums nothing and both are dense: no tree may form it
+    f = [Ref("X", ("i", "k")), Ref("Y", ("i", "k")), Ref("Z", ("k", "j"))]
+    ext = {"i": 10, "k": 10, "j": 4}
+    assert chain_cost(((0, 1), 2), f, ("i", "j"), ext, [1.0, 1.0, 1.0]) is None
 
 
 def _all_trees(leaves):

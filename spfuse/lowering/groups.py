@@ -510,6 +510,17 @@ def _pattern_of(plan, op: UnitOp) -> str | None:
     return min(common) if common else None
 
 
+def _on_a_pattern(plan, names) -> bool:
+    """Is any of ``names`` a temporary the plan computes on a sparse pattern
+    only (``T0[i,j] = sum(k, B[i,j]·C[i,k]·D[j,k])``, stored on B's pattern)?
+    Handed to BLAS it would be densified: 20000² entries for a gradient of
+    SDDMM-SpMM, where the executor reads it on its pattern."""
+    for op in plan.ops:
+        if op.out in names and op.out not in plan.inputs and not _computed_whole(plan, op):
+            return True
+    return False
+
+
 def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple[tuple, Route] | None:
     """``(einsum, route)`` computing the group's temporary ``t`` on a template
     (with the ops it is made of appended to ``head``): whole when nothing
@@ -524,6 +535,8 @@ def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple
         return None
     if t in plan.results or _computed_whole(plan, producers[t]):
         route = _choose_kernel(ein, local, ops)
+        if route is not None and route.kernel == "gemm" and _on_a_pattern(plan, [f for f, _ in ein[3]]):
+            return None   # a temporary stored on a sparse pattern is no dense matrix for BLAS
         return None if route is None else (ein, route)
     pattern = _pattern_of(plan, producers[t])
     if pattern is None:

@@ -332,6 +332,12 @@ class OpModel:
         self.bit = {ix: 1 << n for n, ix in enumerate(self.indices)}
         self.full = (1 << len(self.indices)) - 1
         self.extent = self._extents(op, infos, shapes)
+        #: stored entries of the sparse inputs (the formats pass's measure of a result's size)
+        self.stored = sum(i.nnz or 0 for i in infos.values() if i.is_sparse)
+        out_shape = (shapes or {}).get(op.out)
+        #: the output's elements when the planner knows its shape (the formats pass decides only then)
+        self.out_size = (math.prod(int(e) for e in out_shape)
+                         if out_shape is not None and None not in out_shape else None)
         self.extent_bits = {self.bit[ix]: e for ix, e in self.extent.items()}
         self.sparse: list[_Operand] = []
         self.dense: list[_Operand] = []
@@ -557,12 +563,23 @@ class OpModel:
         # a dense dimension under the reduction is a streamed accumulate (SpMM's
         # k), a compressed one a scatter into a workspace (SpGEMM's k)
         dims = sum(1 for ix in self.sparse_out if pos.get(ix, -1) > first_red)
+        if dims and self._scattered_dense(pos, first_red):
+            return 0.0   # the formats pass stores it dense: an accumulate at a random row, no workspace
         cost = inner_steps * dims * self.c.scatter
         if dims and sum(1 for ix in op.out_indices if pos.get(ix, -1) > first_red) >= 2:
             # no loops over the result's leading indices outside the reduction,
             # so no row workspace: one coordinate per product, sorted afterwards
             cost *= max(1.0, math.log2(max(inner_steps, 2.0)) / SORT_STEPS_PER_SCATTER)
         return cost
+
+    def _scattered_dense(self, pos: Mapping[str, int], first_red: int) -> bool:
+        """Would the formats pass store the output dense in this order
+        (:func:`spfuse.passes.formats.scattered_dense`)?"""
+        from spfuse.passes.formats import scattered_dense
+        if self.out_size is None:
+            return False
+        whole = all(pos.get(ix, -1) > first_red for ix in self.op.out_indices)
+        return scattered_dense(self.out_size, whole, self.stored)
 
     def visiting_order(self, o: _Operand, order: tuple[str, ...]) -> tuple[int, ...]:
         pos = {ix: n for n, ix in enumerate(order)}

@@ -98,8 +98,8 @@ def infer_formats(tree, ops, results, shapes=None, stored: int = 0) -> dict[str,
         reason = ("every index iterates densely" if not sparse else
                   f"{', '.join(sparse)} iterate{'s' if len(sparse) == 1 else ''} a sparse mask")
         shape = (shapes or {}).get(op.out)
-        if (row_scatter and shape is not None and None not in shape and _size(shape) <= DENSE_SCATTER_MAX
-                and (whole_scatter or _size(shape) <= DENSE_FILL * stored)):
+        if row_scatter and shape is not None and None not in shape and scattered_dense(
+                _size(shape), whole_scatter, stored):
             levels, workspace = ("dense",) * len(levels), None
             reason = (f"scattered into as a whole under the reduction over "
                       f"{','.join(op.reduced)}: the dense workspace is the result" if whole_scatter else
@@ -107,6 +107,20 @@ def infer_formats(tree, ops, results, shapes=None, stored: int = 0) -> dict[str,
                       "input entries: stored dense")
         out[op.out] = FormatDecision(op.out, levels, tuple(dims), workspace, reason)
     return out
+
+
+def scattered_dense(size: int, whole: bool, stored: int) -> bool:
+    """Is a result of ``size`` elements, scattered into under a reduction,
+    stored dense -- its dense workspace is the result?  When scattered as a
+    whole (``whole``: no loop over its indices outside the reduction) or
+    row by row while no larger than :data:`DENSE_FILL` times the ``stored``
+    input entries; never past :data:`DENSE_SCATTER_MAX`.  The loop-order
+    cost model asks the same question (a dense scatter pays no workspace).
+
+    >>> scattered_dense(20000 * 32, True, 0), scattered_dense(10**6, False, 1000)
+    (True, False)
+    """
+    return size <= DENSE_SCATTER_MAX and (whole or size <= DENSE_FILL * stored)
 
 
 def _size(shape) -> int:

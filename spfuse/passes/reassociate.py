@@ -13,8 +13,17 @@ they carry, times each part's density (a sparse input's density is
 ``nnz / size``; a contraction's result is non-zero where any of its terms is,
 assuming uniform independent non-zeros).  This gives the formulas above
 whenever A has at least as many stored entries as rows (``A·X`` is then
-estimated dense).  Pairs that sum no index (outer or Hadamard products)
-are never formed: they would create temporaries bigger than any operand.
+estimated dense).  A pair that sums no index (an outer or Hadamard product)
+is formed only with a sparse part: ``B[i,j]·C[i,k]`` is ``C``'s rows
+sampled on ``B``'s pattern, ``nnz·K`` products that the next contraction
+(``·D[j,k]`` summing ``k``: SDDMM) consumes as they are made.  Products of
+dense parts would make temporaries bigger than any operand and are never
+formed.  The chain walks through such products too, so ``G[i,l]·B[i,j]·
+C[i,k]·D[j,k]`` (a gradient of SDDMM-SpMM) is re-formed as
+``((B·C)·D)·G`` -- SDDMM then ``Sᵀ·G`` -- instead of the written order's
+dense ``[l,j,k]`` temporary.  A contraction whose result is at once
+multiplied by a sparse factor holding all its indices is computed on that
+factor's pattern only (the planner's masks), and costed so.
 
 The written order is kept when an ``nnz`` or extent is unknown (``compile()``
 before seeing data), or when the best tree is not cheaper by
@@ -86,6 +95,12 @@ def _is_contraction(op: UnitOp) -> bool:
             and all(isinstance(a, Ref) for a in op.args))
 
 
+def _is_product(op: UnitOp) -> bool:
+    """A product of two operands that sums no index (Hadamard or outer)."""
+    return (op.operator == "*" and op.reduction is None and not op.reduced and len(op.args) == 2
+            and all(isinstance(a, Ref) for a in op.args))
+
+
 class _Chain:
     """Factors and written tree of the chain rooted at one op."""
 
@@ -94,6 +109,8 @@ class _Chain:
         self.factors: list[Ref] = []
         self.internal_ops: list[UnitOp] = []   # in the order they were emitted
         self.written = self._walk(root, producers, internal)
+        #: whether the chain reaches through a product that sums nothing
+        self.through_products = any(_is_product(p) for p in self.internal_ops)
 
     def _walk(self, op, producers, internal):
         parts = []
@@ -135,16 +152,20 @@ def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> fl
     keep = _keeper(factors, out_indices)
     cost = 0.0
 
-    def walk(t):
+    def walk(t, sample: float = 1.0):
         nonlocal cost
         if isinstance(t, int):
             return frozenset({t}), density[t]
-        (sl, dl), (sr, dr) = walk(t[0]), walk(t[1])
+        left, right = t
+        # a contraction multiplied at once by a sparse factor holding all its
+        # indices is computed on that factor's pattern (SDDMM's C·D under B)
+        (sl, dl), (sr, dr) = (walk(left, _sampling(right, left, keep, factors, density)),
+                              walk(right, _sampling(left, right, keep, factors, density)))
         step = _step(sl, sr, dl, dr, keep, factors, extents, density, storage)
         if step is None:
             raise _Invalid
         c, d = step
-        cost += c
+        cost += c * sample
         return sl | sr, d
 
     try:
@@ -156,6 +177,41 @@ def chain_cost(tree, factors, out_indices, extents, density, storage=None) -> fl
 
 class _Invalid(Exception):
     pass
+
+
+def _blows_up(tree, factors, out_indices, extents, density) -> bool:
+    """Does ``tree`` form a temporary with more (estimated) entries than
+    every factor and the result?"""
+    keep = _keeper(factors, out_indices)
+    sizes = [prod(extents[ix] for ix in f.indices) * d for f, d in zip(factors, density, strict=True)]
+    bound = max([*sizes, prod(extents[ix] for ix in out_indices)])
+    found = False
+
+    def walk(t):
+        nonlocal found
+        if isinstance(t, int):
+            return frozenset({t}), density[t]
+        (sl, dl), (sr, dr) = walk(t[0]), walk(t[1])
+        step = _step(sl, sr, dl, dr, keep, factors, extents, density)
+        d = 1.0 if step is None else step[1]
+        if len(sl | sr) < len(factors) and prod(extents[ix] for ix in keep(sl | sr)) * d > bound:
+            found = True
+        return sl | sr, d
+
+    walk(tree)
+    return found
+
+
+def _sampling(sampler, part, keep, factors, density) -> float:
+    """The fraction of ``part``'s result computed when ``sampler`` (the other
+    side of a product that sums nothing) is one sparse factor holding every
+    index ``part`` keeps: its density; else 1."""
+    if not isinstance(sampler, int) or isinstance(part, int) or density[sampler] >= 1.0:
+        return 1.0
+    members = _leaves(part)
+    if keep(members | {sampler}) != keep(members) | keep(frozenset({sampler})):
+        return 1.0  # the pair sums an index: a contraction, not a sampling
+    return density[sampler] if set(keep(members)) <= set(factors[sampler].indices) else 1.0
 
 
 def _keeper(factors, out_indices):
@@ -171,14 +227,18 @@ def _step(sl, sr, dl, dr, keep, factors, extents, density, storage=None):
     carried = keep(sl) | keep(sr)
     kept = keep(sl | sr)
     summed = carried - kept
-    if not summed:
-        return None
+    if not summed and min(dl, dr) >= 1.0:
+        return None   # a product of dense parts: a temporary bigger than any operand
     cost = prod(extents[ix] for ix in carried) * dl * dr
     if storage is not None and projected(sl | sr, kept, storage):
         return float(cost), 1.0
     # Uniform, independent non-zeros: an output entry is non-zero when any of
-    # its ``prod(summed)`` terms is (A·X's rows: min(1, nnz/I)).
-    return float(cost), min(1.0, dl * dr * prod(extents[ix] for ix in summed))
+    # its ``prod(summed)`` terms is (A·X's rows: min(1, nnz/I)).  An index no
+    # sparse factor carries spreads no pattern: summing it keeps the density
+    # (B[i,j]·C[i,k] summed with D[j,k] over k stays on B's pattern).
+    spread = prod(extents[ix] for ix in summed
+                  if any(density[f] < 1.0 and ix in factors[f].indices for f in sl | sr))
+    return float(cost), min(1.0, dl * dr * spread)
 
 
 def projected(members, kept, storage) -> bool:
@@ -272,8 +332,8 @@ def _emit(tree, factors, keep, names, out: tuple[str, tuple] | None, template: U
         kept = set(keep(members))
         out = (names.pop(0), tuple(dict.fromkeys(ix for ix in order if ix in kept)))
     summed = tuple(ix for ix in carried if ix not in out[1])
-    emitted.append(UnitOp(0, out[0], out[1], "*", (left, right), "sum", summed, template.statement,
-                          template.span))
+    emitted.append(UnitOp(0, out[0], out[1], "*", (left, right), "sum" if summed else None, summed,
+                          template.statement, template.span))
     return Ref(*out)
 
 
@@ -304,16 +364,14 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
         for r in op.refs:
             uses[r.name] = uses.get(r.name, 0) + 1
     producers = {op.out: op for op in ops}
-    internal = {op.out for op in ops if _is_contraction(op) and op.out not in results
+    internal = {op.out for op in ops if (_is_contraction(op) or _is_product(op)) and op.out not in results
                 and op.out not in inputs and uses.get(op.out, 0) == 1}
+    # every op a chain walk reaches from some contraction (through contractions
+    # and products read once): those are not the roots of chains of their own
     consumed_in_chain = set()
-    for op in ops:
-        if _is_contraction(op):
-            for r in op.refs:
-                p = producers.get(r.name)
-                if r.name in internal and p is not None and p.statement == op.statement \
-                        and r.indices == p.out_indices:
-                    consumed_in_chain.add(r.name)
+    for op in reversed(ops):
+        if _is_contraction(op) and op.out not in consumed_in_chain:
+            consumed_in_chain |= {p.out for p in _Chain(op, producers, internal).internal_ops}
     dense_temps = _dense_temporaries(ops, inputs)
     replaced: dict[int, list[UnitOp]] = {}   # root op id -> its new ops
     dropped: set[int] = set()
@@ -394,13 +452,21 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
                 return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
                                     "the written order sums an outer sparse level first (a dense "
                                     "workspace per outer coordinate)" + note, b_tree)
-    if b_cost * REASSOCIATE_MARGIN < w_cost:
+    # A chain through a product that sums nothing was always kept as written
+    # before such products could be re-formed: it changes now at the usual
+    # margin only when the written order blows a temporary up (G·B·C·D's
+    # dense [l,j,k]); else only when far cheaper -- the written order is
+    # often a fused template's, which the estimate does not see.
+    change_margin = REASSOCIATE_MARGIN
+    if chain.through_products and not _blows_up(chain.written, factors, root.out_indices, extents, density):
+        change_margin = TEMPLATE_MARGIN
+    if b_cost * change_margin < w_cost:
         return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
                             (f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper") + note, b_tree)
     why = (("cheapest" if not note else "cheapest without a projected temporary")
            if _text(b_tree, labels) == written else
            f"best alternative {_text(b_tree, labels)} = {b_cost:.4g} is within the "
-           f"{REASSOCIATE_MARGIN}× margin")
+           f"{change_margin:g}× margin")
     return _association(root, labels, written, written, w_cost, w_cost, why + note, chain.written)
 
 
