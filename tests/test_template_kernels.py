@@ -152,6 +152,16 @@ def test_spmm_t(kind, shape, it, dt, Kdim, rng):
         one = np.empty((shape[1], 1), dtype=dt)
         K.spmm_t(ip, ind, val, np.ascontiguousarray(B[:, -1:]), one)
         np.testing.assert_array_equal(one[:, 0], got[:, -1])
+    # a team (each thread its range of output rows, the team forced on this
+    # small output): the same bits as one thread
+    old = K._set_spmm_t_team_min_bytes(0)
+    try:
+        for nt in (2, 3):
+            team = np.full((shape[1], Kdim), np.nan, dtype=dt)
+            assert K.spmm_t(ip, ind, val, B, team, nt) == -1
+            np.testing.assert_array_equal(team, got)
+    finally:
+        K._set_spmm_t_team_min_bytes(old)
 
 
 @dtypes
@@ -215,7 +225,7 @@ def test_bilinear(kind, shape, it, dt, blocks, rng):
 @pytest.mark.parametrize("kernel", ["spmv", "spmv_t", "spmm", "spmm_t"])
 @pytest.mark.parametrize("bad", [-1, 9, 2**31 - 1])
 @pytest.mark.parametrize("nt", [1, 2])
-def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad, nt, it):
+def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad, nt, it, request):
     """The kernels that check indices as they read them: -1 when all are
     in [0, n), else the position of a bad one (never a read or write out of
     bounds)."""
@@ -231,8 +241,10 @@ def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad,
         if kernel == "spmv_t":
             return K.spmv_t(ip, ind, val, dense, out, 2, nt)
         if kernel == "spmm_t":
-            return K.spmm_t(ip, ind, val, dense, out)
+            return K.spmm_t(ip, ind, val, dense, out, nt)
         return getattr(K, kernel)(ip, ind, val, dense, out, nt)
+    old = K._set_spmm_t_team_min_bytes(0)   # spmm_t's team, on this small output too
+    request.addfinalizer(lambda: K._set_spmm_t_team_min_bytes(old))
     assert run(ind, dense, out) == -1
     ind[3] = bad
     assert run(ind, dense, out) == 3

@@ -129,6 +129,23 @@ SPMM_K_TILE = K_TILE
 cdef enum:
     BLOCKS_PER_THREAD = 16
 
+# spmm_t's output size (bytes) from which a team shares it (a variable: the
+# tests lower it to run the team on small inputs)
+cdef Py_ssize_t _spmm_t_team_min_bytes = 1 << 22
+
+
+def _set_spmm_t_team_min_bytes(Py_ssize_t nbytes):
+    """_set_spmm_t_team_min_bytes(nbytes) -> previous value
+
+    Testing hook: the output size in bytes over which ``spmm_t`` runs on a
+    team (default 4 MiB; negative values only query).
+    """
+    global _spmm_t_team_min_bytes
+    cdef Py_ssize_t old = _spmm_t_team_min_bytes
+    if nbytes >= 0:
+        _spmm_t_team_min_bytes = nbytes
+    return old
+
 
 # --------------------------------------------------------------------------
 # small nogil helpers
@@ -751,32 +768,34 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
 
 
 def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-           const floating[:, ::1] B, floating[:, ::1] out):
-    """spmm_t(indptr, indices, data, B, out) -> bad
+           const floating[:, ::1] B, floating[:, ::1] out, int num_threads=1):
+    """spmm_t(indptr, indices, data, B, out, num_threads=1) -> bad
 
     ``out = Aᵀ @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B``
     (m x K), without transposing ``A``: each entry ``p`` of row ``i``
     scatters ``data[p] * B[i, :]`` into ``out[indices[p], :]``
     (scatter-axpy), rows in order, so every element is the sequential sum
-    over rows.  It is also ``A @ B`` of a CSC ``A``.  One thread: a team
-    splitting the output's columns, each thread walking every row for its
-    slab, ran slower on 2 threads than on one (measured, 2000 x 16 and
-    100k x 64; the scattered rows' read-modify-writes share the memory
-    system), and row blocks would need partial results added; a large
-    output is better computed as SpMM of the transpose (the caller's
-    choice, ``templates.SPMM_T_MAX_OUTPUT_BYTES``).  Sums are accumulated
-    in double: in ``out`` itself for float64, in an (n x K) double buffer
-    for float32.
+    over rows -- on any number of threads: a team splits the *output rows*
+    into one range per thread, each thread walking every row of ``A`` and
+    scattering only the entries whose column falls in its range (the
+    indices are read once per thread; the K-wide multiply-adds, the work,
+    once in all).  No partial results, and bit-identical to one thread.
+    (A team splitting the output's *columns* ran slower on 2 threads than
+    on one: each thread did every row fetch for half a row of work.)
+    It is also ``A @ B`` of a CSC ``A``.  Sums are accumulated in double:
+    in ``out`` itself for float64, in an (n x K) double buffer for float32.
     Preconditions: ``len(indptr) == m + 1``, ``indptr`` non-decreasing with
     ``indptr[m] <= len(indices)``, ``B`` is ``(m, K)``, ``out`` is
     C-contiguous ``(n, K)`` and does not alias ``B``.  Indices may come in
     any order (duplicates summed) and are checked here: the return value is
     -1, or the position of an index outside ``[0, n)`` (``out`` is then
-    garbage).  ``out`` is fully overwritten.  Complexity O(nnz * K + n * K).
+    garbage).  ``out`` is fully overwritten.  Complexity O(nnz * K + n * K)
+    work, O(nnz * num_threads) index reads; a team only when ``out`` is over
+    4 MiB (see ``_set_spmm_t_team_min_bytes``).
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t n = out.shape[0], K = out.shape[1]
-    cdef Py_ssize_t nch, ch, r0, r1, i, p, k
+    cdef Py_ssize_t nch, ch, r0, r1, i, p, k, b, j0, j1, nb
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
@@ -786,6 +805,7 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     cdef double[::1] work
     cdef index_t c
     cdef Py_ssize_t bad = -1
+    cdef Py_ssize_t* badp = &bad   # written by any thread that finds one (any position will do)
     if m <= 0 or n == 0 or K == 0:   # nothing is scattered, but an index is still wrong when it is
         for p in range(ip[0] if m > 0 else 0, ip[m] if m > 0 else 0):
             if <size_t>ind[p] >= <size_t>n:
@@ -801,23 +821,44 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     else:
         work = np.zeros(n * K)
         acc = &work[0]
+    # a team only for an output past a core's cache: below it, one thread's
+    # scatter stays in cache and a second thread's walk of the indices costs
+    # more than it takes over (20000 x 16: 2.0 ms on one thread, 2.1 on two;
+    # 20000 x 32, 5 MiB: 8.6 against 4.6; 100k x 16: 29 against 11)
+    nb = num_threads if num_threads > 1 and n * K * <Py_ssize_t>sizeof(double) > _spmm_t_team_min_bytes else 1
+    if nb > n:
+        nb = n
     # work: K multiply-adds + a row fetch per entry, as spmm's (chunks between interrupt checks)
-    nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(K + 8), 1, m)
+    nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(K + 8), nb, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
         r0 = _split(ip, m, ch, nch)
         r1 = _split(ip, m, ch + 1, nch)
-        with nogil:
-            for i in range(r0, r1):
-                for p in range(ip[i], ip[i + 1]):
-                    c = ind[p]
-                    if <size_t>c >= <size_t>n:
-                        bad = p
+        if nb == 1:
+            with nogil:
+                for i in range(r0, r1):
+                    for p in range(ip[i], ip[i + 1]):
+                        c = ind[p]
+                        if <size_t>c >= <size_t>n:
+                            bad = p
+                            break
+                        _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
+                    if bad >= 0:
                         break
-                    _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
-                if bad >= 0:
-                    break
+        else:
+            with nogil:
+                for b in prange(nb, schedule="static", chunksize=1, num_threads=nb):
+                    j0 = n * b // nb
+                    j1 = n * (b + 1) // nb
+                    for i in range(r0, r1):
+                        for p in range(ip[i], ip[i + 1]):
+                            c = ind[p]
+                            if <size_t>c >= <size_t>n:
+                                badp[0] = p
+                                break
+                            if <size_t>(c - j0) < <size_t>(j1 - j0):
+                                _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
         if bad >= 0:
             return bad
     if floating is not double:

@@ -201,15 +201,16 @@ def follows_template(kernel: str, names, ops, infos: Mapping[str, TensorInfo] | 
             and sorted(getattr(a, "name", "") for a in op.args) == sorted((x, d)))
 
 
-#: ``spmm_t`` (a scatter into the output's rows, one thread) runs when its
-#: output is at most this many bytes; a larger one is computed as SpMM of
-#: the transpose, which the team shares.  Measured as evaluate calls of
-#: ``C[j,k] = A[i,j] * X[i,k]`` (10 entries per row; scatter against SpMM of
-#: Aᵀ, 1 / 2 threads): 5000 x 16, 0.40 / 0.44 ms against 1.32 / 0.70;
-#: 20000 x 16, 1.8 / 1.8 against 8.1 / 3.1; 100k x 16 (12 MiB), 17 / 19
-#: against 41 / 26; 100k x 32 (24 MiB), 46 / 45 against 57 / 40; 100k x 64,
-#: 105 / 101 against 108 / 90.
-SPMM_T_MAX_OUTPUT_BYTES = 1 << 24
+#: ``spmm_t`` (a scatter into the output's rows; a team splits the output
+#: rows when it is over 4 MiB) runs when its output is at most this many
+#: bytes; a larger one is computed as SpMM of the transpose.  Measured as
+#: evaluate calls of ``C[j,k] = A[i,j] * X[i,k]`` (10 entries per row; scatter
+#: against SpMM of Aᵀ, 1 / 2 threads): 5000 x 16, 0.40 / 0.44 ms against
+#: 1.32 / 0.70; 20000 x 16, 1.8 / 1.8 against 8.1 / 3.1; 100k x 32 (24 MiB),
+#: 47 / 19 against 45 / 23; 100k x 64 (49 MiB), 108 / 48 against 92 / 59 --
+#: and for a CSC ``A``, whose transpose is free, 108 / 50 against 131 / 133
+#: (converted to CSR per call).
+SPMM_T_MAX_OUTPUT_BYTES = 1 << 26
 
 
 def fits_operands(kernel: str, names, infos: Mapping[str, TensorInfo]) -> bool:
@@ -223,7 +224,7 @@ def fits_operands(kernel: str, names, infos: Mapping[str, TensorInfo]) -> bool:
     >>> A = TensorInfo("A", 2, ("dense", "compressed"), (0, 1), (10**5, 10**5), nnz=10**6)
     >>> fits_operands("spmm_t", ("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 16))})
     True
-    >>> fits_operands("spmm_t", ("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 64))})
+    >>> fits_operands("spmm_t", ("A", "B"), {"A": A, "B": TensorInfo.dense("B", (10**5, 128))})
     False
     """
     if kernel != "spmm_t":
@@ -411,7 +412,7 @@ _BOUND_CALLS: dict[str, tuple[str, Callable]] = {
     "spmv": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, S._shape[1])),
     "row_sums": ("spmv", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, None, out, nt, S._shape[1])),
     "spmm": ("spmm", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt, tile)),
-    "spmm_t": ("spmm_t", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out)),
+    "spmm_t": ("spmm_t", lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, d[0], out, nt)),
     "spmm_gemm": ("spmm_gemm", _no_check(lambda k, ip, ix, v, d, out, nt, S, tile: k(ip, ix, v, *d, out, nt))),
     "sddmm": ("sddmm", _SDDMM_CALL),
     "sddmm_t": ("sddmm", _SDDMM_CALL),
@@ -544,7 +545,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
                 blocks = reduction_block_count(len(vals), out_shape[0])
                 bad = csr.spmv_t(ip, ix, vals, d[0] if d else None, out, blocks, nt)
             elif kernel == "spmm_t":
-                bad = csr.spmm_t(ip, ix, vals, d[0], out)
+                bad = csr.spmm_t(ip, ix, vals, d[0], out, nt)
             else:
                 bad = csr.spmm(ip, ix, vals, d[0], out, nt, tile)  # tile: Plan.tiles (0 = untiled)
             if bad >= 0:
