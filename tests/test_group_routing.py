@@ -619,3 +619,25 @@ def test_csc_spmm_scatters_its_own_arrays_instead_of_converting():
     finally:
         templates.SPMM_T_MAX_OUTPUT_BYTES = old
         spfuse.clear_cache()
+
+
+@pytest.mark.parametrize("divisor, routed", [(8.0, True), (0.25, True), (3.0, False)])
+def test_division_by_a_power_of_two_is_a_scalar_factor_of_the_template(divisor, routed):
+    """``B ∘ (Q·Kᵀ) / 8`` (attention's scale) is SDDMM times 1/8 -- the same
+    bits, as x / 2^e is x * 2^-e; another divisor is left to the pattern
+    program after the SDDMM (1/3 is not exact)."""
+    rng = np.random.default_rng(5)
+    B = sp.random_array((60, 50), density=0.1, format="csr", rng=rng)
+    B.data = rng.standard_normal(B.nnz)
+    Q, K = rng.standard_normal((60, 16)), rng.standard_normal((50, 16))
+    prog = f"A[i,j] = B[i,j] * (Q[i,k] * K[j,k]) / {divisor!r}"
+    k = spfuse.compile(prog)
+    line = k.explain(B=B, Q=Q, K=K).split("execution:")[1].splitlines()[0]
+    assert ("pattern program" not in line) == routed, line
+    assert (f"times {1.0 / divisor!r}" in line) == routed, line
+    got = k(B=B, Q=Q, K=K)
+    want = B.toarray() * (Q @ K.T) / divisor
+    np.testing.assert_allclose(got.toarray(), want, rtol=1e-12, atol=1e-12)
+    if routed:   # bit for bit the product then the division, as written
+        plain = spfuse.evaluate("A[i,j] = B[i,j] * (Q[i,k] * K[j,k])", B=B, Q=Q, K=K)
+        np.testing.assert_array_equal(got.toarray(), plain.toarray() / divisor)

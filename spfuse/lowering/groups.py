@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
@@ -111,6 +113,19 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None
                 inlined.append(op)
             factors.append((pattern_name(x.name), x.indices))
             return True
+        c = op.args[1] if len(op.args) == 2 else None
+        if (op.operator == "/" and op.reduction is None and isinstance(x, Ref) and isinstance(c, Const)
+                and _exact_reciprocal(c.value)):
+            # X / 2^e is X * 2^-e bit for bit (both the correctly rounded x·2^-e):
+            # the attention scale Q·Kᵀ / 8 is a scalar factor of the product
+            if inlined is not None:
+                inlined.append(op)
+            factors.append((_constant_name(1.0 / c.value), ()))
+            p = producers.get(x.name)
+            if p is not None:
+                return x.indices == p.out_indices and inline(p, taken)
+            factors.append((x.name, x.indices))
+            return True
         if op.operator not in ("*", None) or op.reduction not in ("sum", None):
             return False
         expr = getattr(op, "expr", None)   # a whole fused statement (max_fusion.StatementOp)
@@ -145,6 +160,20 @@ def _group_einsum(ops: tuple[UnitOp, ...], out: str, inlined: list | None = None
     if not inline(root, taken) or len(factors) < (1 if summed else 2):
         return None
     return out, root.out_indices, tuple(summed), factors
+
+
+def _exact_reciprocal(c: float) -> bool:
+    """Is dividing by ``c`` the same, bit for bit, as multiplying by
+    ``1/c``?  For a power of two whose reciprocal is a normal number.
+
+    >>> _exact_reciprocal(8.0), _exact_reciprocal(0.25), _exact_reciprocal(3.0), _exact_reciprocal(0.0)
+    (True, True, False, False)
+    """
+    if not math.isfinite(c) or c == 0.0:
+        return False
+    mantissa, _ = math.frexp(abs(c))
+    r = 1.0 / c
+    return mantissa == 0.5 and math.isfinite(r) and abs(r) >= sys.float_info.min
 
 
 def _gemm_roles(einsum, infos) -> tuple | None:
