@@ -346,3 +346,15 @@ def test_a_dense_result_scattered_under_a_reduction_pays_no_workspace():
     plan = plan_program(parse_program("grad_E[j,l] = G[i,l] * B[i,j] * C[i,k] * D[j,k]"), ins)
     assert [g.kernel for g in split_groups(plan)] == ["sddmm_spmm"]
     assert plan.formats["grad_E"].levels == ("dense", "dense")
+
+
+def test_an_element_wise_scatter_into_a_dense_result_still_pays_its_workspace():
+    # A·Bᵀ of two CSC matrices: the outer-product order j, i, k scatters each
+    # product into a 1500 x 1500 result the formats pass would store dense --
+    # one random element per insertion, not a row accumulate: still charged,
+    # so the product stays Gustavson's (the spgemm template)
+    rng = np.random.default_rng(0)
+    A, B = (sp.random_array((1500, 1500), density=0.008, format="csc", rng=rng) for _ in range(2))
+    k = spfuse.compile("C[i,k] = A[i,j] * B[k,j]", A=A, B=B)
+    assert "template kernel 'spgemm'" in k.explain()
+    np.testing.assert_allclose(k(A=A, B=B).toarray(), A.toarray() @ B.toarray().T, rtol=1e-12, atol=1e-12)

@@ -621,7 +621,7 @@ def test_csc_spmm_scatters_its_own_arrays_instead_of_converting():
         spfuse.clear_cache()
 
 
-@pytest.mark.parametrize("divisor, routed", [(8.0, True), (0.25, True), (3.0, False)])
+@pytest.mark.parametrize("divisor, routed", [(8.0, True), (0.25, True), (-4.0, True), (3.0, False)])
 def test_division_by_a_power_of_two_is_a_scalar_factor_of_the_template(divisor, routed):
     """``B ∘ (Q·Kᵀ) / 8`` (attention's scale) is SDDMM times 1/8 -- the same
     bits, as x / 2^e is x * 2^-e; another divisor is left to the pattern

@@ -563,8 +563,13 @@ class OpModel:
         # a dense dimension under the reduction is a streamed accumulate (SpMM's
         # k), a compressed one a scatter into a workspace (SpGEMM's k)
         dims = sum(1 for ix in self.sparse_out if pos.get(ix, -1) > first_red)
-        if dims and self._scattered_dense(pos, first_red):
-            return 0.0   # the formats pass stores it dense: an accumulate at a random row, no workspace
+        if (dims and order[-1] in op.out_indices and order[-1] not in self.sparse_out
+                and self._scattered_dense(pos, first_red)):
+            # the formats pass stores it dense and the innermost loop runs along
+            # a dense row of it: a row accumulate at a scattered row, no
+            # workspace (an element-wise scatter, SpGEMM's outer product, still
+            # pays one per insertion)
+            return 0.0
         cost = inner_steps * dims * self.c.scatter
         if dims and sum(1 for ix in op.out_indices if pos.get(ix, -1) > first_red) >= 2:
             # no loops over the result's leading indices outside the reduction,

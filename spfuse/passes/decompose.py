@@ -218,6 +218,8 @@ class _Decomposer:
             return Ref(expr.name, expr.indices)
         if isinstance(expr, Literal):
             return Const(float(expr.value))
+        if isinstance(expr, Unary) and expr.fn == "neg" and isinstance(expr.arg, Literal):
+            return Const(-float(expr.arg.value))   # -4.0 is a constant, not an op on one (exact)
         return self.node(expr, None, None)
 
     def node(self, expr: Expr, out: str | None, out_indices: tuple[str, ...] | None) -> Ref:
