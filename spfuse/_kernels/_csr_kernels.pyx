@@ -835,30 +835,19 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
             PyErr_CheckSignals()
         r0 = _split(ip, m, ch, nch)
         r1 = _split(ip, m, ch + 1, nch)
-        if nb == 1:
-            with nogil:
+        with nogil:
+            # (one block, the whole output, on one thread: the plain scatter)
+            for b in prange(nb, schedule="static", chunksize=1, num_threads=nb):
+                j0 = n * b // nb
+                j1 = n * (b + 1) // nb
                 for i in range(r0, r1):
                     for p in range(ip[i], ip[i + 1]):
                         c = ind[p]
                         if <size_t>c >= <size_t>n:
-                            bad = p
+                            badp[0] = p
                             break
-                        _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
-                    if bad >= 0:
-                        break
-        else:
-            with nogil:
-                for b in prange(nb, schedule="static", chunksize=1, num_threads=nb):
-                    j0 = n * b // nb
-                    j1 = n * (b + 1) // nb
-                    for i in range(r0, r1):
-                        for p in range(ip[i], ip[i + 1]):
-                            c = ind[p]
-                            if <size_t>c >= <size_t>n:
-                                badp[0] = p
-                                break
-                            if <size_t>(c - j0) < <size_t>(j1 - j0):
-                                _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
+                        if <size_t>(c - j0) < <size_t>(j1 - j0):
+                            _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
         if bad >= 0:
             return bad
     if floating is not double:

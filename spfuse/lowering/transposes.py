@@ -92,7 +92,10 @@ def _same_array(kept: np.ndarray, a: np.ndarray) -> bool:
     if a.nbytes <= _BYTES_COMPARE:
         return kept.tobytes() == a.tobytes()
     as_int = np.dtype(f"i{a.dtype.itemsize}")
-    return bool(np.array_equal(kept.view(as_int), a.view(as_int)))
+    k, v = kept.view(as_int), a.view(as_int)
+    if a.ndim == 1 and (k[0] != v[0] or k[-1] != v[-1] or k[len(k) // 2] != v[len(v) // 2]):
+        return False   # (values new every call -- a backward pass's -- differ at once: no full pass)
+    return bool(np.array_equal(k, v))
 
 
 def _pattern_key(pos: np.ndarray) -> Any:
