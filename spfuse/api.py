@@ -292,7 +292,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
     ``key``: the tensors' lowering signature when the caller knows it."""
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
-    prepare = (lambda: _scan_deferred(tensors, deferred)) if deferred else None
+    prepare = (lambda: _scan_deferred(tensors, deferred, threads)) if deferred else None
     try:
         lowered = lower_cached(plan, tensors, prepare, key)
     except UnrealizableMask:
@@ -310,14 +310,13 @@ def _result_elements(plan: Plan) -> int:
     return n
 
 
-def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple) -> None:
+def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, threads: int) -> None:
     """Scan the deferred operands' indices before anything reads them; raise
     :class:`IndexCheckFailed` (the caller then takes the validating path)
     unless every one is valid and canonical.  The executor reads int32 and
     int64 indices as they are, so this scan is the one extra pass."""
     for name in deferred:
-        lv = cast(CompressedLevel, tensors[name].levels[1])  # deferred tensors are csr/csc
-        if V.scan_status(lv.pos, lv.crd, lv.size) != 0:
+        if not _scan_ok(tensors[name], threads):
             raise IndexCheckFailed(name, -1)
 
 
@@ -369,7 +368,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
         if dispatch.conversions:
             kernel_checks = ()  # a conversion reads every index before any kernel does
         for name in unscanned:
-            if name not in kernel_checks and not _scan_ok(tensors[name]):
+            if name not in kernel_checks and not _scan_ok(tensors[name], num_threads):
                 return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
     try:
         return dispatch(tensors, num_threads, deferred, raw=raw)
@@ -403,10 +402,10 @@ def _in_format(value: Any, fmt: Format) -> bool:
     return False
 
 
-def _scan_ok(t: Tensor) -> bool:
+def _scan_ok(t: Tensor, num_threads: int | None) -> bool:
     """Whether a deferred tensor's compressed level is valid and canonical."""
     lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
-    return V.scan_status(lv.pos, lv.crd, lv.size) == 0
+    return V.scan_status(lv.pos, lv.crd, lv.size, num_threads) == 0
 
 
 class _Dispatch:

@@ -306,19 +306,31 @@ except ImportError:  # a source checkout without built kernels: the numpy checks
     _scan_compressed = _pos_drops = None
 
 
-def scan_status(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
+#: stored entries from which :func:`scan_status` scans on a team (waking
+#: one costs microseconds; the scan reads ~0.4 ns per entry on one thread)
+SCAN_TEAM_MIN_ENTRIES = 1 << 17
+
+
+def scan_status(pos: np.ndarray, crd: np.ndarray, size: int, num_threads: int | None = 1) -> int:
     """The one-pass scan's verdict on a compressed level whose ``pos`` and
     ``crd`` share an int32/int64 dtype, ``pos[0] == 0`` and ``pos[-1] ==
     len(crd)``: 0 valid and canonical, 1 valid but not canonical, 2 or more
     invalid (``check_compressed`` words the error); -1 when the kernels are
     not built (a source checkout): the caller takes the general path.
+    ``num_threads`` (None: the call's setting, :mod:`spfuse.threads`) scans
+    a level of :data:`SCAN_TEAM_MIN_ENTRIES` or more in that many pieces
+    (1M entries: 0.40 -> 0.22 ms on 2 threads); the verdict is the same.
 
     >>> scan_status(np.array([0, 2, 3]), np.array([0, 4, 1]), 5)
     0
     """
     if _scan_compressed is None:
         return -1
-    return _scan_compressed(pos, crd, size)[0]
+    nt = 1
+    if num_threads != 1 and len(crd) >= SCAN_TEAM_MIN_ENTRIES:
+        from spfuse.threads import threads_for_call
+        nt = threads_for_call(num_threads)
+    return _scan_compressed(pos, crd, size, nt)[0]
 
 
 def pos_monotone(pos: np.ndarray) -> bool:

@@ -166,9 +166,9 @@ def scans(monkeypatch):
     calls = []
     real = validation._scan_compressed
 
-    def counting(pos, crd, size):
+    def counting(pos, crd, size, num_threads=1):
         calls.append(len(crd))
-        return real(pos, crd, size)
+        return real(pos, crd, size, num_threads)
 
     monkeypatch.setattr(validation, "_scan_compressed", counting)
     return calls

@@ -456,6 +456,38 @@ def test_extrema_kernels_give_the_executors_bits(program, n, m, density, fmt, dt
     np.testing.assert_allclose(got[0], want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("empty_row", [False, True])
+@pytest.mark.parametrize("is_min", [False, True])
+def test_column_extrema_count_only_when_a_column_can_be_full(empty_row, is_min):
+    """The column scatter keeps counts only when every row stores something
+    (else no column is full): with a full column of negatives (max) no
+    implicit zero may enter it; with an empty row every column sees one.
+    Blocks and threads never change the bits; a NaN met is kept."""
+    from spfuse._kernels import _csr_kernels as csr
+    rng = np.random.default_rng(3)
+    m, n = 300, 50
+    dense = np.where(rng.random((m, n)) < 0.1, rng.standard_normal((m, n)), 0.0)
+    dense[:, 7] = -np.abs(rng.standard_normal(m)) - 1.0 if not is_min else np.abs(rng.standard_normal(m)) + 1.0
+    dense[5, 11] = np.nan
+    if empty_row:
+        dense[42, :] = 0.0
+    A = sp.csr_array(dense)
+    want = np.nanmin(dense, axis=0) if is_min else np.nanmax(dense, axis=0)
+    want[11] = np.nan
+    outs = []
+    for blocks, threads in ((1, 1), (2, 2), (3, 2), (2, 1)):
+        out = np.empty(n)
+        csr.col_extremum(A.indptr, A.indices, A.data, out, is_min, blocks, threads)
+        outs.append(out)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out.view(np.uint8), outs[0].view(np.uint8))
+    np.testing.assert_array_equal(outs[0], want)
+    if empty_row:   # the full column is full no more: its implicit zero wins
+        assert outs[0][7] == 0.0
+    else:
+        assert (outs[0][7] < -0.5) if not is_min else (outs[0][7] > 0.5)
+
+
 @pytest.mark.parametrize("program", ["y[i] = min(j, 0.25 * A[i,j])", "y[i] = max(j, A[i,j] * 2.0)",
                                      "y[j] = max(i, -1.0 * A[i,j])", "y[i] = max(j, A[i,j]) * 2.0"])
 @pytest.mark.parametrize("n", [1, 2, 40])

@@ -256,3 +256,35 @@ def test_check_shape_accepts_numpy_ints_and_scalars():
     assert V.check_shape((2**61, 2)) == (2**61, 2)
     with pytest.raises(OperandTypeError):
         V.check_shape(None)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 64, 200])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_the_index_scan_gives_one_verdict_on_any_team(threads, dtype):
+    """The scan's fast passes run in one piece per thread; their counts add
+    up, so the verdict (and the place the slow pass reports) is the one of
+    a single piece -- canonical, unsorted at a piece boundary, a duplicate,
+    an out-of-range index, a falling indptr."""
+    from spfuse._kernels._validate import scan_compressed
+    rng = np.random.default_rng(0)
+    n = 1000
+    A = sp.random_array((n, n), density=0.01, format="csr", rng=rng)
+    pos, crd = A.indptr.astype(dtype), A.indices.astype(dtype)
+    cases = {"canonical": (pos, crd)}
+    swapped = crd.copy()
+    mid = pos[n // 2]   # a row start: swap its first two entries (a row of >= 2 entries)
+    row = next(i for i in range(n // 2, n) if pos[i + 1] - pos[i] >= 2)
+    swapped[pos[row]], swapped[pos[row] + 1] = swapped[pos[row] + 1], swapped[pos[row]]
+    cases["unsorted"] = (pos, swapped)
+    dup = crd.copy()
+    dup[pos[row] + 1] = dup[pos[row]]
+    cases["duplicate"] = (pos, dup)
+    out = crd.copy()
+    out[mid] = n
+    cases["out of range"] = (pos, out)
+    falling = pos.copy()
+    falling[n // 3] = falling[n // 3 + 1] + 1
+    cases["falling indptr"] = (falling, crd)
+    for name, (p, c) in cases.items():
+        assert scan_compressed(p, c, n, threads) == scan_compressed(p, c, n, 1), name
+    assert [scan_compressed(p, c, n, threads)[0] for p, c in cases.values()] == [0, 1, 1, 3, 2]

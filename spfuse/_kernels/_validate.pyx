@@ -5,6 +5,7 @@ in one sequential pass, whether a level is valid and canonical; only when it
 is not does the slower numpy path run to word the error message.
 """
 cimport cython
+from cython.parallel cimport prange
 cimport numpy as cnp
 import numpy as np
 
@@ -27,29 +28,34 @@ cdef extern from *:
     #define SPFUSE_CLONES
     #endif
     #define SPFUSE_SCAN_LOOP(T, U)                                            \
+    /* Outliers among a[lo..hi), and descents a[p] <= a[p-1] for p in        \
+       [max(lo, 1), hi): pieces of one array add up to the whole's counts. */ \
     SPFUSE_CLONES static void spfuse_outliers_##T(                            \
-            const T *a, Py_ssize_t n, T size, Py_ssize_t *out, Py_ssize_t *desc) { \
-        T o = (U)a[0] >= (U)size, d = 0;                                      \
-        for (Py_ssize_t p = 1; p < n; p++) {                                  \
+            const T *a, Py_ssize_t lo, Py_ssize_t hi, T size, Py_ssize_t *out, \
+            Py_ssize_t *desc) {                                               \
+        T o = 0, d = 0;                                                       \
+        if (lo == 0 && hi > 0) { o = (U)a[0] >= (U)size; lo = 1; }            \
+        for (Py_ssize_t p = lo; p < hi; p++) {                                \
             o += (U)a[p] >= (U)size;                                          \
             d += a[p] <= a[p - 1];                                            \
         }                                                                     \
         *out = (Py_ssize_t)o; *desc = (Py_ssize_t)d;                          \
     }                                                                         \
-    /* Number of p in pos[0..n] with pos[p+1] < pos[p]. */                    \
-    SPFUSE_CLONES static Py_ssize_t spfuse_drops_##T(const T *pos, Py_ssize_t n) { \
+    /* Number of s in [lo, hi) with pos[s+1] < pos[s]. */                     \
+    SPFUSE_CLONES static Py_ssize_t spfuse_drops_##T(                         \
+            const T *pos, Py_ssize_t lo, Py_ssize_t hi) {                     \
         Py_ssize_t d = 0;                                                     \
-        for (Py_ssize_t s = 0; s < n; s++) d += pos[s + 1] < pos[s];          \
+        for (Py_ssize_t s = lo; s < hi; s++) d += pos[s + 1] < pos[s];        \
         return d;                                                             \
     }                                                                         \
     /* Descents crd[p] <= crd[p-1] at the starts p = pos[s] of non-empty     \
-       segments 1..n-1 (allowed in a canonical level).  Branch-free: rows    \
-       of a power-law matrix are often empty, and a branch per row would be  \
-       mispredicted.  Needs a monotone pos with pos[n] == last >= 2. */     \
+       segments s in [max(lo, 1), hi) (allowed in a canonical level).        \
+       Branch-free: rows of a power-law matrix are often empty, and a branch \
+       per row would be mispredicted.  Needs a monotone pos with last >= 2. */ \
     SPFUSE_CLONES static Py_ssize_t spfuse_starts_##T(                        \
-            const T *pos, Py_ssize_t n, const T *crd, T last) {               \
+            const T *pos, Py_ssize_t lo, Py_ssize_t hi, const T *crd, T last) { \
         Py_ssize_t d = 0;                                                     \
-        for (Py_ssize_t s = 1; s < n; s++) {                                  \
+        for (Py_ssize_t s = lo > 1 ? lo : 1; s < hi; s++) {                   \
             T p = pos[s];                                                     \
             int ok = (p > 0) & (p < last) & (p != pos[s - 1]);                \
             T q = ok ? p : 1;                                                 \
@@ -62,36 +68,47 @@ cdef extern from *:
     SPFUSE_SCAN_LOOP(int, unsigned int)
     SPFUSE_SCAN_LOOP(spfuse_ll, spfuse_ull)
     """
-    void spfuse_outliers_int(const int *a, Py_ssize_t n, int size, Py_ssize_t *out,
+    void spfuse_outliers_int(const int *a, Py_ssize_t lo, Py_ssize_t hi, int size, Py_ssize_t *out,
                              Py_ssize_t *desc) nogil
-    void spfuse_outliers_spfuse_ll(const long long *a, Py_ssize_t n, long long size, Py_ssize_t *out,
-                                   Py_ssize_t *desc) nogil
-    Py_ssize_t spfuse_drops_int(const int *pos, Py_ssize_t n) nogil
-    Py_ssize_t spfuse_drops_spfuse_ll(const long long *pos, Py_ssize_t n) nogil
-    Py_ssize_t spfuse_starts_int(const int *pos, Py_ssize_t n, const int *crd, int last) nogil
-    Py_ssize_t spfuse_starts_spfuse_ll(const long long *pos, Py_ssize_t n, const long long *crd,
-                                       long long last) nogil
+    void spfuse_outliers_spfuse_ll(const long long *a, Py_ssize_t lo, Py_ssize_t hi, long long size,
+                                   Py_ssize_t *out, Py_ssize_t *desc) nogil
+    Py_ssize_t spfuse_drops_int(const int *pos, Py_ssize_t lo, Py_ssize_t hi) nogil
+    Py_ssize_t spfuse_drops_spfuse_ll(const long long *pos, Py_ssize_t lo, Py_ssize_t hi) nogil
+    Py_ssize_t spfuse_starts_int(const int *pos, Py_ssize_t lo, Py_ssize_t hi, const int *crd, int last) nogil
+    Py_ssize_t spfuse_starts_spfuse_ll(const long long *pos, Py_ssize_t lo, Py_ssize_t hi,
+                                       const long long *crd, long long last) nogil
+
+cdef enum:
+    _MAX_PIECES = 64   # pieces of the fast passes at most (one per thread)
+
+
+cdef inline Py_ssize_t _piece(Py_ssize_t n, Py_ssize_t k, Py_ssize_t pieces) noexcept nogil:
+    """Start of piece ``k`` of ``pieces`` equal pieces of ``[0, n)``."""
+    return <Py_ssize_t>((<double>n * k) / pieces) if k < pieces else n
 
 
 @cython.boundscheck(False)
 @cython.wraparound(False)
-def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long size):
+def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long size, int num_threads=1):
     """Scan ``pos``/``crd`` once; return ``(status, where)``.
 
     status 0: valid and canonical (coordinates strictly increasing in every
     segment); 1: valid but unsorted or duplicated (canonicalise a copy);
     2: ``pos`` decreases at or after ``where`` (checked here, so no segment
     is read past ``pos[-1]``); 3: ``crd[where]`` is out of ``[0, size)``.
-    Preconditions (checked by the caller): ``pos[0] == 0`` and
-    ``pos[-1] <= len(crd)``.
+    The fast passes run in ``num_threads`` pieces (their counts add up, so
+    the verdict never depends on it).  Preconditions (checked by the
+    caller): ``pos[0] == 0`` and ``pos[-1] <= len(crd)``.
     """
     cdef Py_ssize_t n = pos.shape[0] - 1
-    cdef Py_ssize_t s, p, start, end
+    cdef Py_ssize_t s, p, start, end, k
     cdef Py_ssize_t drops = 0, allowed = 0
     cdef Py_ssize_t where = -1
     cdef long long c, prev
-    cdef Py_ssize_t outliers, descents
+    cdef Py_ssize_t outliers = 0, descents = 0
+    cdef Py_ssize_t[_MAX_PIECES] pd, po, pdesc, pst
     cdef int status = 0
+    cdef Py_ssize_t pieces = min(max(num_threads, 1), _MAX_PIECES)
     if n < 0:
         return 2, 0
     cdef Py_ssize_t last = pos[n]
@@ -100,22 +117,35 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
         # compiler vectorises them and no per-segment overhead is paid:
         # pos never decreases; every coordinate lies in [0, size); the only
         # descents crd[p] <= crd[p-1] are at segment starts.
-        if index_t is int:
-            drops = spfuse_drops_int(&pos[0], n)
-        else:
-            drops = spfuse_drops_spfuse_ll(&pos[0], n)
-        if drops == 0 and last > 0:
+        for k in prange(pieces, schedule="static", num_threads=pieces):
             if index_t is int:
-                spfuse_outliers_int(&crd[0], last, <int>min(size, 2147483647), &outliers, &descents)
-                if last >= 2:  # pos is monotone here: 0 <= pos[s] <= last
-                    allowed = spfuse_starts_int(&pos[0], n, &crd[0], <int>last)
+                pd[k] = spfuse_drops_int(&pos[0], _piece(n, k, pieces), _piece(n, k + 1, pieces))
             else:
-                spfuse_outliers_spfuse_ll(&crd[0], last, size, &outliers, &descents)
-                if last >= 2:
-                    allowed = spfuse_starts_spfuse_ll(&pos[0], n, &crd[0], last)
+                pd[k] = spfuse_drops_spfuse_ll(&pos[0], _piece(n, k, pieces), _piece(n, k + 1, pieces))
+        for k in range(pieces):
+            drops = drops + pd[k]
+        if drops == 0 and last > 0:
+            for k in prange(pieces, schedule="static", num_threads=pieces):
+                pst[k] = 0
+                if index_t is int:
+                    spfuse_outliers_int(&crd[0], _piece(last, k, pieces), _piece(last, k + 1, pieces),
+                                        <int>min(size, 2147483647), &po[k], &pdesc[k])
+                    if last >= 2:  # pos is monotone here: 0 <= pos[s] <= last
+                        pst[k] = spfuse_starts_int(&pos[0], _piece(n, k, pieces), _piece(n, k + 1, pieces),
+                                                   &crd[0], <int>last)
+                else:
+                    spfuse_outliers_spfuse_ll(&crd[0], _piece(last, k, pieces), _piece(last, k + 1, pieces),
+                                              size, &po[k], &pdesc[k])
+                    if last >= 2:
+                        pst[k] = spfuse_starts_spfuse_ll(&pos[0], _piece(n, k, pieces),
+                                                         _piece(n, k + 1, pieces), &crd[0], last)
+            for k in range(pieces):
+                outliers = outliers + po[k]
+                descents = descents + pdesc[k]
+                allowed = allowed + pst[k]
             if outliers or descents != allowed:
                 drops = -1  # not canonical or invalid: find which, and where
-        if drops != 0:
+    if drops != 0:
             for s in range(n):
                 start = pos[s]
                 end = pos[s + 1]
@@ -157,11 +187,11 @@ def pos_drops(cnp.ndarray pos):
     if _flat(pos, cnp.NPY_INT32):
         if n > 0:
             with nogil:
-                drops = spfuse_drops_int(<const int*>cnp.PyArray_DATA(pos), n)
+                drops = spfuse_drops_int(<const int*>cnp.PyArray_DATA(pos), 0, n)
     elif _flat(pos, cnp.NPY_INT64):
         if n > 0:
             with nogil:
-                drops = spfuse_drops_spfuse_ll(<const long long*>cnp.PyArray_DATA(pos), n)
+                drops = spfuse_drops_spfuse_ll(<const long long*>cnp.PyArray_DATA(pos), 0, n)
     else:
         raise ValueError("pos_drops needs a 1-D contiguous int32 or int64 array")
     return drops
