@@ -31,6 +31,7 @@ from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lowering_ke
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan, without_propagation
 from spfuse.runtime import looptree as lt
+from spfuse.runtime import scratch
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
 
@@ -50,7 +51,8 @@ def _parse(text: str) -> Program:
 
 
 def clear_cache() -> None:
-    """Forget every cached plan (and parsed program).
+    """Forget every cached plan (and parsed program), and drop the buffers
+    kept for per-call operand copies (:mod:`spfuse.runtime.scratch`).
 
     >>> import spfuse
     >>> spfuse.clear_cache(); spfuse.cache_info()["plans"]
@@ -60,6 +62,7 @@ def clear_cache() -> None:
         _plan_cache.clear()
         _dispatch_cache.clear()
     _parse.cache_clear()
+    scratch.release()
 
 
 def cache_info() -> dict:

@@ -56,9 +56,9 @@ def passes(monkeypatch):
     calls = {"scan": 0, "dtypes": set()}
     real_scan, real_run = validation._scan_compressed, lt.run
 
-    def scan(pos, crd, size):
+    def scan(pos, crd, size, num_threads=1):
         calls["scan"] += 1
-        return real_scan(pos, crd, size)
+        return real_scan(pos, crd, size, num_threads)
 
     def run(plan, *a, **k):
         calls["dtypes"] |= {arr.dtype for arr in plan.index_arrays}

@@ -1,0 +1,109 @@
+"""Kept buffers for per-call operand copies (spfuse.runtime.scratch): a copy
+reuses its slot's memory on the next call, two copies of one call never
+share a buffer, threads never share one, and no result aliases one."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import spfuse
+from spfuse.runtime import scratch
+
+
+def test_a_slot_is_reused_only_when_the_request_fits_it():
+    f64 = np.dtype(np.float64)
+    a = scratch.buffer(0, (1000, 200), f64)
+    assert np.shares_memory(a, scratch.buffer(0, (1000, 200), f64))
+    assert np.shares_memory(a, scratch.buffer(0, (200, 1000), f64))        # same bytes, other shape
+    assert not np.shares_memory(a, scratch.buffer(1, (1000, 200), f64))    # another slot
+    small = scratch.buffer(0, (10, 10), f64)                                # under MIN_BYTES: not kept
+    assert not np.shares_memory(small, scratch.buffer(0, (10, 10), f64))
+    big = scratch.buffer(0, (1000, 200), f64)
+    assert not np.shares_memory(big, scratch.buffer(0, (300, 200), f64))    # would waste over half of it
+    scratch.release()
+    assert not np.shares_memory(big, scratch.buffer(0, (1000, 200), f64))
+
+
+def _sddmm_operands(n: int, K: int, seed: int):
+    rng = np.random.default_rng(seed)
+    B = sp.random_array((n, n), density=8 / n, format="csr", rng=rng)
+    C = rng.standard_normal((n, K))
+    D = rng.standard_normal((K, n))   # C-ordered D[k,j]: SDDMM reads it transposed, a copy per call
+    return B, C, D
+
+
+def _sddmm_oracle(B, C, D):
+    rows = np.repeat(np.arange(B.shape[0]), np.diff(B.indptr))
+    return B.data * np.einsum("pk,pk->p", C[rows], D.T[B.indices])
+
+
+def test_sddmm_copies_reuse_memory_and_results_never_alias_it(monkeypatch):
+    n, K = 6000, 64   # D's copy: 3 MB, kept
+    B, C, D = _sddmm_operands(n, K, 0)
+    program = spfuse.compile("A[i,j] = B[i,j] * (C[i,k] * D[k,j])")
+    lent: list = []
+    real = scratch.buffer
+    monkeypatch.setattr(scratch, "buffer", lambda *a: lent.append(real(*a)) or lent[-1])
+    first = program(B=B, C=C, D=D)
+    np.testing.assert_allclose(first.data, _sddmm_oracle(B, C, D), rtol=1e-12, atol=1e-12)
+    kept = first.data.copy()
+    D2 = -2.0 * D
+    second = program(B=B, C=C, D=D2)
+    np.testing.assert_array_equal(first.data, kept)   # the first result is untouched by the second call
+    np.testing.assert_allclose(second.data, -2.0 * kept, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(D2, -2.0 * D)       # the operand is never written
+    assert len(lent) == 2 and lent[0].shape == (n, K) and np.shares_memory(lent[0], lent[1])
+    assert not any(np.shares_memory(r.data, b) for r in (first, second) for b in lent)
+
+
+def test_gnn2_reads_its_factor_transposed_twice_from_copies():
+    """GNN-2 reads its C-ordered Y transposed twice in one kernel call (two
+    slots); the answer is numpy's, call after call."""
+    rng = np.random.default_rng(1)
+    n, K = 4000, 64   # Y's copies: 2 MB each, kept
+    A = sp.random_array((n, n), density=8 / n, format="csr", rng=rng)
+    X = rng.standard_normal((n, K))
+    Y = rng.standard_normal((K, n))
+    want = (A.toarray() * (X @ Y)) @ Y.T
+    for scale in (1.0, 0.5):
+        got = spfuse.evaluate("Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]", A=A, X=X, Y=scale * Y)
+        np.testing.assert_allclose(got, scale * scale * want, rtol=1e-10, atol=1e-10)
+
+
+def test_threads_keep_their_own_buffers():
+    """Two Python threads running SDDMM with different D at once: each reads
+    its own copy (the buffers are per thread)."""
+    n, K = 5000, 64
+    B, C, D = _sddmm_operands(n, K, 2)
+    program = spfuse.compile("A[i,j] = B[i,j] * (C[i,k] * D[k,j])")
+    factors = [D, 3.0 * D]
+    wants = [_sddmm_oracle(B, C, f) for f in factors]
+    errors: list = []
+
+    def work(which: int):
+        try:
+            for _ in range(6):
+                got = program(B=B, C=C, D=factors[which])
+                np.testing.assert_allclose(got.data, wants[which], rtol=1e-12, atol=1e-12)
+        except Exception as e:   # (reported by the main thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("order", ["F", "C"])
+def test_spmm_of_a_fortran_factor_matches_numpy(order):
+    rng = np.random.default_rng(3)
+    n, K = 5000, 64
+    A = sp.random_array((n, n), density=8 / n, format="csr", rng=rng)
+    Bm = np.asarray(rng.standard_normal((n, K)), order=order)
+    for _ in range(2):
+        np.testing.assert_allclose(spfuse.evaluate("C[i,k] = A[i,j] * B[j,k]", A=A, B=Bm), A @ Bm, rtol=1e-12)
