@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from spfuse import validation as V
+from spfuse._kernels import _result_pool as result_pool
 from spfuse.errors import IndexCheckFailed, ProgramError, UnsupportedError
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Program, iter_accesses
@@ -51,8 +52,9 @@ def _parse(text: str) -> Program:
 
 
 def clear_cache() -> None:
-    """Forget every cached plan (and parsed program), and drop the buffers
-    kept for per-call operand copies (:mod:`spfuse.runtime.scratch`).
+    """Forget every cached plan (and parsed program), and free the memory
+    kept for per-call operand copies (:mod:`spfuse.runtime.scratch`) and
+    for large results (``spfuse._kernels._result_pool``).
 
     >>> import spfuse
     >>> spfuse.clear_cache(); spfuse.cache_info()["plans"]
@@ -63,6 +65,7 @@ def clear_cache() -> None:
         _dispatch_cache.clear()
     _parse.cache_clear()
     scratch.release()
+    result_pool.release()
 
 
 def cache_info() -> dict:

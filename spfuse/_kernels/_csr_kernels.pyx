@@ -836,6 +836,43 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     return bad
 
 
+cdef Py_ssize_t[::1] _owned_ranges(const index_t* ind, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t n,
+                                   Py_ssize_t nb):
+    """Bounds of ``nb`` ranges of ``[0, n)`` holding about equal shares of the
+    entries ``ind[p0:p1]`` fall in, estimated from every ``stride``-th
+    entry (about 2**16 of them: a power-law matrix's heavy rows would leave
+    one thread most of the work in ranges of equal length).  Only the
+    ownership depends on it, never the arithmetic."""
+    cdef Py_ssize_t[::1] bounds = np.empty(nb + 1, np.intp)
+    cdef Py_ssize_t b, j, p, seen = 0, total = 0
+    cdef Py_ssize_t stride = max(1, (p1 - p0) >> 16)
+    cdef Py_ssize_t[::1] counts
+    cdef index_t c
+    bounds[0] = 0
+    bounds[nb] = n
+    if nb == 1:
+        return bounds
+    counts = np.zeros(n, np.intp)
+    with nogil:
+        p = p0
+        while p < p1:
+            c = ind[p]
+            if <size_t>c < <size_t>n:   # (a bad index is found by the scatter)
+                counts[c] += 1
+                total += 1
+            p += stride
+        b = 1
+        for j in range(n):
+            while b < nb and seen * nb >= total * b:
+                bounds[b] = j
+                b += 1
+            seen += counts[j]
+        while b < nb:
+            bounds[b] = n
+            b += 1
+    return bounds
+
+
 def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
            const floating[:, ::1] B, floating[:, ::1] out, int num_threads=1):
     """spmm_t(indptr, indices, data, B, out, num_threads=1) -> bad
@@ -848,7 +885,8 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     into one range per thread, each thread walking every row of ``A`` and
     scattering only the entries whose column falls in its range (the
     indices are read once per thread; the K-wide multiply-adds, the work,
-    once in all).  No partial results, and bit-identical to one thread.
+    once in all; the ranges hold about equal numbers of entries, see
+    :func:`_owned_ranges`).  No partial results, and bit-identical to one thread.
     (A team splitting the output's *columns* ran slower on 2 threads than
     on one: each thread did every row fetch for half a row of work.)
     It is also ``A @ B`` of a CSC ``A``.  Sums are accumulated in double:
@@ -897,6 +935,7 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     nb = num_threads if num_threads > 1 and n * K * <Py_ssize_t>sizeof(double) > _spmm_t_team_min_bytes else 1
     if nb > n:
         nb = n
+    cdef Py_ssize_t[::1] owned = _owned_ranges(ind, ip[0], ip[m], n, nb)
     # work: K multiply-adds + a row fetch per entry, as spmm's (chunks between interrupt checks)
     nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(K + 8), nb, m)
     for ch in range(nch):
@@ -907,8 +946,8 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
         with nogil:
             # (one block, the whole output, on one thread: the plain scatter)
             for b in prange(nb, schedule="static", chunksize=1, num_threads=nb):
-                j0 = n * b // nb
-                j1 = n * (b + 1) // nb
+                j0 = owned[b]
+                j1 = owned[b + 1]
                 for i in range(r0, r1):
                     for p in range(ip[i], ip[i + 1]):
                         c = ind[p]

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from spfuse._kernels import _dense_kernels
+from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access
 from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
@@ -200,7 +201,7 @@ def _run_gemm(roles, out_shape, tensors, nt):
     _, dtype = templates._types([tensors[x], tensors[y]])
     X, xt = _blas_operand(tensors[x], xt, dtype)
     Y, yt = _blas_operand(tensors[y], yt, dtype)
-    out = np.empty((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
+    out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
     _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
     return templates.c_ordered(out.T, nt) if ot else out
@@ -225,7 +226,7 @@ def _bind_gemm(roles, tensors):
                 or Y._values.dtype is not dtype:
             return _run_gemm(roles, None, tensors, nt)
         xs, ys = X._shape, Y._shape
-        out = np.empty((xs[1] if xt else xs[0], ys[0] if yt else ys[1]), dtype)
+        out = _result((xs[1] if xt else xs[0], ys[0] if yt else ys[1]), dtype)
         gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt)
         return out
     return run

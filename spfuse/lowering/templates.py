@@ -25,6 +25,7 @@ import numpy as np
 from spfuse._kernels import _csf_kernels as csf
 from spfuse._kernels import _csr_kernels as csr
 from spfuse._kernels import _dense_kernels
+from spfuse._kernels._result_pool import empty as _result
 from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
@@ -488,7 +489,7 @@ def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callab
         if not same:
             return _run_einsum(kernel, list(names), "", out_shape, tensors, nt, tile)
         level = S._levels[1]
-        out = np.empty(len(S._values) if on_pattern else out_shape, dtype)
+        out = _result(len(S._values) if on_pattern else out_shape, dtype)
         bad = call(compiled, level.pos, level.crd, S._values, d, out, nt, S, tile)
         if bad >= 0:
             raise IndexCheckFailed(sparse_name, bad)
@@ -535,7 +536,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         # ``d[i] * A[i,j] * e[j]`` (a missing side is ones)
         ip, ix, vals = _csr(S, itype, dtype)
         d = {kernel_side: _dense(t, dtype) for kernel_side, t in zip(_SCALINGS[kernel], ts[1:], strict=True)}
-        outv = np.empty_like(vals)
+        outv = _result(vals.shape, vals.dtype)
         csr.scale(ip, ix, vals, d.get("i"), d.get("j"), outv, nt)
         return S._with_kernel_values(outv)
     if kernel in ("spmv", "spmv_t", "row_sums", "col_sums", "spmm", "spmm_t", "sddmm", "sddmm_t", "spmm_gemm", "gnn2",
@@ -547,7 +548,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         transposed = _READ_TRANSPOSED.get(kernel, ())
         d = [_dense_t(t, dtype, nt, n) if n in transposed else _dense(t, dtype, nt, n) for n, t in enumerate(ts[1:])]
         if kernel in CHECKS_INDICES:  # these check A's indices as they read them
-            out = np.empty(out_shape, dtype)
+            out = _result(out_shape, dtype)
             if kernel in ("spmv", "row_sums"):   # row sums: SpMV by ones (x not read)
                 bad = csr.spmv(ip, ix, vals, d[0] if d else None, out, nt, S.shape[1])
             elif kernel in ("spmv_t", "col_sums"):
@@ -560,7 +561,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             if bad >= 0:
                 raise IndexCheckFailed(names[0], bad)
         elif kernel in ("sddmm", "sddmm_t"):
-            outv = np.empty_like(vals)
+            outv = _result(vals.shape, vals.dtype)
             csr.sddmm(ip, ix, vals, d[0], d[1], outv, 0, nt)
             return S._with_kernel_values(outv)
         elif kernel == "spmm_gemm":
@@ -568,19 +569,19 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             # fused-vs-separate choice are the planner's (reassociate,
             # separate): A·(C·D) or separate kernels arrive as several groups.
             C, D = d
-            out = np.empty(out_shape, dtype)
+            out = _result(out_shape, dtype)
             csr.spmm_gemm(ip, ix, vals, C, D, out, nt)
         elif kernel == "gnn2":
             X, Dt, E = d
-            out = np.empty(out_shape, dtype)
+            out = _result(out_shape, dtype)
             csr.sddmm_spmm(ip, ix, vals, X, Dt, E, out, 0, nt)
         elif kernel == "sddmm_spmm":
             C, D, E = d
-            out = np.empty(out_shape, dtype)
+            out = _result(out_shape, dtype)
             csr.sddmm_spmm(ip, ix, vals, C, D, E, out, 0, nt)
         else:
             C, D, F, W = d
-            out = np.empty(out_shape, dtype)
+            out = _result(out_shape, dtype)
             csr.sddmm_spmm_gemm(ip, ix, vals, C, D, F, W, out, nt)
         return out
     if kernel in ("masked_spgemm", "masked_spgemm_dot"):
@@ -621,7 +622,7 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
             fmt = Format(("compressed", "compressed", "dense"))
             outv = outv.reshape(-1)
         return Tensor._trusted(out_shape, fmt, levels, outv, None)
-    out = np.empty(out_shape, dtype)
+    out = _result(out_shape, dtype)
     if kernel == "ttv_mid":
         csf.ttv_mid(*arrs, d[0], out, nt)
     elif kernel == "mttkrp":
@@ -770,7 +771,7 @@ def _run_spmv_add(tensors, a, x, b, out_shape, nt) -> np.ndarray:
     ts = [tensors[a], tensors[x], tensors[b]]
     itype, dtype = _types(ts)
     ip, ix, vals = _csr(ts[0], itype, dtype)
-    out = np.empty(out_shape, dtype)
+    out = _result(out_shape, dtype)
     bad = csr.spmv(ip, ix, vals, _dense(ts[1], dtype), out, _threads(ts, nt), ts[0].shape[1], _dense(ts[2], dtype))
     if bad >= 0:
         raise IndexCheckFailed(a, bad)
@@ -942,7 +943,7 @@ def _match(plan) -> TemplateMatch | None:
             ip, ix, vals = _csr(ts[0], itype, dtype)
             C = _dense(ts[1], dtype, nt, 0)
             Dt = _dense(ts[2], dtype, nt, 1) if transposed else _dense_t(ts[2], dtype, nt, 1)
-            outv = np.empty_like(vals)
+            outv = _result(vals.shape, vals.dtype)
             csr.sddmm(ip, ix, vals, C, Dt, outv, 1, nt)
             return {result: ts[0]._with_kernel_values(outv)}
         return TemplateMatch("sddmm(div)", {b: "csr", c: "dense", d: "dense"},
