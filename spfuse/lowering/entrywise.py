@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from spfuse._kernels._dense_kernels import UNARY_OPS, map_unary
+from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.ir.ops import Const, UnitOp
 from spfuse.lowering.pattern_values import _entrywise
@@ -225,7 +226,7 @@ def _apply(op: UnitOp, xs: list, shape: tuple) -> np.ndarray:
     if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
         r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
         return r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
-    out = np.empty(shape)
+    out = _result(shape, _F64)
     if op.operator == "relu":
         return _relu(xs[0], out)
     if op.operator in LIBM:
