@@ -45,6 +45,9 @@ def test_the_pool_keeps_at_most_its_limits(monkeypatch):
     arrays = [pool.empty(BIG, F64) for _ in range(4)]
     del arrays
     assert pool.kept()[0] == 2
+    other = pool.empty((2048, 1024), F64)   # a size not asked for before
+    del other
+    assert pool.kept() == (2, (BIG[0] * BIG[1] + 2048 * 1024) * 8)   # the oldest block went
     pool.release()
     assert pool.kept() == (0, 0)
 

@@ -57,6 +57,8 @@ from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
+from spfuse._kernels._result_pool import empty as pooled_empty
+
 cimport numpy as cnp
 
 cnp.import_array()
@@ -1455,8 +1457,9 @@ def spgemm(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data,
         a_indptr, a_indices, b_indptr, b_indices = (
             np.asarray(a, dtype=np.int64) for a in (a_indptr, a_indices, b_indptr, b_indices))
     nnz = int(indptr[len(indptr) - 1])
-    indices = np.empty(nnz, dtype=indptr.dtype)
-    data = np.empty(nnz, dtype=np.asarray(a_data).dtype)
+    # (the result's two large arrays from the pool: no page faults per call)
+    indices = pooled_empty(nnz, indptr.dtype)
+    data = pooled_empty(nnz, np.asarray(a_data).dtype)
     spgemm_numeric(a_indptr, a_indices, a_data, b_indptr, b_indices, b_data, n_cols,
                    indptr, indices, data, num_threads)
     return indptr, indices, data

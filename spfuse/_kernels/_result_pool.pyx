@@ -12,8 +12,8 @@ so the pages can be handed over instead of returned to the system.
 :func:`empty` returns an ordinary writable ndarray whose memory is owned by a
 small :class:`_Block`; when the last array or view reading that memory dies,
 the block's memory goes back to the pool (at most :data:`MAX_BLOCKS` blocks
-and :data:`MAX_BYTES` bytes are kept; the rest is freed as usual) and the
-next request of the same size takes it.  Results under :data:`MIN_BYTES`
+and :data:`MAX_BYTES` bytes are kept, the oldest freed first) and the next
+request of the same size takes it.  Results under :data:`MIN_BYTES`
 come from ``np.empty``: the allocator reuses small blocks already.
 :func:`release` frees what the pool keeps (``spfuse.clear_cache`` calls it).
 Like ``np.empty``, the memory holds garbage: the kernels write every element.
@@ -38,7 +38,7 @@ MAX_BLOCKS = 8
 MAX_BYTES = 1 << 30
 
 _lock = threading.Lock()
-_free: dict = {}        # nbytes -> [raw uint8 arrays]
+_free: list = []        # raw uint8 arrays nothing reads, oldest first
 _kept = [0, 0]          # blocks, bytes
 
 
@@ -79,12 +79,30 @@ cdef class _Block:
 
 
 def _give_back(raw) -> None:
+    """Keep ``raw`` for the next request of its size; the oldest kept blocks
+    go when the limits would be passed (sizes no longer asked for age out)."""
     nbytes = raw.nbytes
+    if nbytes > MAX_BYTES:
+        return
     with _lock:
-        if _kept[0] < MAX_BLOCKS and _kept[1] + nbytes <= MAX_BYTES:
-            _free.setdefault(nbytes, []).append(raw)
-            _kept[0] += 1
-            _kept[1] += nbytes
+        _free.append(raw)
+        _kept[0] += 1
+        _kept[1] += nbytes
+        while _kept[0] > MAX_BLOCKS or _kept[1] > MAX_BYTES:
+            old = _free.pop(0)
+            _kept[0] -= 1
+            _kept[1] -= old.nbytes
+
+
+def _take(Py_ssize_t nbytes):
+    """The most recently kept block of ``nbytes``, or None."""
+    with _lock:
+        for k in range(len(_free) - 1, -1, -1):
+            if _free[k].nbytes == nbytes:
+                _kept[0] -= 1
+                _kept[1] -= nbytes
+                return _free.pop(k)
+    return None
 
 
 def empty(shape, dtype) -> np.ndarray:
@@ -101,13 +119,7 @@ def empty(shape, dtype) -> np.ndarray:
     nbytes = count * dtype.itemsize
     if nbytes < MIN_BYTES:
         return np.empty(shape, dtype)
-    raw = None
-    with _lock:
-        blocks = _free.get(nbytes)
-        if blocks:
-            raw = blocks.pop()
-            _kept[0] -= 1
-            _kept[1] -= nbytes
+    raw = _take(nbytes)
     if raw is None:
         raw = np.empty(nbytes, np.uint8)
     return np.frombuffer(_Block(raw), dtype=dtype, count=count).reshape(shape)
