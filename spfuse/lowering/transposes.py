@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
@@ -159,10 +160,15 @@ def _transposed_values(found: _Transposed, values: np.ndarray) -> np.ndarray:
     last = found.last[0] if found.last else None   # (one read: the pair is replaced whole)
     if last is not None and _same_array(last[0], values):
         return last[1]
-    gathered = values[found.order]
+    # (both arrays from the result pool: a backward pass's values change every
+    # call, and fresh pages for them cost a fault per 4 KiB each time)
+    # (mode="clip": no bounds buffer; the order is a permutation of valid positions)
+    gathered = np.take(values, found.order, out=_result(values.shape, values.dtype), mode="clip")
     if len(values) <= KEEP_VALUES_MAX:
         gathered.flags.writeable = False   # (shared by later calls' transposes)
-        found.last[:] = [(values.copy(), gathered)]
+        kept = _result(values.shape, values.dtype)
+        np.copyto(kept, values)
+        found.last[:] = [(kept, gathered)]
     return gathered
 
 
