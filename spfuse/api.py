@@ -32,7 +32,6 @@ from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lowering_ke
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan, without_propagation
 from spfuse.runtime import looptree as lt
-from spfuse.runtime import scratch
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor
 from spfuse.threads import threads_for_call
 
@@ -53,8 +52,8 @@ def _parse(text: str) -> Program:
 
 def clear_cache() -> None:
     """Forget every cached plan (and parsed program), and free the memory
-    kept for per-call operand copies (:mod:`spfuse.runtime.scratch`) and
-    for large results (``spfuse._kernels._result_pool``).
+    the result pool keeps for large results and per-call operand copies
+    (``spfuse._kernels._result_pool``).
 
     >>> import spfuse
     >>> spfuse.clear_cache(); spfuse.cache_info()["plans"]
@@ -64,7 +63,6 @@ def clear_cache() -> None:
         _plan_cache.clear()
         _dispatch_cache.clear()
     _parse.cache_clear()
-    scratch.release()
     result_pool.release()
 
 

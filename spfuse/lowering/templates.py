@@ -31,7 +31,6 @@ from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
 from spfuse.passes.max_fusion import lift_sums
-from spfuse.runtime import scratch
 from spfuse.runtime.looptree import reduction_block_count
 from spfuse.validation import index_dtype_for
 
@@ -255,14 +254,14 @@ def _dense_view(t, dtype) -> np.ndarray:
     return values.reshape(tuple(t.shape[m] for m in order)).transpose(np.argsort(order))
 
 
-def c_ordered(view: np.ndarray, num_threads: int = 1, slot: int | None = None) -> np.ndarray:
+def c_ordered(view: np.ndarray, num_threads: int = 1) -> np.ndarray:
     """``view`` as a C-ordered array: itself when it is one; a C-ordered
     matrix's transpose (``D.T``, a Fortran array) copied tile by tile
     (``_dense_kernels.transpose``, at about the speed of a copy, where
     numpy's strided copy runs 2-3x slower when its rows are long); anything
-    else copied by numpy.  ``slot``: the copy is only read by one kernel
-    call, as its factor ``slot``, and goes into this thread's kept buffer
-    for that slot (:mod:`spfuse.runtime.scratch`: no page faults per call).
+    else copied by numpy.  A large copy's memory comes from the result pool
+    (``_result_pool``): a per-call copy dies with the call, and the next
+    call's copy reuses its pages instead of faulting in fresh ones.
 
     >>> a = np.arange(6.0).reshape(2, 3)
     >>> c_ordered(a) is a, c_ordered(a.T).flags.c_contiguous, c_ordered(a.T).tolist()
@@ -273,29 +272,26 @@ def c_ordered(view: np.ndarray, num_threads: int = 1, slot: int | None = None) -
     # (rows of at most 32 elements: numpy's copy runs as fast -- measured,
     # (32, 20000) 0.37 ms against 0.5 ms tiled; (20000, 32) 1.5 against 0.8)
     if view.ndim == 2 and view.shape[1] > 32 and view.T.flags.c_contiguous and view.dtype in (_F64, _F32):
-        out = np.empty(view.shape, view.dtype) if slot is None else scratch.buffer(slot, view.shape, view.dtype)
+        out = _result(view.shape, view.dtype)
         _dense_kernels.transpose(view.T, out, num_threads)
         return out
-    if slot is None:
-        return np.ascontiguousarray(view)
-    out = scratch.buffer(slot, view.shape, view.dtype)
+    out = _result(view.shape, view.dtype)
     np.copyto(out, view)
     return out
 
 
-def _dense(t, dtype, nt: int = 1, slot: int | None = None) -> np.ndarray:
-    """A dense tensor as a C-ordered ndarray (no copy when stored so;
-    ``slot``: a copy only one kernel call reads, see :func:`c_ordered`)."""
+def _dense(t, dtype, nt: int = 1) -> np.ndarray:
+    """A dense tensor as a C-ordered ndarray (no copy when stored so)."""
     fmt, values = t._format, t._values
     if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
         return values.reshape(t._shape)   # (the common case: a Tensor's values are 1-D and C-contiguous)
-    return c_ordered(_dense_view(t, dtype), nt, slot)
+    return c_ordered(_dense_view(t, dtype), nt)
 
 
-def _dense_t(t, dtype, nt: int = 1, slot: int | None = None) -> np.ndarray:
+def _dense_t(t, dtype, nt: int = 1) -> np.ndarray:
     """A dense matrix's transpose as a C-ordered ndarray: no copy when the
     matrix is stored in column order (``D.T`` of a C array)."""
-    return c_ordered(_dense_view(t, dtype).T, nt, slot)
+    return c_ordered(_dense_view(t, dtype).T, nt)
 
 
 def _as(a, dtype):
@@ -482,10 +478,10 @@ def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callab
         nt = nt if team else 1
         d = []
         same = S._format is sparse_format and S._index_dtype is itype and S._values.dtype is dtype
-        for slot, (name, fmt, flip) in enumerate(dense_names):
+        for name, fmt, flip in dense_names:
             t = tensors[name]
             same = same and t._format is fmt and t._values.dtype is dtype
-            d.append(_dense_t(t, dtype, nt, slot) if flip else t._values.reshape(t._shape))
+            d.append(_dense_t(t, dtype, nt) if flip else t._values.reshape(t._shape))
         if not same:
             return _run_einsum(kernel, list(names), "", out_shape, tensors, nt, tile)
         level = S._levels[1]
@@ -543,10 +539,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
                   "sddmm_spmm", "sddmm_spmm_gemm"):
         ip, ix, vals = _csr(S, itype, dtype)
         # the dense factors, C-ordered; those a kernel reads transposed are
-        # made from the views (no copy for a column-ordered factor); a copy
-        # lives only for the kernel call (a kept buffer per factor position)
+        # made from the views (no copy for a column-ordered factor)
         transposed = _READ_TRANSPOSED.get(kernel, ())
-        d = [_dense_t(t, dtype, nt, n) if n in transposed else _dense(t, dtype, nt, n) for n, t in enumerate(ts[1:])]
+        d = [_dense_t(t, dtype, nt) if n in transposed else _dense(t, dtype, nt) for n, t in enumerate(ts[1:])]
         if kernel in CHECKS_INDICES:  # these check A's indices as they read them
             out = _result(out_shape, dtype)
             if kernel in ("spmv", "row_sums"):   # row sums: SpMV by ones (x not read)
@@ -941,8 +936,8 @@ def _match(plan) -> TemplateMatch | None:
             itype, dtype = _types(ts)
             nt = _threads(ts, nt)
             ip, ix, vals = _csr(ts[0], itype, dtype)
-            C = _dense(ts[1], dtype, nt, 0)
-            Dt = _dense(ts[2], dtype, nt, 1) if transposed else _dense_t(ts[2], dtype, nt, 1)
+            C = _dense(ts[1], dtype, nt)
+            Dt = _dense(ts[2], dtype, nt) if transposed else _dense_t(ts[2], dtype, nt)
             outv = _result(vals.shape, vals.dtype)
             csr.sddmm(ip, ix, vals, C, Dt, outv, 1, nt)
             return {result: ts[0]._with_kernel_values(outv)}
