@@ -36,8 +36,11 @@ SPGEMM = "C[i,k] = A[i,j] * B[j,k]"
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
-                                  dashboard_address=None, memory_limit="1GiB") as cluster, \
+    # no work stealing: the transfer-cost tests compare a prediction made from
+    # the placement with what moves, and a stolen task moves more (or less)
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1,
+                                     dashboard_address=None, memory_limit="1GiB") as cluster, \
             distributed.Client(cluster, set_as_default=False) as c:
         yield c
 
