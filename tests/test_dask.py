@@ -416,8 +416,9 @@ def test_cost_prefers_gathering_touched_rows_for_a_banded_matrix(rng):
 
 def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng):
     """SpMM with B broadcast: B moves once to the other worker, the result
-    blocks move to the worker that joins them; measured from the workers'
-    transfer logs (loose bound: Dask may steal a task)."""
+    blocks move to the worker that joins them.  Pinned where the model places
+    each task (Dask's own placement weighs occupancy and varies run to run),
+    the workers' transfer logs match the prediction."""
     A = sp.random_array((4000, 4000), density=0.002, format="csr", rng=5)
     dA = client.persist(sfd.from_scipy(A, chunks=(1000,) * 4))
     B = rng.random((4000, 16))
@@ -425,18 +426,15 @@ def test_cost_prediction_matches_measured_transfers_for_a_broadcast(client, rng)
     with client.as_current():
         distributed.wait(dA)
     sfd.partition._remember(dA.name, sfd.block_info(sfd.from_scipy(A, chunks=(1000,) * 4)))
-    placement = sfd.placement_of(client, [dA])
-    assert len(placement) == 4
-    predicted = sfd.cost(SPMM, nworkers=2, placement=placement, A=dA, B=B).total
-    measured = []
-    for attempt in range(3):  # Dask's placement is not deterministic (work stealing): best of 3
-        t0 = sfd.transfer_marks(client)
-        client.compute(sfd.evaluate(SPMM, A=dA, B=B + attempt)).result()
-        measured.append(sum(sfd.measured_transfers(client, since=t0).values()))
-        if abs(predicted - measured[-1]) <= 0.25 * measured[-1]:
-            break
-    else:
-        raise AssertionError(f"predicted {predicted} B, measured {measured} B")
+    assert len(sfd.placement_of(client, [dA])) == 4
+    k = sfd.compile(SPMM, nworkers=2)
+    y, predicted = k.pinned(client, A=dA, B=B)
+    t0 = sfd.transfer_marks(client)
+    got = client.compute(y, optimize_graph=False).result()
+    measured = sum(sfd.measured_transfers(client, since=t0).values())
+    np.testing.assert_allclose(got, A @ B)
+    assert B.nbytes <= measured and abs(predicted.total - measured) <= 0.01 * measured + 4096, \
+        (predicted.total, measured)
 
 
 def test_cli_wires_the_dask_suite():
