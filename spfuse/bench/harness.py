@@ -89,12 +89,19 @@ def _call(f: Callable, state: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def settle_threads(max_wait: float = 0.02) -> float:
+#: Longest wait for other pools to sleep before a peer's pair of calls: OpenBLAS
+#: spins ~0.1 s after a multi-threaded call (103 ms measured here after numpy's
+#: ``x @ x`` and ``X @ W``); a 20 ms wait left spfuse's 2-thread calls after
+#: a numpy or scipy peer timed on one core (quadratic form 2.4 ms, 1.3 ms at rest).
+SETTLE_MAX_S = 0.15
+
+
+def settle_threads(max_wait: float = SETTLE_MAX_S) -> float:
     """Wait (at most ``max_wait`` s) until no other thread of this process
     runs; return the seconds waited.
 
-    A thread pool busy-waits for a few milliseconds after its call (libgomp,
-    torch's and GraphBLAS's OpenMP: ~3.5 ms measured here; OpenBLAS longer).
+    A thread pool busy-waits after its call (libgomp, torch's and
+    GraphBLAS's OpenMP: ~3.5 ms measured here; OpenBLAS ~0.1 s).
     In an interleaved round, the previous peer's spinning pool would take a
     core from the next peer's calls, and a short 2-thread call would be timed
     on one core.  Each peer's pair of calls starts once the others' pools
