@@ -324,12 +324,14 @@ def test_contractions_onto_any_stored_mode_match_numpy(i, j, k, r, density, orde
         np.testing.assert_allclose(got, np.einsum("ir,jr,ijk->kr", G, C, X.todense()), rtol=1e-10, atol=1e-12)
 
 
-def test_a_contraction_onto_the_last_stored_mode_reads_the_tensor_reordered():
+def test_a_contraction_onto_the_last_stored_mode_reads_the_tensor_as_stored():
+    # (it was read reordered, a gather of X's values per call, 7.0 ms of a 14.7 ms
+    # MTTKRP-GEMM backward; mttkrp_inner scatters into the last mode's rows: 3.8 ms)
     rng = np.random.default_rng(0)
     X = _csf(rng, (9, 8, 7), 0.2)
     ops = {"G": rng.standard_normal((9, 4)), "C": rng.standard_normal((8, 4)), "X": X}
     explained = spfuse.compile(MTTKRP_LAST).explain(**ops)
-    assert "template kernel 'mttkrp" in explained and "X is read in mode order" in explained
+    assert "template kernel 'mttkrp_inner'" in explained and "X is read in mode order" not in explained
     before = (X.values.copy(), *(a.copy() for lv in X.levels for a in (lv.pos, lv.crd)))
     spfuse.evaluate(MTTKRP_LAST, **ops)
     after = (X.values, *(a for lv in X.levels for a in (lv.pos, lv.crd)))

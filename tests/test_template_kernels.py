@@ -640,6 +640,35 @@ def test_mttkrp_mid(kind, shape, it, dt, rng):
 @dtypes
 @itypes
 @tcases
+@pytest.mark.parametrize("nblocks", [1, 2, 5])
+def test_mttkrp_inner(kind, shape, it, dt, nblocks, rng):
+    """The inner stored mode: fixed blocks' partials added in block order,
+    the same bits on one and two threads for each block count."""
+    X = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(X, it)
+    R = 6
+    C = rng.standard_normal((shape[0], R)).astype(dt)
+    Dm = rng.standard_normal((shape[1], R)).astype(dt)
+
+    def run(nt):
+        out = np.full((shape[2], R), np.nan, dtype=dt)
+        F.mttkrp_inner(*idx, vals, C, Dm, out, nblocks, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum("ijk,ir,jr->kr", *(a.astype(np.float64) for a in (X, C, Dm)))
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
+def test_mttkrp_inner_rejects_no_blocks(rng):
+    X = make_tensor("random", rng, (3, 4, 5))
+    idx, vals = make_csf(X, np.int32)
+    with pytest.raises(ValueError, match="nblocks"):
+        F.mttkrp_inner(*idx, vals, np.ones((3, 2)), np.ones((4, 2)), np.empty((5, 2)), 0, 1)
+
+
+@dtypes
+@itypes
+@tcases
 def test_mttkrp_gemm(kind, shape, it, dt, rng):
     B = make_tensor(kind, rng, shape).astype(dt)  # modes (i, k, l)
     idx, vals = make_csf(B, it)

@@ -29,6 +29,7 @@ line with another thread's) freed on any exit, KeyboardInterrupt included.  Chun
 cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
+from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
@@ -37,7 +38,7 @@ from spfuse._kernels._workspace cimport Workspaces, ws_get
 
 import numpy as np
 
-__all__ = ["ttv", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_gemm", "spttm_spttm"]
+__all__ = ["ttv", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_inner", "mttkrp_gemm", "spttm_spttm"]
 
 cdef enum:
     BLOCKS_PER_THREAD = 16
@@ -453,6 +454,113 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
         with nogil:
             for row in prange(J * R, schedule="static", num_threads=num_threads):
                 op_[row] = <floating>wp[row]
+
+
+def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
+                 const index_t[::1] crd1, const index_t[::1] pos2, const index_t[::1] crd2,
+                 const floating[::1] vals, const floating[:, ::1] C, const floating[:, ::1] D,
+                 floating[:, ::1] out, int nblocks, int num_threads):
+    """mttkrp_inner(pos0, crd0, pos1, crd1, pos2, crd2, vals, C, D, out, nblocks, num_threads)
+
+    MTTKRP on the inner stored mode: ``A[k,r] = sum_{i,j} X[i,j,k] * C[i,r] * D[j,r]``.
+
+    Per ``(i, j)`` fiber ``t[r] = C[i,r] * D[j,r]`` is formed once, then
+    ``X[i,j,k] * t`` is added to row ``k`` for each stored ``k`` (a
+    scatter-axpy): X is read as stored, where putting k in the middle
+    (:func:`mttkrp_mid`) gathered all of X's values again on every call.
+    The slices are cut into ``nblocks`` fixed blocks balanced by work; block
+    ``b`` adds into its own partial of A (``K x R`` doubles; a float64
+    call's block 0 into ``out`` itself) and the partials are added in block
+    order, so results depend on ``nblocks``, never on ``num_threads`` (the
+    caller picks ``nblocks`` from the machine and the work).
+    Preconditions: C (I, R) with ``I > max(crd0)``, D (J, R) with
+    ``J > max(crd1)``, out (K, R) with ``K > max(crd2)``, all C-contiguous;
+    ``nblocks >= 1``.  ``out`` is fully overwritten.  Complexity
+    O(nnz * R + n_fibers * R + nblocks * K * R); workspace ``8 * K * R``
+    bytes per block past the first (float32: every block) and R doubles
+    per thread.
+    """
+    cdef Py_ssize_t n = crd0.shape[0]
+    cdef Py_ssize_t K = out.shape[0]
+    cdef Py_ssize_t R = out.shape[1]
+    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, s0, s1, f, p, r, x, own
+    cdef const index_t* c0 = _iptr(crd0)
+    cdef const index_t* p1 = _iptr(pos1)
+    cdef const index_t* c1 = _iptr(crd1)
+    cdef const index_t* p2 = _iptr(pos2)
+    cdef const index_t* c2 = _iptr(crd2)
+    cdef const floating* v = _fptr(vals)
+    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
+    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
+    cdef floating* op_ = &out[0, 0] if K > 0 and R > 0 else NULL
+    cdef const floating* crow
+    cdef const floating* drow
+    cdef double* t
+    cdef double* acc
+    cdef double* row
+    cdef double w, total
+    cdef int failed = 0
+    if nb < 1:
+        raise ValueError(f"mttkrp_inner: nblocks must be >= 1, got {nblocks}")
+    if K == 0 or R == 0:
+        return
+    if n == 0:
+        memset(op_, 0, K * R * sizeof(floating))
+        return
+    if nb > n:
+        nb = n
+    own = 1 if floating is double else 0
+    cdef double[:, ::1] parts = np.zeros((nb - own, K * R)) if nb > own else None
+    cdef double** accs = <double**>malloc(nb * sizeof(double*))
+    if accs == NULL:
+        raise MemoryError()
+    cdef Workspaces ws = Workspaces(num_threads, 1)
+    cdef void** wsp = ws.ptr
+    try:
+        if floating is double:
+            memset(op_, 0, K * R * sizeof(double))
+            accs[0] = <double*>op_
+        for b in range(own, nb):
+            accs[b] = &parts[b - own, 0]
+        # interruptible chunks of each block's slices, run in order: a
+        # block's partial sums its entries in the same order whatever the chunks
+        nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(R + 8), 1.0), num_threads, n)
+        for ch in range(nch):
+            if ch > 0:
+                PyErr_CheckSignals()
+            with nogil, parallel(num_threads=num_threads):
+                t = <double*>ws_get(wsp, 1, 0, R * sizeof(double))
+                for b in prange(nb, schedule="dynamic", chunksize=1):
+                    if t == NULL:
+                        failed += 1
+                        continue
+                    q0 = _split(p1, p2, n, b, nb)
+                    q1 = _split(p1, p2, n, b + 1, nb)
+                    s0 = _sub(p1, p2, q0, q1, ch, nch)
+                    s1 = _sub(p1, p2, q0, q1, ch + 1, nch)
+                    acc = accs[b]
+                    for q in range(s0, s1):
+                        crow = cp + <Py_ssize_t>c0[q] * R
+                        for f in range(p1[q], p1[q + 1]):
+                            drow = dp + <Py_ssize_t>c1[f] * R
+                            for r in range(R):
+                                t[r] = <double>crow[r] * <double>drow[r]
+                            for p in range(p2[f], p2[f + 1]):
+                                row = acc + <Py_ssize_t>c2[p] * R
+                                w = <double>v[p]
+                                for r in range(R):
+                                    row[r] += w * t[r]
+            if failed:
+                raise MemoryError("mttkrp_inner: cannot allocate the thread workspace")
+        if nb > own:
+            with nogil:
+                for x in prange(K * R, schedule="static", num_threads=num_threads):
+                    total = accs[0][x]
+                    for b in range(1, nb):
+                        total = total + accs[b][x]
+                    op_[x] = <floating>total
+    finally:
+        free(accs)
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,

@@ -313,7 +313,8 @@ def _factor_source(name: str) -> str | None:
 #: Kernels whose result is a dense array (a transposed result is one copy away).
 _DENSE_RESULT = frozenset({"gemm", "spmv", "spmv_t", "bilinear", "row_sums", "col_sums", "spmm", "spmm_t",
                            "spmm_gemm", "gnn2",
-                           "sddmm_spmm", "sddmm_spmm_gemm", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_gemm"})
+                           "sddmm_spmm", "sddmm_spmm_gemm", "ttv_mid", "mttkrp", "mttkrp_mid", "mttkrp_inner",
+                           "mttkrp_gemm"})
 
 
 #: Kernels assembling a new sparse result (not one on an operand's pattern):

@@ -134,6 +134,7 @@ SIGNATURES = {
     "ttv_mid": ("ik", [("csf", "ijk"), ("dense", "j")]),
     "mttkrp": ("ir", [("csf", "ijk"), ("dense", "jr"), ("dense", "kr")]),
     "mttkrp_mid": ("jr", [("csf", "ijk"), ("dense", "ir"), ("dense", "kr")]),
+    "mttkrp_inner": ("kr", [("csf", "ijk"), ("dense", "ir"), ("dense", "jr")]),
     "spmm_gemm": ("il", [("csr", "ij"), ("dense", "jk"), ("dense", "kl")]),
     "gnn2": ("ij", [("csr", "ih"), ("dense", "ik"), ("dense", "kh"), ("dense", "jh")]),
     "sddmm_spmm": ("il", [("csr", "ij"), ("dense", "ik"), ("dense", "jk"), ("dense", "jl")]),
@@ -624,6 +625,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         csf.mttkrp(*arrs, d[0], d[1], out, nt)
     elif kernel == "mttkrp_mid":
         csf.mttkrp_mid(*arrs, d[0], d[1], out, nt)
+    elif kernel == "mttkrp_inner":
+        R = out_shape[1]
+        csf.mttkrp_inner(*arrs, d[0], d[1], out, reduction_block_count(len(arrs[6]) * R, out_shape[0] * R), nt)
     else:
         csf.mttkrp_gemm(*arrs, d[0], d[1], d[2], out, nt)
     return out
@@ -672,6 +676,8 @@ _WHY = {
     "mttkrp": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber",
     "mttkrp_mid": "X[i,j,k]·D[k,r] hoisted into a row temporary per (i,j) fiber, added to row j by the "
                   "block that owns j's range of rows (every slice searched for the range's fibers)",
+    "mttkrp_inner": "C[i,r]·D[j,r] formed once per (i,j) fiber, X's entries scatter-added into the rows k "
+                    "of fixed blocks' partial results, added in block order",
     "gnn2": "<SDDMM,SpMM> with a scalar temporary per stored A entry",
     "sddmm_spmm": "<SDDMM,SpMM> with a scalar temporary per stored B entry (SparseLNR)",
     "sddmm_spmm_gemm": "<SDDMM,SpMM,GEMM>: scalar temporary, then a row temporary times W",
