@@ -205,6 +205,11 @@ def test_csf_kernels_do_not_depend_on_chunking():
         F.mttkrp_mid(*arrs, vals, Cm2, Dm, out, nt)
         return (out,)
 
+    def mttkrp_inner(nt):
+        out = np.empty((shape[2], 6))
+        F.mttkrp_inner(*arrs, vals, Cm2, Cm, out, 3, nt)
+        return (out,)
+
     def mttkrp_gemm(nt):
         out = np.empty((shape[0], 3))
         F.mttkrp_gemm(*arrs, vals, Dm, Cm, Em, out, nt)
@@ -219,6 +224,8 @@ def test_csf_kernels_do_not_depend_on_chunking():
     np.testing.assert_allclose(_all_ways(mttkrp)[0], np.einsum("ijk,jr,kr->ir", Xd, Cm, Dm), rtol=1e-10,
                                atol=1e-10)
     np.testing.assert_allclose(_all_ways(mttkrp_mid)[0], np.einsum("ijk,ir,kr->jr", Xd, Cm2, Dm), rtol=1e-10,
+                               atol=1e-10)
+    np.testing.assert_allclose(_all_ways(mttkrp_inner)[0], np.einsum("ijk,ir,jr->kr", Xd, Cm2, Cm), rtol=1e-10,
                                atol=1e-10)
     np.testing.assert_allclose(_all_ways(mttkrp_gemm)[0],
                                np.einsum("ikl,lj,kj,jm->im", Xd, Dm, Cm, Em), rtol=1e-10, atol=1e-10)
