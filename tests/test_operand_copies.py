@@ -54,18 +54,24 @@ def test_sddmm_copies_reuse_memory_and_results_never_alias_it(monkeypatch):
         assert not any(start < a + size and a < start + r.data.nbytes for a, size in copies)
 
 
-def test_gnn2_reads_its_factor_transposed_twice_from_copies():
-    """GNN-2 reads its C-ordered Y transposed twice in one kernel call (two
-    slots); the answer is numpy's, call after call."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gnn2_reads_its_factor_transposed_twice_from_one_copy(monkeypatch, threads):
+    """GNN-2 reads its C-ordered Y transposed in two slots of one kernel
+    call: Y is copied once per call, and the answer is numpy's, call after call."""
     rng = np.random.default_rng(1)
     n, K = 4000, 64
     A = sp.random_array((n, n), density=8 / n, format="csr", rng=rng)
     X = rng.standard_normal((n, K))
     Y = rng.standard_normal((K, n))
     want = (A.toarray() * (X @ Y)) @ Y.T
-    for scale in (1.0, 0.5):
-        got = spfuse.evaluate("Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]", A=A, X=X, Y=scale * Y)
+    copied: list = []
+    real = templates._dense_t
+    monkeypatch.setattr(templates, "_dense_t", lambda t, *a: copied.append(t._shape) or real(t, *a))
+    program = spfuse.compile("Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]", num_threads=threads)
+    for calls, scale in enumerate((1.0, 0.5, 0.5), 1):
+        got = program(A=A, X=X, Y=scale * Y)
         np.testing.assert_allclose(got, scale * scale * want, rtol=1e-10, atol=1e-10)
+        assert copied == [(K, n)] * calls
 
 
 def test_threads_keep_their_own_buffers():
