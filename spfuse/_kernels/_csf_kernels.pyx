@@ -34,6 +34,7 @@ from libc.string cimport memset
 
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport index_t
+from spfuse._kernels._leaves cimport _add_partials
 from spfuse._kernels._workspace cimport Workspaces, ws_get
 
 import numpy as np
@@ -483,7 +484,7 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t K = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, s0, s1, f, p, r, x, own
+    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, s0, s1, f, p, r, own
     cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* c1 = _iptr(crd1)
@@ -498,7 +499,7 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
     cdef double* t
     cdef double* acc
     cdef double* row
-    cdef double w, total
+    cdef double w
     cdef int failed = 0
     if nb < 1:
         raise ValueError(f"mttkrp_inner: nblocks must be >= 1, got {nblocks}")
@@ -554,11 +555,7 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
                 raise MemoryError("mttkrp_inner: cannot allocate the thread workspace")
         if nb > own:
             with nogil:
-                for x in prange(K * R, schedule="static", num_threads=num_threads):
-                    total = accs[0][x]
-                    for b in range(1, nb):
-                        total = total + accs[b][x]
-                    op_[x] = <floating>total
+                _add_partials(accs, nb, op_, K * R, num_threads)
     finally:
         free(accs)
 

@@ -64,7 +64,7 @@ cimport numpy as cnp
 cnp.import_array()
 
 from spfuse._kernels._bitmap cimport _bitmap_readback, out_index_t
-from spfuse._kernels._leaves cimport _dot
+from spfuse._kernels._leaves cimport _add_partials, _dot
 from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
@@ -431,12 +431,12 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t n = out.shape[0]
-    cdef Py_ssize_t nch, ch, b, i, j, p, r0, r1, nb = nblocks
+    cdef Py_ssize_t nch, ch, b, i, p, r0, r1, nb = nblocks
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = NULL if x is None else _fptr(x)
-    cdef double xi = 1.0, s
+    cdef double xi = 1.0
     cdef double* acc
     cdef index_t c
     cdef Py_ssize_t bad = -1
@@ -487,11 +487,7 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
         if nb == own:
             return -1  # float64 on one block: ``out`` holds the sums already
         with nogil:
-            for j in prange(n, schedule="static", num_threads=num_threads):
-                s = accs[0][j]
-                for b in range(1, nb):
-                    s = s + accs[b][j]
-                out[j] = <floating>s
+            _add_partials(accs, nb, &out[0], n, num_threads)
     finally:
         free(accs)
     return -1

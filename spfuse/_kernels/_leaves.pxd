@@ -1,6 +1,7 @@
 # Leaf bodies shared by the template kernels (_csr_kernels) and the loop-tree
 # executor (_looptree): whole-fiber computations written once.
 from cython cimport floating
+from cython.parallel cimport prange
 from libc.stdint cimport int32_t, int64_t
 
 # the index type of a leaf's coordinates (the executor is built for both)
@@ -106,3 +107,18 @@ cdef inline void _prefetch_row(const double* p, Py_ssize_t n) noexcept nogil:
     while k < n:
         SPFUSE_PREFETCH(p + k)
         k += 8
+
+
+cdef inline void _add_partials(double** parts, Py_ssize_t nparts, floating* out, Py_ssize_t n,
+                               int num_threads) noexcept nogil:
+    """``out[x] = parts[0][x] + parts[1][x] + ...`` for ``x < n``, added in
+    part order in double and rounded once: the fixed blocks' partial results
+    of a scatter combined the same way on any thread count (``out`` may be
+    ``parts[0]`` itself).  Elements are shared among ``num_threads`` threads."""
+    cdef Py_ssize_t x, b
+    cdef double s
+    for x in prange(n, schedule="static", num_threads=num_threads):
+        s = parts[0][x]
+        for b in range(1, nparts):
+            s = s + parts[b][x]
+        out[x] = <floating>s
