@@ -80,6 +80,9 @@ def test_gradients_through_pattern_recomputation_match_torch(rng, forced, progra
     "y[i] = -sum(j, B[i,j] * x[j]) + x[i]",
     "Z[k,h] = sum(i, B[i,h] * X[i,k]) - sum(j, W[j,k] * V[j,h])",
     "Y[i,j] = sum(k, B[i,k] * W[k,j]) + c[j]",
+    # terms whose indices appear in other orders, one contained in another
+    "Z[k,h] = sum(i, B[i,h] * X[i,k]) + sum(i, W[i,k] * V[i,h])",
+    "Z[k,h] = sum(i, B[i,h] * X[i,k]) + sum(j, V[j,h] * sum(i, W[i,k] * V[i,j])) + sum(i, W[i,k] * V[i,h])",
 ])
 def test_a_sum_of_reducing_terms_runs_one_term_per_statement(rng, text):
     B = _csr(rng, 6, 6, 0.4)
@@ -99,8 +102,23 @@ def test_a_sum_of_reducing_terms_runs_one_term_per_statement(rng, text):
         "y[i] = -sum(j, B[i,j] * x[j]) + x[i]": lambda: -(Bd @ x) + x,
         "Z[k,h] = sum(i, B[i,h] * X[i,k]) - sum(j, W[j,k] * V[j,h])": lambda: ops["X"].T @ Bd - ops["W"].T @ ops["V"],
         "Y[i,j] = sum(k, B[i,k] * W[k,j]) + c[j]": lambda: Bd @ ops["W"] + ops["c"],
+        "Z[k,h] = sum(i, B[i,h] * X[i,k]) + sum(i, W[i,k] * V[i,h])": lambda: ops["X"].T @ Bd + ops["W"].T @ ops["V"],
+        "Z[k,h] = sum(i, B[i,h] * X[i,k]) + sum(j, V[j,h] * sum(i, W[i,k] * V[i,j])) + sum(i, W[i,k] * V[i,h])":
+            lambda: ops["X"].T @ Bd + ops["W"].T @ ops["V"] @ ops["V"] + ops["W"].T @ ops["V"],
     }[text]()
     np.testing.assert_allclose(np.asarray(split), want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_terms_of_a_sum_share_one_layout():
+    """Each term is stored with its indices in the first term's order, so the
+    last statement adds arrays of one layout (no strided add)."""
+    program = parse_program("Z[k,h] = sum(i, B[i,h] * X[i,k]) + sum(j, V[j,h] * sum(i, W[i,k] * V[i,j])) "
+                            "+ sum(i, W[i,k] * V[i,h])")
+    texts = [s[1] for s in adrun._statements(program)]
+    assert texts == ["Z_term0[h, k] = sum(i, B[i, h] * X[i, k])",
+                     "Z_term2[h, k] = sum(i, W[i, k] * V[i, h])",
+                     "Z_term1[h, k] = sum(j, V[j, h] * Z_term2[j, k])",
+                     "Z[k, h] = Z_term0[h, k] + Z_term1[h, k] + Z_term2[h, k]"], texts
 
 
 def test_term_names_do_not_clash_with_the_program():

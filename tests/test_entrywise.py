@@ -142,3 +142,35 @@ def test_element_wise_chain_qualifies_and_is_explained(any_work):
     plan = kernel.plans(A=A, X=np.ones((20, 4)))["auto"]
     described = [g.describe() for g in split_groups(plan)]
     assert any(d.startswith("numpy, element-wise over whole dense arrays: ") for d in described)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 12), m=st.integers(2, 12), special=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_operations_on_transposed_operands_run_in_their_layout_bit_for_bit(n, m, special, seed, any_work,
+                                                                           monkeypatch):
+    """Every matrix operand read transposed (a gradient's terms added up):
+    the operation runs over them as stored and its result is transposed
+    once -- the same bits as the executor, C-ordered.  (A 1-row matrix is
+    both C- and F-ordered: nothing to transpose.)"""
+    from spfuse.lowering import entrywise
+    program = "Y[k,h] = relu(T0[h,k]) + T1[h,k] * 2.0 - where(T0[h,k], T1[h,k], 0.0) / exp(T1[h,k])"
+    ops = _operands(np.random.default_rng(seed), n, m, 1, 0.3, np.float64, special)
+    ops = {"T0": ops["D"], "T1": np.asarray(ops["Q"][:, :1] + ops["D"] if special else ops["D"] * 0.5)}
+    taken = []
+
+    def spy(xs, shape):
+        taken.append(entrywise_all_transposed(xs, shape))
+        return taken[-1]
+
+    entrywise_all_transposed = entrywise._all_transposed
+    monkeypatch.setattr(entrywise, "TRANSPOSED_MIN_ELEMENTS", 0)   # (every size takes the path here)
+    monkeypatch.setattr(entrywise, "_all_transposed", spy)
+    with np.errstate(all="ignore"):
+        fast, ran = _run(program, ops, True, monkeypatch)
+        slow, _ = _run(program, ops, False, monkeypatch)
+        want = (np.maximum(ops["T0"], 0) + ops["T1"] * 2.0
+                - np.where(ops["T0"] != 0, ops["T1"], 0.0) / np.exp(ops["T1"])).T
+    assert ran and any(taken)
+    assert _same_bits(fast, slow) and fast.flags.c_contiguous
+    np.testing.assert_allclose(fast, want, rtol=1e-12, atol=1e-12, equal_nan=True)

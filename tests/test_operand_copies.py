@@ -74,6 +74,35 @@ def test_gnn2_reads_its_factor_transposed_twice_from_one_copy(monkeypatch, threa
         assert copied == [(K, n)] * calls
 
 
+@pytest.mark.parametrize("program, wrt, copies", [
+    # the recomputed C·D and grad_C both read D (K x n) transposed
+    ("A[i,j] = B[i,j] / (C[i,k] * D[k,j])", ("C", "D"), 1),
+    # GNN-2's three statements reading Yᵀ (the recomputed SDDMM, grad_Z's and grad_X's)
+    ("Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]", ("X", "Y"), 1),
+])
+def test_a_gradients_statements_share_one_transposed_copy(monkeypatch, program, wrt, copies):
+    """The kernels of one vjp copy an operand they read transposed once, and
+    the next call copies it again (its values may have changed)."""
+    from test_autodiff import check_gradients
+    rng = np.random.default_rng(2)
+    n, K = 300, 8
+    S = sp.random_array((n, n), density=8 / n, format="csr", rng=rng)
+    S.data += 0.5   # (no entry near 0: the division's gradient stays tame)
+    dense = {"C": rng.standard_normal((n, K)), "D": rng.random((K, n)) + 0.5,
+             "X": rng.standard_normal((n, K)), "Y": rng.standard_normal((K, n))}
+    ops = {n_: (S if n_ in ("A", "B") else dense[n_]) for n_ in spfuse.compile(program).program.inputs}
+    copied: list = []
+    real = templates._dense_t
+    monkeypatch.setattr(templates, "_dense_t", lambda t, *a: copied.append(t._shape) or real(t, *a))
+    result = spfuse.evaluate(program, **ops)
+    for calls in (1, 2):
+        copied.clear()
+        spfuse.vjp(program, result, wrt=wrt, **ops)
+        assert copied == [(K, n)] * copies, (calls, copied)
+    monkeypatch.undo()
+    check_gradients(program, ops, rng, wrt=wrt)
+
+
 def test_threads_keep_their_own_buffers():
     """Two Python threads running SDDMM with different D at once: each reads
     its own copy (the buffers are per thread)."""

@@ -21,7 +21,7 @@ from spfuse.errors import ProgramError
 from spfuse.frontend.ast import Program
 from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
-from spfuse.lowering.transposes import transposed_csr
+from spfuse.lowering.transposes import sharing_copies, transposed_csr
 from spfuse.memo import attached_dict
 from spfuse.tensor import Tensor, as_tensor
 
@@ -321,6 +321,7 @@ def _measured(key: tuple, run: Callable[[Any], Any], ways: tuple = (False, True)
     return run(choice.way)
 
 
+@sharing_copies   # (its statements' kernels share transposed copies of the operands)
 def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *, fusion: str = "auto",
                 num_threads: int | None = None, results: bool = True,
                 trusted: Iterable[str] = ()) -> tuple[dict, dict]:
@@ -396,6 +397,7 @@ def _static(adj: Adjoint, alternative: Adjoint | None) -> _Static:
     return found
 
 
+@sharing_copies
 def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping[str, Any],
                 saved: Mapping[str, Any] | None = None, *, fusion: str = "auto",
                 num_threads: int | None = None, split: bool | None = None,

@@ -39,6 +39,7 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.ir.ops import Const, UnitOp
 from spfuse.lowering.pattern_values import _entrywise
+from spfuse.lowering.templates import c_ordered
 
 __all__ = ["EntrywiseGroup", "bind_entrywise", "entrywise_group", "run_entrywise_group"]
 
@@ -221,8 +222,21 @@ def bind_entrywise(eg: EntrywiseGroup, env: Mapping[str, Any]) -> Callable[[Mapp
     return run
 
 
+#: an operation over at least this many elements whose matrix operands are
+#: all read transposed runs in their layout, then its result is transposed
+TRANSPOSED_MIN_ELEMENTS = 1 << 16
+
+
 def _apply(op: UnitOp, xs: list, shape: tuple) -> np.ndarray:
-    """One operation on its operands' arrays (aligned to its output), float64."""
+    """One operation on its operands' arrays (aligned to its output), float64.
+
+    When every matrix operand is a transposed view (a gradient's terms
+    ``grad_Y[k,h] = T0[h,k] + T1[h,k]``, each scattered into ``[h,k]``), the
+    operation runs over them as stored and one tiled copy transposes the
+    result: numpy's element-wise loop writing across the operands' rows
+    took 2.3-3 ms at 20000 x 32, against 0.5 ms plus 1 ms for the copy."""
+    if _all_transposed(xs, shape):
+        return c_ordered(_apply(op, [x.T if isinstance(x, np.ndarray) else x for x in xs], shape[::-1]).T)
     if op.operator == "where":   # (one numpy call: ``c != 0`` picks ``a``, NaN included)
         r = np.where(np.not_equal(xs[0], 0.0), xs[1], xs[2])
         return r if r.shape == shape and r.dtype == _F64 else np.broadcast_to(r, shape).astype(_F64)
@@ -234,6 +248,25 @@ def _apply(op: UnitOp, xs: list, shape: tuple) -> np.ndarray:
         map_unary(out.reshape(-1), UNARY_OPS[op.operator], out.reshape(-1), 1)
         return out
     return _entrywise(op, xs, out)
+
+
+def _all_transposed(xs: list, shape: tuple) -> bool:
+    """Are ``xs`` (an operation's operands, aligned to its ``shape``) large
+    matrices, each a transposed view of a C-ordered array (constants aside)?
+
+    >>> a = np.ones((400, 300))
+    >>> _all_transposed([a.T, 2.0, a.T], (300, 400)), _all_transposed([a.T, a.T.copy()], (300, 400))
+    (True, False)
+    """
+    if len(shape) != 2 or shape[0] * shape[1] < TRANSPOSED_MIN_ELEMENTS:
+        return False
+    seen = False
+    for x in xs:
+        if isinstance(x, np.ndarray):
+            if x.shape != shape or x.flags.c_contiguous or not x.flags.f_contiguous:
+                return False
+            seen = True
+    return seen
 
 
 def _aligned(v: np.ndarray, indices: tuple, out_indices: tuple) -> np.ndarray:

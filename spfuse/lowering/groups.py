@@ -37,6 +37,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
+from spfuse.lowering.transposes import sharing_copies
 from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.formats import FormatDecision
@@ -946,6 +947,7 @@ def _checked_in_kernel(plan, groups) -> frozenset:
                      if n in plan.inputs and all(plain(g, n) for g in gs))
 
 
+@sharing_copies   # (an operand several groups read transposed is copied once)
 def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | None = None,
                binding: list | None = None) -> dict:
     """Run ``groups`` in order, passing crossing temporaries as dense operands.
@@ -1195,7 +1197,7 @@ def _transposed(t, nt: int):
     from spfuse.lowering.transposes import transposed_csr
     if not t.format.is_dense:
         return transposed_csr(t)
-    arr = templates.c_ordered(t._dense_view().T, nt)
+    arr = templates.dense_transposed(t, t._values.dtype, nt)
     return Tensor._fast_dense(arr) or Tensor.from_numpy(arr)
 
 

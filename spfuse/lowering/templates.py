@@ -30,6 +30,7 @@ from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
+from spfuse.lowering.transposes import shared_copy
 from spfuse.passes.max_fusion import lift_sums
 from spfuse.runtime.looptree import reduction_block_count
 from spfuse.validation import index_dtype_for
@@ -299,11 +300,19 @@ def _transposed_once(made: dict, name: str, t, dtype, nt: int) -> np.ndarray:
     """:func:`_dense_t` of operand ``name``, made once per call (``made``):
     a kernel reading one operand transposed in two roles (GNN-2's ``Y`` in
     ``X·Y`` and in ``·Yᵀ``) copies it once -- 0.9 ms of a 7 ms 2-thread call
-    at 20000 x 32."""
+    at 20000 x 32 -- and so do the kernels of one
+    :class:`~spfuse.lowering.transposes.SharedCopies` block."""
     found = made.get(name)
     if found is None:
-        found = made[name] = _dense_t(t, dtype, nt)
+        found = made[name] = dense_transposed(t, dtype, nt)
     return found
+
+
+def dense_transposed(t, dtype, nt: int = 1) -> np.ndarray:
+    """:func:`_dense_t` as a kernel's operand: made once per
+    :class:`~spfuse.lowering.transposes.SharedCopies` block (the kernels of
+    one gradient or one multi-group plan share it; do not write into it)."""
+    return shared_copy(t._values, (t._format, t._shape, dtype), lambda: _dense_t(t, dtype, nt))
 
 
 def _as(a, dtype):

@@ -23,6 +23,7 @@ served a stale transpose.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
-__all__ = ["transposed_csr", "stored_as", "clear", "cache_size"]
+__all__ = ["transposed_csr", "stored_as", "clear", "cache_size", "SharedCopies", "shared_copy", "sharing_copies"]
 
 _CSR = Format.csr()
 
@@ -227,6 +228,65 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
     out = found.shell._with_kernel_values(t.values[found.order])
     out.origin = t.origin
     return out
+
+
+class SharedCopies:
+    """``with SharedCopies():`` -- until the outermost such block of this
+    thread ends, a dense operand copied into another layout (a matrix read
+    transposed) is copied once and shared by every kernel reading it so
+    (:func:`shared_copy`).
+
+    A gradient runs several kernels on the same operands: SDDMM-div's
+    recomputed ``C·D`` and ``grad_C`` both read ``D`` (K x n) transposed,
+    GNN-2's three SDDMM/SpMM statements all read ``Yᵀ``; each made its own
+    copy (5 MB, about 1 ms each at 20000 x 32).  The copies live only as
+    long as the block: nothing is remembered across calls, where an
+    operand's values may change.
+
+    >>> with SharedCopies():
+    ...     a = np.ones((2, 3))
+    ...     shared_copy(a, "T", lambda: a.T.copy()) is shared_copy(a, "T", lambda: a.T.copy())
+    True
+    """
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> SharedCopies:
+        self._outer = getattr(_copies, "memo", None)
+        if self._outer is None:
+            _copies.memo = {}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._outer is None:
+            _copies.memo = None
+
+
+_copies = threading.local()
+
+
+def shared_copy(source: np.ndarray, how: Any, make: Any) -> np.ndarray:
+    """``make()``, a kernel's read-only copy of ``source`` in the layout
+    ``how`` names, made once per :class:`SharedCopies` block (outside one:
+    made every time).  The block keeps ``source`` alive, so its identity
+    cannot be taken by another array meanwhile."""
+    memo = getattr(_copies, "memo", None)
+    if memo is None:
+        return make()
+    key = (id(source), how)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = (source, make())
+    return found[1]
+
+
+def sharing_copies(fn: Any) -> Any:
+    """``fn`` run inside a :class:`SharedCopies` block (a decorator)."""
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with SharedCopies():
+            return fn(*args, **kwargs)
+    return run
 
 
 def clear() -> None:
