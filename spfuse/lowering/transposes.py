@@ -1,4 +1,6 @@
-"""The CSR of a sparse matrix's transpose, its pattern remembered across calls.
+"""Operands in another layout: a sparse matrix's transposed CSR, its pattern
+remembered across calls; a dense matrix's transposed copy, shared by the
+kernels of one call (:class:`SharedCopies`).
 
 An adjoint reads a sparse matrix whose rows are summed as the CSR of its
 transpose (``A_T``, see :mod:`spfuse.autodiff.transform`), and a template
@@ -11,7 +13,7 @@ permutation taking the matrix's values to the transpose's storage order.
 Each call then costs one gather of the values.
 
 A cache entry holds *copies* of the pattern it was built from, never the
-caller's arrays (nothing here keeps an operand alive), and a hit compares
+caller's arrays (nothing kept across calls keeps an operand alive), and a hit compares
 the current pattern with them, so an index array changed in place is never
 served a stale transpose.
 
@@ -269,7 +271,12 @@ def shared_copy(source: np.ndarray, how: Any, make: Any) -> np.ndarray:
     """``make()``, a kernel's read-only copy of ``source`` in the layout
     ``how`` names, made once per :class:`SharedCopies` block (outside one:
     made every time).  The block keeps ``source`` alive, so its identity
-    cannot be taken by another array meanwhile."""
+    cannot be taken by another array meanwhile.
+
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> shared_copy(a, "T", lambda: np.ascontiguousarray(a.T)).shape
+    (3, 2)
+    """
     memo = getattr(_copies, "memo", None)
     if memo is None:
         return make()
@@ -281,7 +288,14 @@ def shared_copy(source: np.ndarray, how: Any, make: Any) -> np.ndarray:
 
 
 def sharing_copies(fn: Any) -> Any:
-    """``fn`` run inside a :class:`SharedCopies` block (a decorator)."""
+    """``fn`` run inside a :class:`SharedCopies` block (a decorator).
+
+    >>> @sharing_copies
+    ... def twice(a):
+    ...     return shared_copy(a, "T", lambda: a.T.copy()) is shared_copy(a, "T", lambda: a.T.copy())
+    >>> twice(np.ones((2, 2)))
+    True
+    """
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         with SharedCopies():
