@@ -343,19 +343,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
         from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
         return run_complex(program, operands, out_format, fusion, num_threads, _run)
     tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
-    # Everything decided from the operands' formats, shapes, dtypes and origins
-    # is remembered: a repeat call validates its operands, then only runs.
-    key = (program, fusion, out_format,
-           tuple((n, t._format, t._shape, t._values.dtype, t._index_dtype, t.origin, len(t._values).bit_length())
-                 for n, t in tensors.items()))
-    dispatch = _dispatch_cache.get(key)
-    if dispatch is None:
-        dispatch = _Dispatch(program, tensors, fusion, out_format)
-        if not dispatch.diagonal:  # diagonal operands are rebuilt per call: nothing to keep
-            with _cache_lock:
-                if len(_dispatch_cache) >= _MAX_CACHED:
-                    _dispatch_cache.pop(next(iter(_dispatch_cache)))
-                _dispatch_cache[key] = dispatch
+    dispatch = _dispatch(program, tensors, fusion, out_format)
     if not unscanned:
         return dispatch(tensors, num_threads, raw=raw)
     # Indices of scipy operands not scanned yet: SpMV and SpMM check them as
@@ -378,6 +366,48 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
         return dispatch(tensors, num_threads, deferred, raw=raw)
     except IndexCheckFailed:
         return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
+
+
+def _dispatch(program: Program, tensors: Mapping[str, Tensor], fusion: str, out_format: str | None) -> _Dispatch:
+    """What a call of ``program`` on ``tensors`` runs, planned once per
+    operand signature: everything decided from the operands' formats,
+    shapes, dtypes and origins is remembered, so a repeat call validates its
+    operands, then only runs."""
+    key = (program, fusion, out_format,
+           tuple((n, t._format, t._shape, t._values.dtype, t._index_dtype, t.origin, len(t._values).bit_length())
+                 for n, t in tensors.items()))
+    dispatch = _dispatch_cache.get(key)
+    if dispatch is None:
+        dispatch = _Dispatch(program, tensors, fusion, out_format)
+        if not dispatch.diagonal:  # diagonal operands are rebuilt per call: nothing to keep
+            with _cache_lock:
+                if len(_dispatch_cache) >= _MAX_CACHED:
+                    _dispatch_cache.pop(next(iter(_dispatch_cache)))
+                _dispatch_cache[key] = dispatch
+    return dispatch
+
+
+def interprets_contractions(program: Program, operands: Mapping[str, Any], fusion: str = "auto",
+                            trusted: Container[str] = frozenset()) -> bool:
+    """Would a call of ``program`` on ``operands`` leave a contraction (a
+    sum of products) to the generic executor, element by element (planned
+    now, run later; the plan is the call's)?  ``trusted``: see
+    :func:`_prepare`.
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> A = sp.random_array((30, 30), density=0.2, format="csr", rng=0)
+    >>> interprets_contractions(_parse("y[i] = A[i,j] * x[j]"), {"A": A, "x": np.ones(30)})
+    False
+    >>> interprets_contractions(_parse("y[i] = max(j, A[i,j] * x[j])"), {"A": A, "x": np.ones(30)})
+    False
+    """
+    tensors, _ = _prepare(program, operands, trusted, False)
+    dispatch = _dispatch(program, tensors, fusion, None)
+    if dispatch.fibres is not None:
+        return False   # (flattened: the program over fibres decides, when it runs)
+    if dispatch.template is None:
+        return any(op.reduction == "sum" and op.operator == "*" for op in dispatch.plan.ops)
+    return dispatch.template.interpreted
 
 
 def _any_complex(values) -> bool:

@@ -132,19 +132,43 @@ def test_execution_choice_measures_each_way_three_times_and_returns_the_winners_
         return "split" if split else "fused"
 
     c = ExecutionChoice()
-    # planning runs, then three timed rounds alternating the ways; the best of each counts
-    assert c.measure(run, clock=iter([0.0, 2.0, 0.0, 9.0, 0.0, 3.0, 0.0, 1.0, 0.0, 4.0, 0.0, 8.0]).__next__) == "split"
+    # planning runs (both within HOPELESS of the other), then three timed rounds
+    # alternating the ways; the best of each counts
+    firsts = [0.0, 1.0, 0.0, 1.0]   # (the planning runs)
+    assert c.measure(run, clock=iter(firsts + [0.0, 2.0, 0.0, 9.0, 0.0, 3.0, 0.0, 1.0, 0.0, 4.0, 0.0, 8.0]).__next__
+                     ) == "split"
     assert calls == [False, True] * 4 and c.split is True
     assert c.seconds == {False: 2.0, True: 1.0}
     assert "statement by statement" in c.describe()
     slow_split = ExecutionChoice()
-    assert slow_split.measure(run, clock=iter([0.0, 1.0, 0.0, 5.0, 0.0, 1.5, 0.0, 4.0, 0.0, 2.0, 0.0, 6.0]).__next__
-                              ) == "fused"
+    clock = iter(firsts + [0.0, 1.0, 0.0, 5.0, 0.0, 1.5, 0.0, 4.0, 0.0, 2.0, 0.0, 6.0]).__next__
+    assert slow_split.measure(run, clock=clock) == "fused"
     assert slow_split.split is False and "fused" in slow_split.describe()
     # a near tie (statement by statement less than MARGIN faster) goes to the fused program
     tie = ExecutionChoice()
-    assert tie.measure(run, clock=iter([0.0, 1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.95]).__next__
-                       ) == "fused"
+    clock = iter(firsts + [0.0, 1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.95, 0.0, 1.0, 0.0, 0.95]).__next__
+    assert tie.measure(run, clock=clock) == "fused"
+
+
+def test_a_way_hopeless_on_its_first_run_is_not_run_again():
+    """A fused adjoint whose contractions fell to the generic executor took
+    seconds on the first call of a vjp where statement by statement took
+    milliseconds: it is run once (to plan), not timed three more times."""
+    calls = []
+
+    def run(split):
+        calls.append(split)
+        return split
+
+    c = ExecutionChoice()
+    assert c.measure(run, clock=iter([0.0, 1.0, 0.0, 0.2, 0.0, 0.3, 0.0, 0.25, 0.0, 0.2]).__next__) is True
+    assert calls == [False, True, True, True, True]
+    assert c.seconds == {False: 1.0, True: 0.2} and c.split is True
+    # within HOPELESS times (and its slack) the fastest: timed as before
+    close = ExecutionChoice()
+    clock = iter([0.0, 0.06, 0.0, 0.02] + [0.0, 0.03, 0.0, 0.02] * 3).__next__
+    calls.clear()
+    assert close.measure(run, clock=clock) is True and calls == [False, True] * 4
 
 
 def test_execution_choice_clock_is_cpu_time_not_wall_time():

@@ -207,7 +207,12 @@ class ExecutionChoice:
     each way runs once to plan, then :data:`ROUNDS` timed rounds alternating
     the ways, and the faster one's result is returned -- by that call and
     every later one, so repeated calls give bit-identical gradients (the two
-    ways may differ in rounding order).
+    ways may differ in rounding order).  A way whose first run (planning
+    included) took over :data:`HOPELESS` times the fastest way's, and
+    :data:`HOPELESS_SLACK` seconds more, is not run again: a fused adjoint
+    whose contractions fell to the generic executor took 400-700 ms a run
+    against 15-30 ms statement by statement (medium SDDMM family), and its
+    three timed rounds made a first ``vjp`` call of 2-3 s.
 
     The choice must not depend on what else the machine runs: the clock is
     the process's CPU time (time spent descheduled on a busy machine does
@@ -221,38 +226,67 @@ class ExecutionChoice:
     fused) is kept unless another wins by :data:`MARGIN` (here 4.7 against 5
     does not).
 
+    The clock readings below are a first run of each way, then the rounds:
+
     >>> c = ExecutionChoice()
     >>> c.measure(lambda split: "split" if split else "fused",
-    ...           clock=iter([0, 5, 0, 1, 0, 6, 0, 2, 0, 7, 0, 3]).__next__)
+    ...           clock=iter([0, 6, 0, 3, 0, 5, 0, 1, 0, 6, 0, 2, 0, 7, 0, 3]).__next__)
     'split'
     >>> c.split, c.describe()
     (True, 'execution: statement by statement (measured 5e+03 ms fused, 1e+03 ms statement by statement)')
     >>> c = ExecutionChoice(((False, False), (True, True)))
-    >>> c.measure(lambda way: way, clock=iter([0, 5, 0, 4.7, 0, 6, 0, 4.7, 0, 7, 0, 4.7]).__next__)
+    >>> c.measure(lambda way: way, clock=iter([0, 5, 0, 5, 0, 5, 0, 4.7, 0, 6, 0, 4.7, 0, 7, 0, 4.7]).__next__)
     (False, False)
     >>> print(c.describe())  # doctest: +ELLIPSIS
     execution: as one fused program (measured 5e+03 ms as one fused program, 4.7e+03 ms shared contractions, ...
+
+    A hopeless first run (9 s against 1 s) is not repeated:
+
+    >>> c = ExecutionChoice()
+    >>> c.measure(lambda split: split, clock=iter([0, 9, 0, 1, 0, 2, 0, 3, 0, 1.5]).__next__)
+    True
+    >>> c.seconds
+    {False: 9, True: 1.5}
     """
 
     #: timed rounds per way
     ROUNDS = 3
     #: how much faster statement by statement must be to be chosen
     MARGIN = 0.1
+    #: a way whose first run took more than this many times the fastest
+    #: way's (and HOPELESS_SLACK seconds more) is not timed further
+    HOPELESS = 3.0
+    HOPELESS_SLACK = 0.05
 
-    def __init__(self, ways: tuple = (False, True)):
+    def __init__(self, ways: tuple = (False, True), skipped: tuple = ()):
         self.ways = tuple(ways)   # split, or (shared, split); the first is the default
+        #: ways not run at all: planned to leave contractions to the generic executor
+        self.skipped = tuple(skipped)
         self.seconds: dict[Any, float] = {}
         self.way: Any = None
         self.split: bool | None = None
 
     def measure(self, run: Callable[[Any], Any], clock: Callable[[], float] = time.process_time) -> Any:
         """Run ``run(way)`` every way: once to plan, then :data:`ROUNDS` timed
-        rounds alternating the ways (the best of each counts); the winner's result."""
+        rounds alternating the ways that were not hopeless on their first run
+        (the best of each counts; a hopeless way counts its first run); the
+        winner's result."""
         results = {}
+        first_run = {}
         for way in self.ways:
-            run(way)  # plans
+            start = clock()
+            results[way] = run(way)  # plans
+            first_run[way] = clock() - start
+        if len(self.ways) == 1:   # (the others skipped: nothing to compare)
+            (way,) = self.ways
+            self.seconds[way], self.way = first_run[way], way
+            self.split = way[1] if isinstance(way, tuple) else way
+            return results[way]
+        fastest = min(first_run.values())
+        timed = [w for w in self.ways if first_run[w] <= self.HOPELESS * fastest + self.HOPELESS_SLACK]
+        self.seconds.update({w: first_run[w] for w in self.ways if w not in timed})
         for _ in range(self.ROUNDS):
-            for way in self.ways:
+            for way in timed:
                 start = clock()
                 results[way] = run(way)
                 self.seconds[way] = min(self.seconds.get(way, float("inf")), clock() - start)
@@ -275,11 +309,14 @@ class ExecutionChoice:
         """The measurement and the choice, in words."""
         if self.split is None:
             return "execution: not measured yet"
+        skipped = "" if not self.skipped else (
+            f"; not run: {', '.join(self._label(w) for w in self.skipped)}, whose plan leaves contractions "
+            "to the generic executor")
         if self.ways == (False, True):
             return (f"execution: {self._label(self.split)} (measured {1e3 * self.seconds[False]:.3g} ms fused, "
                     f"{1e3 * self.seconds[True]:.3g} ms statement by statement)")
         measured = ", ".join(f"{1e3 * self.seconds[w]:.3g} ms {self._label(w)}" for w in self.ways)
-        return f"execution: {self._label(self.way)} (measured {measured})"
+        return f"execution: {self._label(self.way)} (measured {measured}{skipped})"
 
 
 _choices: dict = {}
@@ -310,13 +347,37 @@ def execution_choices(program: Program) -> list[ExecutionChoice]:
     return [c for key, c in list(_choices.items()) if key[0] == program]
 
 
-def _measured(key: tuple, run: Callable[[Any], Any], ways: tuple = (False, True)) -> Any:
-    """``run(way)`` the way measured for ``key`` (measuring ``ways`` on the first call)."""
+#: operands holding fewer values than this are measured every way, even a
+#: fused program leaving contractions to the generic executor (it is fast enough there)
+INTERPRETED_MIN_VALUES = 1 << 16
+
+
+def _interpreted(program: Program, ops: Mapping[str, Any], fusion: str, trusted: Iterable[str]) -> bool:
+    """Would ``program``, run as one fused program on ``ops``, leave large
+    contractions to the generic executor (planned, not run)?  Such a run
+    took 400-850 ms where the statements took 15-40 ms (medium SDDMM
+    family): it is not measured at all."""
+    reads = set(program.inputs)
+    values = sum(v._values.size if type(v) is Tensor else getattr(v, "size", 1) for n, v in ops.items() if n in reads)
+    if values < INTERPRETED_MIN_VALUES:
+        return False
+    from spfuse import api
+    return api.interprets_contractions(program, {n: v for n, v in ops.items() if n in reads}, fusion,
+                                       frozenset(trusted))
+
+
+def _measured(key: tuple, run: Callable[[Any], Any], ways: tuple = (False, True),
+              skip: Callable[[Any], bool] | None = None) -> Any:
+    """``run(way)`` the way measured for ``key`` (measuring ``ways`` on the
+    first call, but those ``skip`` rules out, unless it rules out all)."""
     choice = _choices.get(key)
     if choice is None:
         if len(_choices) >= _MAX_CHOICES:
             _choices.pop(next(iter(_choices)))
-        choice = _choices[key] = ExecutionChoice(ways)
+        skipped = tuple(w for w in ways if skip is not None and skip(w))
+        if len(skipped) == len(ways):
+            skipped = ()
+        choice = _choices[key] = ExecutionChoice(tuple(w for w in ways if w not in skipped), skipped)
         return choice.measure(run)
     return run(choice.way)
 
@@ -362,7 +423,8 @@ def run_forward(program: Program, adj: Adjoint | None, ops: Mapping[str, Any], *
         raw = _run_fused(saving, ops, fusion, num_threads, trusted)
         return ({r: raw[r] for r in program.results} if results else {}), {t: raw[adj.saved[t]] for t in kept}
 
-    return _measured((saving, _signature(ops), fusion, num_threads), run)
+    return _measured((saving, _signature(ops), fusion, num_threads), run,
+                     skip=lambda split: not split and _interpreted(saving, ops, fusion, trusted))
 
 
 @dataclass(frozen=True)
@@ -460,14 +522,15 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             programs = {False: program, True: alternative.program}
             raw = _measured((program, _signature(ops), fusion, num_threads), lambda way: (
                 _run_split if way[1] else _run_fused)(programs[way[0]], ops, fusion, num_threads, trusted),
-                static.ways)
+                static.ways, skip=lambda way: not way[1] and _interpreted(programs[way[0]], ops, fusion, trusted))
         elif split is not None or len(program.statements) < 2:
             raw = (_run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted)
         elif len(program.statements) > SPLIT_ABOVE:
             raw = _run_split(program, ops, fusion, num_threads, trusted)
         else:
             raw = _measured((program, _signature(ops), fusion, num_threads), lambda split: (
-                _run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted))
+                _run_split if split else _run_fused)(program, ops, fusion, num_threads, trusted),
+                skip=lambda split: not split and _interpreted(program, ops, fusion, trusted))
         for name, gname in adj.gradients.items():
             out[name] = raw[gname]
     for name in adj.wrt:

@@ -919,8 +919,11 @@ def lower_groups(plan):
             roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
+    interpreted = any(g.kernel == "generic" and g.on_pattern is None and g.entrywise is None
+                      and any(op.reduction == "sum" and op.operator == "*" for op in g.ops) for g in groups)
     return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt),
-                         _checked_in_kernel(plan, groups), bind=lambda: BoundGroups(plan, groups))
+                         _checked_in_kernel(plan, groups), bind=lambda: BoundGroups(plan, groups),
+                         interpreted=interpreted)
 
 
 def _checked_in_kernel(plan, groups) -> frozenset:

@@ -56,6 +56,9 @@ class TemplateMatch:
     #: Makes a ``run`` for one operand signature (a call path's dispatch)
     #: that binds what the signature decides on its first call; None: ``run``.
     bind: Callable[[], Callable[[Mapping[str, Any], int], dict]] | None = None
+    #: Does a part of the program run its contractions on the generic
+    #: executor, element by element (a group no template or BLAS runs)?
+    interpreted: bool = False
 
 
 # -- classification of operands -------------------------------------------
