@@ -400,6 +400,14 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     False
     >>> interprets_contractions(_parse("y[i] = max(j, A[i,j] * x[j])"), {"A": A, "x": np.ones(30)})
     False
+
+    An SDDMM-like gradient fused whole: the sums over the pattern of ``P`` go
+    to the generic executor (statement by statement they are SpMMs):
+
+    >>> grads = ("P[i,j] = B[i,j] * exp(C[i,k] * D[k,j]); gC[i,k] = sum(j, P[i,j] * D[k,j]); "
+    ...          "gD[k,j] = sum(i, P[i,j] * C[i,k])")
+    >>> interprets_contractions(_parse(grads), {"B": A, "C": np.ones((30, 4)), "D": np.ones((4, 30))})
+    True
     """
     tensors, _ = _prepare(program, operands, trusted, False)
     dispatch = _dispatch(program, tensors, fusion, None)

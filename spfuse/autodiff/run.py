@@ -210,8 +210,8 @@ class ExecutionChoice:
     ways may differ in rounding order).  A way whose first run (planning
     included) took over :data:`HOPELESS` times the fastest way's, and
     :data:`HOPELESS_SLACK` seconds more, is not run again: a fused adjoint
-    whose contractions fell to the generic executor took 400-700 ms a run
-    against 15-30 ms statement by statement (medium SDDMM family), and its
+    whose contractions fell to the generic executor took 400-850 ms a run
+    against 15-40 ms statement by statement (medium SDDMM family), and its
     three timed rounds made a first ``vjp`` call of 2-3 s.
 
     The choice must not depend on what else the machine runs: the clock is
