@@ -43,4 +43,11 @@ def test_backward_suite_cli():
     out = io.StringIO()
     assert main(["bench", "--suite", "backward", "--size", "tiny", "--kernels", "SpMV,SDDMM",
                  "--repeat", "1"], out=out) == 0
-    assert "SDDMM" in out.getvalue() and "ratio" in out.getvalue()
+    assert "SDDMM" in out.getvalue() and "ratio" in out.getvalue() and "first vjp" in out.getvalue()
+
+
+def test_backward_suite_reports_the_first_vjp_call():
+    from spfuse.bench.training import run_backward_suite
+    rows = run_backward_suite("tiny", kernels="SDDMM", repeat=1, out=io.StringIO())
+    (row,) = rows
+    assert row["first_backward_ms"] >= row["backward_ms"] > 0.0

@@ -79,18 +79,23 @@ def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_pat
     return rows
 
 
-def _median_times(fs, repeat: int) -> list[float]:
+def _median_times(fs, repeat: int) -> tuple[list[float], list[float]]:
     """Median seconds of each callable in ``fs``, timed interleaved (one call
-    of each per round), so load on a shared machine hits them alike."""
+    of each per round), so load on a shared machine hits them alike; and
+    the seconds of each one's first call (it plans; a vjp's also derives
+    the adjoint and chooses fused or split: ExecutionChoice)."""
+    firsts = []
     for f in fs:
-        f()  # warm-up: plans (for vjp also measures fused vs split: ExecutionChoice)
+        start = time.perf_counter()
+        f()
+        firsts.append(time.perf_counter() - start)
     times: list[list[float]] = [[] for _ in fs]
     for _ in range(repeat):
         for f, ts in zip(fs, times, strict=True):
             start = time.perf_counter()
             f()
             ts.append(time.perf_counter() - start)
-    return [statistics.median(ts) for ts in times]
+    return [statistics.median(ts) for ts in times], firsts
 
 
 def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: int = 5, out=None) -> list[dict]:
@@ -107,7 +112,7 @@ def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: 
     inputs = synthetic_inputs(size_)
     rows = []
     print(f"backward/forward per catalogue kernel (size={size}, median of {repeat}; "
-          "vjp w.r.t. every dense operand)", file=out)
+          "vjp w.r.t. every dense operand; first vjp: its first call, planning and choosing included)", file=out)
     for kernel in select_kernels(kernels):
         inp = next(i for i in inputs if i.kind == kernel.kind)
         ops: dict[str, Any] = kernel.operands(inp, size_)
@@ -118,13 +123,14 @@ def run_backward_suite(size: str = "small", kernels: str | None = None, repeat: 
         result = spfuse.evaluate(kernel.program, **ops)
         cot = result.copy() if hasattr(result, "copy") else float(result)
         try:
-            fwd, bwd = _median_times([functools.partial(spfuse.evaluate, kernel.program, **ops),
-                                      functools.partial(spfuse.vjp, kernel.program, cot, wrt=wrt, **ops)], repeat)
+            (fwd, bwd), (_, first) = _median_times(
+                [functools.partial(spfuse.evaluate, kernel.program, **ops),
+                 functools.partial(spfuse.vjp, kernel.program, cot, wrt=wrt, **ops)], repeat)
         except Exception as e:  # report, keep going
             print(f"  {kernel.name:<16} error: {type(e).__name__}: {e}", file=out)
             continue
         rows.append({"kernel": kernel.name, "input": inp.name, "forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3,
-                     "ratio": bwd / fwd})
+                     "ratio": bwd / fwd, "first_backward_ms": first * 1e3})
         print(f"  {kernel.name:<16} {inp.name:<18} forward {fwd * 1e3:9.2f} ms  backward {bwd * 1e3:9.2f} ms  "
-              f"ratio {bwd / fwd:6.2f}", file=out)
+              f"ratio {bwd / fwd:6.2f}  first vjp {first * 1e3:8.1f} ms", file=out)
     return rows
