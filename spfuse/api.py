@@ -414,7 +414,8 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     if dispatch.fibres is not None:
         return False   # (flattened: the program over fibres decides, when it runs)
     if dispatch.template is None:
-        return any(op.reduction == "sum" and op.operator == "*" for op in dispatch.plan.ops)
+        from spfuse.lowering.groups import sums_products
+        return sums_products(dispatch.plan.ops)
     return dispatch.template.interpreted
 
 

@@ -599,42 +599,38 @@ def test_ttv_mid(kind, shape, it, dt, rng):
     np.testing.assert_allclose(got, want, **tol(dt))
 
 
+def _check_mttkrp(kernel, factors: str, kind, shape, it, dt, rng, *extra):
+    """MTTKRP of a CSF X (modes ijk) by ``kernel`` against einsum: ``factors``
+    names the two factor modes, in the kernel's argument order; the result
+    is indexed by the third (both thread counts give the same bits)."""
+    X = make_tensor(kind, rng, shape).astype(dt)
+    idx, vals = make_csf(X, it)
+    R = 6
+    modes = "ijk"
+    out_mode = next(m for m in modes if m not in factors)
+    C, Dm = (rng.standard_normal((shape[modes.index(m)], R)).astype(dt) for m in factors)
+
+    def run(nt):
+        out = np.full((shape[modes.index(out_mode)], R), np.nan, dtype=dt)
+        kernel(*idx, vals, C, Dm, out, *extra, nt)
+        return out
+    got = both_threads(run)
+    want = np.einsum(f"ijk,{factors[0]}r,{factors[1]}r->{out_mode}r", *(a.astype(np.float64) for a in (X, C, Dm)))
+    np.testing.assert_allclose(got, want, **tol(dt))
+
+
 @dtypes
 @itypes
 @tcases
 def test_mttkrp(kind, shape, it, dt, rng):
-    X = make_tensor(kind, rng, shape).astype(dt)
-    idx, vals = make_csf(X, it)
-    R = 6
-    C = rng.standard_normal((shape[1], R)).astype(dt)
-    Dm = rng.standard_normal((shape[2], R)).astype(dt)
-
-    def run(nt):
-        out = np.full((shape[0], R), np.nan, dtype=dt)
-        F.mttkrp(*idx, vals, C, Dm, out, nt)
-        return out
-    got = both_threads(run)
-    want = np.einsum("ijk,jr,kr->ir", *(a.astype(np.float64) for a in (X, C, Dm)))
-    np.testing.assert_allclose(got, want, **tol(dt))
+    _check_mttkrp(F.mttkrp, "jk", kind, shape, it, dt, rng)
 
 
 @dtypes
 @itypes
 @tcases
 def test_mttkrp_mid(kind, shape, it, dt, rng):
-    X = make_tensor(kind, rng, shape).astype(dt)
-    idx, vals = make_csf(X, it)
-    R = 6
-    C = rng.standard_normal((shape[0], R)).astype(dt)
-    Dm = rng.standard_normal((shape[2], R)).astype(dt)
-
-    def run(nt):
-        out = np.full((shape[1], R), np.nan, dtype=dt)
-        F.mttkrp_mid(*idx, vals, C, Dm, out, nt)
-        return out
-    got = both_threads(run)
-    want = np.einsum("ijk,ir,kr->jr", *(a.astype(np.float64) for a in (X, C, Dm)))
-    np.testing.assert_allclose(got, want, **tol(dt))
+    _check_mttkrp(F.mttkrp_mid, "ik", kind, shape, it, dt, rng)
 
 
 @dtypes
@@ -644,19 +640,7 @@ def test_mttkrp_mid(kind, shape, it, dt, rng):
 def test_mttkrp_inner(kind, shape, it, dt, nblocks, rng):
     """The inner stored mode: fixed blocks' partials added in block order,
     the same bits on one and two threads for each block count."""
-    X = make_tensor(kind, rng, shape).astype(dt)
-    idx, vals = make_csf(X, it)
-    R = 6
-    C = rng.standard_normal((shape[0], R)).astype(dt)
-    Dm = rng.standard_normal((shape[1], R)).astype(dt)
-
-    def run(nt):
-        out = np.full((shape[2], R), np.nan, dtype=dt)
-        F.mttkrp_inner(*idx, vals, C, Dm, out, nblocks, nt)
-        return out
-    got = both_threads(run)
-    want = np.einsum("ijk,ir,jr->kr", *(a.astype(np.float64) for a in (X, C, Dm)))
-    np.testing.assert_allclose(got, want, **tol(dt))
+    _check_mttkrp(F.mttkrp_inner, "ij", kind, shape, it, dt, rng, nblocks)
 
 
 def test_mttkrp_inner_rejects_no_blocks(rng):

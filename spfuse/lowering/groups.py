@@ -46,7 +46,8 @@ from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
 from spfuse.tensor import Tensor
 
-__all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name"]
+__all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name",
+           "sums_products"]
 
 
 @dataclass(frozen=True)
@@ -920,10 +921,23 @@ def lower_groups(plan):
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
     interpreted = any(g.kernel == "generic" and g.on_pattern is None and g.entrywise is None
-                      and any(op.reduction == "sum" and op.operator == "*" for op in g.ops) for g in groups)
+                      and sums_products(g.ops) for g in groups)
     return TemplateMatch(kernel, roles, why, lambda tensors, nt: run_groups(plan, groups, tensors, nt),
                          _checked_in_kernel(plan, groups), bind=lambda: BoundGroups(plan, groups),
                          interpreted=interpreted)
+
+
+def sums_products(ops) -> bool:
+    """Is any of ``ops`` a contraction (a sum of products)?  One the generic
+    executor runs is interpreted element by element, nanoseconds per
+    multiply-add, where a template or BLAS runs it whole.
+
+    >>> from spfuse.ir.ops import Ref, UnitOp
+    >>> dot = UnitOp(0, "s", (), "*", (Ref("x", ("i",)), Ref("y", ("i",))), "sum", ("i",))
+    >>> sums_products([dot])
+    True
+    """
+    return any(op.reduction == "sum" and op.operator == "*" for op in ops)
 
 
 def _checked_in_kernel(plan, groups) -> frozenset:

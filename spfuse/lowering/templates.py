@@ -30,7 +30,7 @@ from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
-from spfuse.lowering.transposes import shared_copy
+from spfuse.lowering.transposes import SharedCopies, shared_copy
 from spfuse.passes.max_fusion import lift_sums
 from spfuse.runtime.looptree import reduction_block_count
 from spfuse.validation import index_dtype_for
@@ -299,22 +299,14 @@ def _dense_t(t, dtype, nt: int = 1) -> np.ndarray:
     return c_ordered(_dense_view(t, dtype).T, nt)
 
 
-def _transposed_once(made: dict, name: str, t, dtype, nt: int) -> np.ndarray:
-    """:func:`_dense_t` of operand ``name``, made once per call (``made``):
-    a kernel reading one operand transposed in two roles (GNN-2's ``Y`` in
-    ``X·Y`` and in ``·Yᵀ``) copies it once -- 0.9 ms of a 7 ms 2-thread call
-    at 20000 x 32 -- and so do the kernels of one
-    :class:`~spfuse.lowering.transposes.SharedCopies` block."""
-    found = made.get(name)
-    if found is None:
-        found = made[name] = dense_transposed(t, dtype, nt)
-    return found
-
-
 def dense_transposed(t, dtype, nt: int = 1) -> np.ndarray:
     """:func:`_dense_t` as a kernel's operand: made once per
-    :class:`~spfuse.lowering.transposes.SharedCopies` block (the kernels of
-    one gradient or one multi-group plan share it; do not write into it)."""
+    :class:`~spfuse.lowering.transposes.SharedCopies` block (do not write
+    into it).  A kernel gathers its factors in a block of its own, so one
+    operand read transposed in two roles (GNN-2's ``Y`` in ``X·Y`` and in
+    ``·Yᵀ``) is copied once -- 0.9 ms of a 7 ms 2-thread call at 20000 x 32;
+    the kernels of one gradient or one multi-group plan, inside an outer
+    block, share the copy too."""
     return shared_copy(t._values, (t._format, t._shape, dtype), lambda: _dense_t(t, dtype, nt))
 
 
@@ -501,12 +493,12 @@ def bind_einsum(kernel: str, names, out_shape, tensors, tile: int = 0) -> Callab
         S = tensors[sparse_name]
         nt = nt if team else 1
         d = []
-        flipped: dict = {}
         same = S._format is sparse_format and S._index_dtype is itype and S._values.dtype is dtype
-        for name, fmt, flip in dense_names:
-            t = tensors[name]
-            same = same and t._format is fmt and t._values.dtype is dtype
-            d.append(_transposed_once(flipped, name, t, dtype, nt) if flip else t._values.reshape(t._shape))
+        with SharedCopies():
+            for name, fmt, flip in dense_names:
+                t = tensors[name]
+                same = same and t._format is fmt and t._values.dtype is dtype
+                d.append(dense_transposed(t, dtype, nt) if flip else t._values.reshape(t._shape))
         if not same:
             return _run_einsum(kernel, list(names), "", out_shape, tensors, nt, tile)
         level = S._levels[1]
@@ -567,9 +559,9 @@ def _run_einsum(kernel: str, names: list, out_name: str, out_shape, tensors, nt:
         # made from the views (no copy for a column-ordered factor), once per
         # operand (GNN-2 reads Y transposed twice)
         transposed = _READ_TRANSPOSED.get(kernel, ())
-        flipped: dict = {}
-        d = [_transposed_once(flipped, name, t, dtype, nt) if n in transposed else _dense(t, dtype, nt)
-             for n, (name, t) in enumerate(zip(names[1:], ts[1:], strict=True))]
+        with SharedCopies():
+            d = [dense_transposed(t, dtype, nt) if n in transposed else _dense(t, dtype, nt)
+                 for n, t in enumerate(ts[1:])]
         if kernel in CHECKS_INDICES:  # these check A's indices as they read them
             out = _result(out_shape, dtype)
             if kernel in ("spmv", "row_sums"):   # row sums: SpMV by ones (x not read)
