@@ -5,7 +5,8 @@ Their results must be the generic executor's bit for bit -- NaN (its
 sign aside), infinities and signed zeros included -- so each program runs twice, with
 the numpy path and with it switched off, and the results are compared
 exactly (and against numpy on dense operands).  The groups that must stay
-on the executor (reductions, sparse operands) do not qualify."""
+on the executor (reductions, sparse operands) do not qualify; a result the
+planner stores transposed does."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,6 +36,9 @@ PROGRAMS = {
                   lambda A, X, Q, D, W, b: np.exp(Q) * np.tanh(A @ X) + np.log(np.abs(Q) + 1.0)),
     # a transposed read (a numpy view) and a broadcast one
     "transposed_and_broadcast": ("Y[f,h] = W[h,f] * b[h] + W[f,h]", lambda A, X, Q, D, W, b: W.T * b + W),
+    # a result the planner stores transposed (every operand read across its
+    # rows: a gradient's sum of two scattered terms), returned C-ordered
+    "transposed_result": ("Y[h,i] = Q[i,h] * 2.0 + abs(Q[i,h])", lambda A, X, Q, D, W, b: (Q * 2.0 + np.abs(Q)).T),
 }
 
 
@@ -113,7 +117,6 @@ def test_bit_for_bit_with_executor(case, n, m, k, density, dtype, special, seed,
 #: programs whose single group must not qualify (T, S dense n×k; v length k; A sparse)
 NOT_ENTRYWISE = {
     "reduction": "y[i] = sum(h, T[i,h])",
-    "transposed_read": "Y[h,i] = T[i,h] * 2.0",
     "sparse_operand": "Y[i,h] = A[i,h] * 2.0",
 }
 

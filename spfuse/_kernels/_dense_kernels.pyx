@@ -232,30 +232,59 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
     ``out[j, i] = a[i, j]``: ``out`` (C-ordered, shape ``a.shape[::-1]``)
     becomes ``a``'s transpose.  Copied in 32×32 tiles, so that each tile of
     ``a`` is read by rows and each of ``out`` written by rows of the other
-    tile while both sit in cache; tile rows of ``out`` are shared among
-    ``num_threads`` threads (static schedule: each element is copied once,
-    by one thread, so any thread count gives the same bits).  O(size).
+    tile while both sit in cache.  The tiles are shared among
+    ``num_threads`` threads in bands of ``out``'s rows, or -- when ``a`` has
+    too few columns to give each thread a band (a 20000×32 factor) -- in
+    bands of ``out``'s columns (static schedule: each element is copied
+    once, by one thread, so any thread count gives the same bits).  O(size).
     ``out`` must not overlap ``a``.
     """
     cdef Py_ssize_t m = a.shape[0], n = a.shape[1]
     if out.shape[0] != n or out.shape[1] != m:
         raise ValueError(f"transpose: out has shape ({out.shape[0]}, {out.shape[1]}), "
                          f"the transpose of ({m}, {n}) needs ({n}, {m})")
-    cdef Py_ssize_t jt, i0, i, j, j0, j1, i1
-    cdef Py_ssize_t tiles = (n + _TILE - 1) // _TILE
+    cdef Py_ssize_t t, i0, i1, j0, j1, i, j
+    cdef Py_ssize_t row_tiles = (n + _TILE - 1) // _TILE, col_tiles = (m + _TILE - 1) // _TILE
+    cdef bint by_rows = row_tiles >= 4 * num_threads or row_tiles >= col_tiles
+    cdef Py_ssize_t bands = row_tiles if by_rows else col_tiles
+    cdef const floating* src
+    cdef floating* dst
     if m == 0 or n == 0:
         return
+    src = &a[0, 0]
+    dst = &out[0, 0]
     with nogil:
-        for jt in prange(tiles, schedule="static", num_threads=num_threads):
-            j0 = jt * _TILE
-            j1 = min(j0 + _TILE, n)
-            i0 = 0
-            while i0 < m:
+        for t in prange(bands, schedule="static", num_threads=num_threads):
+            if by_rows:   # a band of _TILE rows of ``out``, all its columns
+                j0 = t * _TILE
+                j1 = min(j0 + _TILE, n)
+                i0 = 0
+                i1 = m
+            else:         # a band of _TILE columns of ``out``, all its rows
+                j0 = 0
+                j1 = n
+                i0 = t * _TILE
                 i1 = min(i0 + _TILE, m)
-                for j in range(j0, j1):
-                    for i in range(i0, i1):
-                        out[j, i] = a[i, j]
-                i0 = i0 + _TILE
+            _transpose_tiles(src, dst, m, n, i0, i1, j0, j1)
+
+
+cdef inline void _transpose_tiles(const floating* src, floating* dst, Py_ssize_t m, Py_ssize_t n,
+                                  Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1) noexcept nogil:
+    """``dst[j, i] = src[i, j]`` over ``[i0, i1) × [j0, j1)``, tile by tile."""
+    cdef Py_ssize_t ti, tj, i, j, ie, je
+    cdef const floating* irow
+    tj = j0
+    while tj < j1:
+        je = min(tj + _TILE, j1)
+        ti = i0
+        while ti < i1:
+            ie = min(ti + _TILE, i1)
+            for i in range(ti, ie):
+                irow = src + i * n
+                for j in range(tj, je):
+                    dst[j * m + i] = irow[j]
+            ti = ti + _TILE
+        tj = tj + _TILE
 
 
 # --------------------------------------------------------------------------

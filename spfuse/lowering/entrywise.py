@@ -15,7 +15,10 @@ missing index a broadcast: ``T[i,h] + b[h]``) or a constant -- over dense
 operands, its iteration space is not restricted by a
 propagated mask (the executor computes every element too), its operator is
 one numpy evaluates exactly as the executor does, and the outputs that are
-results of the plan are stored dense in identity order.
+results of the plan are stored dense (in either mode order: a result the
+planner stores transposed -- a gradient's ``grad_Y[k,h] = T0[h,k] +
+T1[h,k]`` -- comes out C-ordered all the same, 2.2-2.5 ms on the executor
+against about 1 ms here at 20000 x 32).
 
 The arithmetic is the executor's, bit for bit (a NaN's sign aside): in float64 (operands are
 read as float64, as the executor reads them), ``a / b`` is 0 where ``a`` is
@@ -110,8 +113,7 @@ def entrywise_group(plan, ops, outputs) -> EntrywiseGroup | None:
         return None
     for name in outputs:
         decision = plan.formats.get(name)
-        if name in plan.results and (decision is None or any(lv != "dense" for lv in decision.levels)
-                                     or tuple(decision.mode_order) != tuple(range(len(decision.levels)))):
+        if name in plan.results and (decision is None or any(lv != "dense" for lv in decision.levels)):
             return None
     return EntrywiseGroup(tuple(ops), tuple(shapes), tuple(outputs))
 
