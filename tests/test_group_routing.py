@@ -53,7 +53,8 @@ CASES = {
     # the einsum is needed on A's pattern only: SDDMM there, kept sparse for the tail
     "sddmm_on_the_mask": ("Y[i,j] = A[i,j] * (sum(h, Q[i,h] * W[h,j]) - B[i,j])", ("sddmm", "pattern"),
                           lambda A, B, X, W, Q, b, s, D: A * (Q @ W - B)),
-    "normalised": ("Y[i,h] = sum(j, A[i,j] * X[j,h]) / (sum(j, A[i,j] * A[i,j]) + 1.0)", ("spmm", "generic"),
+    # SpMM's rows and the row sums in one pass: a pattern program with a dense-row leaf, then the division
+    "normalised": ("Y[i,h] = sum(j, A[i,j] * X[j,h]) / (sum(j, A[i,j] * A[i,j]) + 1.0)", ("pattern",),
                    lambda A, B, X, W, Q, b, s, D: (A @ X) / ((A * A).sum(1, keepdims=True) + 1.0)),
 }
 

@@ -36,6 +36,14 @@ PROGRAMS = [
     # one sparse operand, with the work after an SDDMM kept on its pattern
     "Y[i,j] = A[i,j] * exp(P[i,e] * R[j,e])",
     "Y[i,j] = A[i,j] * (P[i,e] * R[j,e] + w[j]) / 8.0",
+    # dense-row leaves in the program: an SDDMM's dot per entry, an SpMM's row (dense operands read
+    # either way round), the scores, softmax and weighted sum of an attention layer in one pass
+    "Y[i,j] = A[i,j] * exp(sum(e, P[i,e] * R[j,e]) - m[i])",
+    "Y[i,f] = sum(j, A[i,j] * exp(A[i,j]) * Rt[f,j])",
+    "Y[i,f] = sum(j, A[i,j] * tanh(sum(e, Pt[e,i] * Rt[e,j])) * R[j,f])",
+    "Y[i,j] = A[i,j] / A[i,j] * sum(e, P[i,e] * R[j,e]); Z[i,f] = sum(j, sigmoid(Y[i,j]) * A[i,j] * R[j,f])",
+    "S[i,j] = A[i,j] * P[i,e] * R[j,e] * 0.5; mx[i] = max(j in A[i,j], S[i,j]); E[i,j] = A[i,j] * exp(S[i,j] - mx[i]);"
+    " Y[i,f] = E[i,j] * R[j,f] / sum(j, E[i,j])",
 ]
 
 
@@ -54,7 +62,8 @@ def _operands(rng, n, m, density, full_rows=False):
 
     return {"A": A, "S": on_pattern(), "G": on_pattern(), "m": rng.standard_normal(n), "g": rng.standard_normal(n),
             "D": rng.standard_normal((n, m)), "w": rng.standard_normal(m), "P": rng.standard_normal((n, 5)),
-            "Q": rng.standard_normal((n, 5)), "R": rng.standard_normal((m, 5))}
+            "Q": rng.standard_normal((n, 5)), "R": rng.standard_normal((m, 5)), "Pt": rng.standard_normal((5, n)),
+            "Rt": rng.standard_normal((5, m))}
 
 
 def _dense(x):
@@ -175,7 +184,7 @@ def _numpy_blocks(monkeypatch):
 def test_the_compiled_program_agrees_with_the_numpy_blocks(monkeypatch, k, n, m, density):
     program = PROGRAMS[k]
     if "sum(e," in program:
-        pytest.skip("a row's dot product runs in the compiled program only")
+        pytest.skip("a row's dot product or a dense-row leaf runs in the compiled program only")
     ops = _operands(np.random.default_rng(k + n), n, m, density)
     ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
     spfuse.clear_cache()
@@ -207,3 +216,29 @@ def test_the_compiled_program_gives_the_same_bits_on_any_team(k):
     assert pattern_group(plan, g.ops, g.outputs) is not None
     for name in one:
         np.testing.assert_array_equal(_dense(one[name]), _dense(two[name]))
+
+
+@pytest.mark.parametrize("width", [0, 1, 9])
+def test_dense_row_leaves_on_edge_operands(width):
+    """Dense rows of no, one or nine elements; an unsorted, duplicated CSR
+    operand with empty rows (canonicalised first); the leaves' route taken."""
+    rng = np.random.default_rng(width)
+    rows = np.array([0, 0, 2, 2, 2, 4, 0])
+    cols = np.array([3, 1, 0, 3, 0, 2, 3])   # unsorted, (0, 3) and (2, 0) stored twice
+    A = sp.csr_array((rng.uniform(0.5, 2.0, len(rows)), (rows, cols)), shape=(6, 4))
+    A.has_canonical_format = False
+    P, R, V = rng.standard_normal((6, width)), rng.standard_normal((4, width)), rng.standard_normal((4, 3))
+    program = ("S[i,j] = A[i,j] * P[i,e] * R[j,e]; E[i,j] = A[i,j] * exp(S[i,j]); "
+               "Y[i,f] = E[i,j] * V[j,f] / (sum(j, E[i,j]) + 1.0); Z[i,e] = sum(j, E[i,j] * R[j,e])")
+    ops = {"A": A, "P": P, "R": R, "V": V}
+    before = {n: (v.copy() if not sp.issparse(v) else v.copy()) for n, v in ops.items()}
+    got = spfuse.evaluate(program, **ops)
+    Ad = A.toarray()
+    E = np.where(Ad != 0, Ad * np.exp(Ad * (P @ R.T)), 0.0)
+    np.testing.assert_allclose(got["Y"], (E @ V) / (E.sum(1, keepdims=True) + 1.0), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got["Z"], E @ R, rtol=1e-12, atol=1e-12)
+    assert got["Z"].shape == (6, width)
+    assert "pattern" in _kernels(program, ops)
+    for n, v in ops.items():   # nothing written into the operands
+        np.testing.assert_array_equal(v.toarray() if sp.issparse(v) else v,
+                                      before[n].toarray() if sp.issparse(before[n]) else before[n])

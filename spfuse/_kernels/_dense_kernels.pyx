@@ -32,6 +32,7 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
     UNARY_TANH,
 )
+from spfuse._kernels._leaves cimport _dot, _prefetch_row
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 from spfuse._kernels._workspace cimport padded_stride
 
@@ -307,6 +308,9 @@ cdef enum:
     PAT_UNARY = 6      # sub: a UNARY_* code
     PAT_REDUCE = 7     # sub: 0 sum, 1 max, 2 min over the row's entries (max/min see implicit zeros)
     PAT_ROW_DOT = 8    # a row's sum over e of the product of dense operands; sub: the array whose stride is e's extent
+    PAT_ENTRY_DOT = 9  # per entry, the dot of the row's dense row and the column's (SDDMM's leaf): args dense_row, col_row
+    PAT_ROW_AXPY = 10  # a dense matrix row: sum over the entries of a value times the column's dense row
+                       # (SpMM's leaf): args (a value laid out over the entries, col_row); dst: the output array
 
 cdef enum:
     ARG_CONST = 0      # consts[index]
@@ -319,16 +323,18 @@ cdef enum:
     ARG_SCALAR = 7     # arrays[index][0]
     ARG_DENSE_ROW = 8  # arrays[index][i * strides[index] + e] (a row dot's matrix operand)
     ARG_DENSE_E = 9    # arrays[index][e] (a row dot's vector operand)
+    ARG_COL_ROW = 10   # arrays[index][column of p * strides[index] + e] (an entry dot's or axpy's gathered row)
 
 cdef enum:
     PAT_HEADER = 7
     PAT_ROW_RESTRICTED = 1   # flag: a row-wise result is 0 on rows storing nothing
 
 PATTERN_OPS = {"copy": PAT_COPY, "+": PAT_ADD, "-": PAT_SUB, "*": PAT_MUL, "/": PAT_DIV, "where": PAT_WHERE,
-               "unary": PAT_UNARY, "reduce": PAT_REDUCE, "row_dot": PAT_ROW_DOT}
+               "unary": PAT_UNARY, "reduce": PAT_REDUCE, "row_dot": PAT_ROW_DOT, "entry_dot": PAT_ENTRY_DOT,
+               "row_axpy": PAT_ROW_AXPY}
 PATTERN_ARGS = {"const": ARG_CONST, "entry": ARG_ENTRY, "row": ARG_ROW, "pattern": ARG_PATTERN,
                 "rowvec": ARG_ROWVEC, "colvec": ARG_COLVEC, "matrix": ARG_MATRIX, "scalar": ARG_SCALAR,
-                "dense_row": ARG_DENSE_ROW, "dense_e": ARG_DENSE_E}
+                "dense_row": ARG_DENSE_ROW, "dense_e": ARG_DENSE_E, "col_row": ARG_COL_ROW}
 
 
 cdef inline double _row_arg(int kind, Py_ssize_t index, Py_ssize_t i, const double* consts, double* rows,
@@ -427,11 +433,63 @@ cdef inline double _row_dot(const int64_t* ins, Py_ssize_t i, const double* cons
     return r
 
 
+cdef inline void _entry_dots(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const int64_t* cols,
+                             Py_ssize_t nnz, double** arrays, const int64_t* strides, double* dst) noexcept nogil:
+    """``dst[e] = dot(L[i, :], R[column of entry e, :])`` over row ``i``'s
+    entries (``L``: the first argument, a row-indexed dense matrix; ``R``:
+    the second, a column-indexed one; both rows ``strides`` long).  The rows
+    of the entries two ahead are prefetched, into the next row's (``nnz``:
+    the pattern's entries): rows of ten entries lost a fifth of the hints."""
+    cdef Py_ssize_t K = strides[ins[PAT_HEADER + 3]], e
+    cdef const double* left = arrays[ins[PAT_HEADER + 1]] + i * strides[ins[PAT_HEADER + 1]]
+    cdef const double* right = arrays[ins[PAT_HEADER + 3]]
+    for e in range(n):
+        if p0 + e + 2 < nnz:
+            _prefetch_row(right + cols[p0 + e + 2] * K, K)
+        dst[e] = _dot(left, right + cols[p0 + e] * K, K)
+
+
+cdef inline void _row_axpy(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const int64_t* cols,
+                           Py_ssize_t nnz, const double* values, double** arrays, const int64_t* strides) noexcept nogil:
+    """Row ``i`` of the output array ``arrays[ins[3]]``: ``sum_e values[e] *
+    R[column of entry e, :]``, added in the entries' order (``R``: the
+    second argument, rows ``strides`` long)."""
+    cdef Py_ssize_t L = strides[ins[PAT_HEADER + 3]], e = 0, k, f
+    cdef const double* right = arrays[ins[PAT_HEADER + 3]]
+    cdef const double* r0
+    cdef const double* r1
+    cdef const double* r2
+    cdef const double* r3
+    cdef double* orow = arrays[ins[3]] + i * L
+    cdef double v0, v1, v2, v3
+    for k in range(L):
+        orow[k] = 0.0
+    # four entries a pass over the output row: one load and store of it per
+    # four gathered rows, the additions still in the entries' order
+    while e + 4 <= n:
+        for f in range(p0 + e + 4, min(p0 + e + 8, nnz)):   # (into the next row's entries)
+            _prefetch_row(right + cols[f] * L, L)
+        v0, v1, v2, v3 = values[e], values[e + 1], values[e + 2], values[e + 3]
+        r0 = right + cols[p0 + e] * L
+        r1 = right + cols[p0 + e + 1] * L
+        r2 = right + cols[p0 + e + 2] * L
+        r3 = right + cols[p0 + e + 3] * L
+        for k in range(L):
+            orow[k] = (((orow[k] + v0 * r0[k]) + v1 * r1[k]) + v2 * r2[k]) + v3 * r3[k]
+        e = e + 4
+    while e < n:
+        v0 = values[e]
+        r0 = right + cols[p0 + e] * L
+        for k in range(L):
+            orow[k] = orow[k] + v0 * r0[k]
+        e = e + 1
+
+
 cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i,
                        Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const int64_t* cols,
                        const double* consts, double* rows, double** arrays, const int64_t* strides,
-                       double* entries, Py_ssize_t width, double* scratch) noexcept nogil:
-    """Every instruction on row ``i`` (entries ``[p0, p0 + n)``)."""
+                       double* entries, Py_ssize_t width, double* scratch, Py_ssize_t nnz) noexcept nogil:
+    """Every instruction on row ``i`` (entries ``[p0, p0 + n)`` of ``nnz``)."""
     cdef Py_ssize_t t, e, k, nargs
     cdef const int64_t* ins
     cdef int op, sub
@@ -445,6 +503,14 @@ cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride,
         op = <int>ins[0]
         sub = <int>ins[1]
         nargs = ins[4]
+        if op == PAT_ENTRY_DOT:
+            _entry_dots(ins, i, p0, n, cols, nnz, arrays, strides, entries + ins[3] * width)
+            continue
+        if op == PAT_ROW_AXPY:
+            a = _entry_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i, p0, n, cols, consts, rows, arrays, strides,
+                           entries, width, scratch)
+            _row_axpy(ins, i, p0, n, cols, nnz, a, arrays, strides)
+            continue
         if ins[2] == 1 and op != PAT_REDUCE:   # a row-wise result
             r = _row_dot(ins, i, consts, rows, arrays, strides) if op == PAT_ROW_DOT else \
                 _row_op(ins, i, consts, rows, arrays)
@@ -533,8 +599,9 @@ def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize
     C-contiguous 1-D arrays the arguments and the outputs index;
     ``strides[k]``: the row length of ``arrays[k]`` read as a matrix.
     ``outputs``: rows ``(register kind, register, array index)`` -- an entry
-    register written at each row's positions, a row register at the row.
-    Each row is computed alone, in the instructions' order, so results do
+    register written at each row's positions, a row register at the row
+    (a ``row_axpy`` writes its row of a dense output matrix in ``arrays``
+    itself).  Each row is computed alone, in the instructions' order, so results do
     not depend on ``num_threads``.  Preconditions (the caller's): column
     indices in ``[0, ncols)``, every array long enough for what reads it.
     """
@@ -576,7 +643,7 @@ def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize
                 p0 = ip[i]
                 n = ip[i + 1] - p0
                 _pattern_row(cd, n_ins, stride, i, p0, n, ncols, cp, cs, rows, ptrs, st, entries, width,
-                             entries + n_entry * width)
+                             entries + n_entry * width, ip[m])
                 for o in range(n_out):
                     if outs[3 * o] == 0:
                         for e in range(n):

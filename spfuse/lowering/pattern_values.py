@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from spfuse._kernels._dense_kernels import PATTERN_ARGS, PATTERN_OPS, UNARY_OPS, pattern_program
+from spfuse._kernels._result_pool import empty as _result
 from spfuse.ir.ops import Const, Ref, UnitOp
 from spfuse.memo import attached_dict
 from spfuse.testing import _UNARY_NP
@@ -58,6 +59,7 @@ from spfuse.testing import _UNARY_NP
 __all__ = ["PatternGroup", "pattern_group", "run_pattern_group"]
 
 _REDUCE = {"sum": None, "max": np.maximum, "min": np.minimum}
+_F64 = np.dtype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,17 @@ class PatternGroup:
     row_restricted: frozenset
     #: per op, an earlier op computing the same values (None: computed here)
     same_as: tuple[str | None, ...] = ()
+    #: per op, a dense-row leaf: "dot" (``T[r,c] = sum(e, L[r,e] * R[c,e])``,
+    #: SDDMM's), "axpy" (``O[r,e] = sum(c, V[r,c] * R[c,e])``, SpMM's), or None
+    leaves: tuple[str | None, ...] = ()
 
     def describe(self) -> str:
         """How the group runs, for ``explain()`` (see :func:`pattern_group`)."""
         scalar_out = any(not op.out_indices for op in self.ops if op.out in self.outputs)
         how = "numpy row blocks" if scalar_out else "a compiled pattern program"
+        leaves = {"dot": "an SDDMM's dot per entry", "axpy": "an SpMM's row"}
+        with_leaves = " and ".join(leaves[k] for k in leaves if k in self.leaves)
+        how += f" (dense-row leaves: {with_leaves})" if with_leaves else ""
         return f"{how} on the values of the one pattern of {', '.join(self.sparse)} (checked per call)"
 
 
@@ -126,13 +134,37 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     if len(rows) != 1 or rows & colnames:
         return None
     (rows,) = rows
+    # a nested sum may name the columns anew where it reads the group's own entries (``sum(j2, E[i,j2])``)
+    stored_cols = set(colnames)
+    colnames = colnames | {a.indices[1] for op in ops for a in op.args
+                           if isinstance(a, Ref) and a.name in produced and len(a.indices) == 2
+                           and a.indices[0] == rows and a.indices[1] != rows
+                           and tuple(produced[a.name].out_indices[:1]) == (rows,)
+                           and tuple(produced[a.name].out_indices[1:]) in {(c,) for c in stored_cols}}
     row_restricted = set()
     op_cols = []
+    leaves: list[str | None] = []
     row_dots = 0
     for op in ops:
         if type(op) is not UnitOp:
             return None  # a whole fused statement (fusion="max"): its expression is the executor's
         out = tuple(op.out_indices)
+        leaf = _dense_row_leaf(plan, op, rows, colnames, sparse, produced)
+        leaves.append(None if leaf is None else leaf[0])
+        if leaf is not None:
+            kind, cols, _ = leaf
+            cm = _mask(plan, op, cols)   # (a nested sum's column index is masked by the pattern's own)
+            if cm is None or not all(any(_pattern_atoms(plan, t, sparse, rows, c, 1) for c in stored_cols)
+                                     for t in cm.terms):
+                return None  # not restricted to the pattern
+            rm = _mask(plan, op, rows)
+            if rm is not None and not all(any(_pattern_atoms(plan, t, sparse, rows, c, lv) for c in colnames
+                                              for lv in (0, 1)) for t in rm.terms):
+                return None
+            if kind == "axpy" and (any(r.name == op.out for o in ops for r in o.refs) or op.out not in outputs):
+                return None  # (a leaf's dense rows are written out, not read again within the program)
+            op_cols.append(cols)
+            continue
         if op.operator not in ("+", "-", "*", "/", "where", None, *_UNARY_NP):
             return None
         along = [ix for ix in op.indices if ix in colnames]
@@ -161,7 +193,8 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
                 return None  # a dense operand read across the pattern (D[j,i]): gathered as the executor does
         if wide:
             cm = _mask(plan, op, cols)
-            if cm is None or not all(_pattern_atoms(plan, t, sparse, rows, cols, 1) for t in cm.terms):
+            if cm is None or not all(any(_pattern_atoms(plan, t, sparse, rows, c, 1) for c in stored_cols)
+                                     for t in cm.terms):
                 return None  # not restricted to the pattern: it has values off it
         rm = _mask(plan, op, rows)
         if rm is not None:
@@ -176,16 +209,61 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     for name in outputs:
         if name not in produced:
             return None
-    if len(sparse) < 2 and not row_dots and not _reads_earlier_entries(plan, ops, produced, rows, colnames):
+    if len(sparse) < 2 and not row_dots and not any(leaves) \
+            and not _reads_earlier_entries(plan, ops, produced, rows, colnames):
         # nothing to co-iterate: the executor's sweeps over one operand are faster (an SpMV-like row sum,
         # 100k rows: 5.9 against 9.9 ms) -- unless it also walks a dense dot per row (the attention
         # gradient's: 0.45 ms there against 0.05 ms here), or reads another group's result at the
         # entries (an SDDMM's, kept on the pattern: the executor merges it with the operand entry by entry)
         return None
-    if row_dots and any(not produced[name].out_indices for name in outputs):
-        return None  # (a row dot runs in the compiled program only, which has no 0-d output)
+    if (row_dots or any(leaves)) and any(not produced[name].out_indices for name in outputs):
+        return None  # (a row dot or a leaf runs in the compiled program only, which has no 0-d output)
+    for name in outputs:
+        decision = plan.formats.get(name)
+        if leaves[ops.index(produced[name])] == "axpy" and name in plan.results and (
+                decision is None or any(lv != "dense" for lv in decision.levels)):
+            return None
     return PatternGroup(rows, tuple(sorted(sparse)), tuple(ops), tuple(op_cols), tuple(outputs),
-                        frozenset(row_restricted), _repeats(ops, op_cols, rows, row_restricted))
+                        frozenset(row_restricted), _repeats(ops, op_cols, rows, row_restricted, leaves),
+                        tuple(leaves))
+
+
+def _dense_row_leaf(plan, op: UnitOp, rows: str, colnames: set, sparse: set, produced) -> tuple | None:
+    """``("dot", c, e)`` when ``op`` is ``T[r,c] = sum(e, L[r,e] * R[c,e])``
+    (an entry's dot of two dense rows, SDDMM's leaf), ``("axpy", c, e)``
+    when it is ``O[r,e] = sum(c, V[r,c] * R[c,e])`` (a row of dense rows
+    summed with the entries' values, SpMM's), else None.  ``L`` and ``R``
+    are dense, read either way round (a transposed read takes a copy);
+    ``e`` is a dense index no mask restricts."""
+    if op.reduction != "sum" or len(op.reduced) != 1 or op.operator != "*" or len(op.args) != 2 \
+            or not all(isinstance(a, Ref) and len(a.indices) == 2 for a in op.args):
+        return None
+    (summed,) = op.reduced
+    out = tuple(op.out_indices)
+
+    def dense(a) -> bool:
+        info = plan.inputs.get(a.name)
+        if a.name in produced or a.name in sparse:
+            return False
+        return (info is not None and not info.is_sparse) or (info is None and plan.shapes.get(a.name) is not None)
+
+    if len(out) == 2 and out[0] == rows and out[1] in colnames and summed not in colnames and summed != rows:
+        c, e = out[1], summed
+        by_ix = {frozenset(a.indices): a for a in op.args}
+        left, right = by_ix.get(frozenset((rows, e))), by_ix.get(frozenset((c, e)))
+        if left is None or right is None or left is right or not dense(left) or not dense(right):
+            return None
+        return None if _mask(plan, op, e) is not None else ("dot", c, e)
+    if len(out) == 2 and out[0] == rows and out[1] not in colnames and out[1] != rows and summed != rows:
+        c, e = summed, out[1]
+        values = next((a for a in op.args if tuple(a.indices) == (rows, c)), None)
+        if c not in colnames and (values is None or values.name not in produced):
+            return None   # (a column index named anew in a nested sum: its values are the group's, on the pattern)
+        right = next((a for a in op.args if a is not values and set(a.indices) == {c, e}), None)
+        if values is None or right is None or not dense(right):
+            return None
+        return None if _mask(plan, op, e) is not None else ("axpy", c, e)
+    return None
 
 
 def _reads_earlier_entries(plan, ops, produced, rows: str, colnames: set) -> bool:
@@ -217,14 +295,18 @@ def _dense_row_sum(plan, op: UnitOp, rows: str, colnames: set, sparse: set) -> b
     return True
 
 
-def _repeats(ops, op_cols, rows: str, row_restricted) -> tuple[str | None, ...]:
+def _repeats(ops, op_cols, rows: str, row_restricted, leaves) -> tuple[str | None, ...]:
     """Per op, an earlier op computing the same values, or None: a statement's
     terms repeat sub-expressions (``A/A``, ``m_r_1 - m_r_2`` read at ``j``
-    and at ``j_1`` -- every column index walks the same entries)."""
+    and at ``j_1`` -- every column index walks the same entries).  A
+    dense-row leaf is always computed (its reads name dense indices too)."""
     seen: dict[tuple, str] = {}
     alias: dict[str, str] = {}
-    out = []
-    for op, c in zip(ops, op_cols, strict=True):
+    out: list[str | None] = []
+    for op, c, leaf in zip(ops, op_cols, leaves, strict=True):
+        if leaf is not None:
+            out.append(None)
+            continue
         key = (op.operator, op.reduction, c is not None, op.coefs, op.out in row_restricted, tuple(
             ("const", a.value) if isinstance(a, Const) else
             (alias.get(a.name, a.name), tuple("r" if ix == rows else "c" for ix in a.indices)) for a in op.args))
@@ -302,11 +384,16 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
                                                else t.values.reshape(t.shape))
         return d
 
+    def transposed(name):
+        from spfuse.lowering.templates import dense_transposed
+        return dense_transposed(env[name], np.float64, nt)
+
     program = _program(pg, frozenset(on_pattern))
     if program is not None:
-        results = _run_program(program, indptr, cols, nrows, ncols, on_pattern, dense, nt)
-    elif any(c is None and op.reduction is not None for op, c in zip(pg.ops, pg.op_cols, strict=True)):
-        return None   # a row's dot product has no numpy block form (pattern_group does not make such a group)
+        results = _run_program(program, indptr, cols, nrows, ncols, on_pattern, dense, nt, transposed)
+    elif any(pg.leaves) or any(c is None and op.reduction is not None for op, c in zip(pg.ops, pg.op_cols,
+                                                                                        strict=True)):
+        return None   # a row's dot product, a dense-row leaf: no numpy block form (pattern_group makes no such group)
     else:   # (a 0-d output: the numpy blocks)
         results = {}
         for name in pg.outputs:
@@ -346,6 +433,9 @@ class _Program:
     n_entry: int
     n_row: int
     outputs: tuple[tuple[str, int, int], ...]
+    #: the dense matrices its ``row_axpy`` leaves write, ``(name, source of
+    #: their gathered rows)``: each is a source of kind ``"axpy_out"``
+    written: tuple[tuple[str, int], ...] = ()
 
 
 def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
@@ -399,7 +489,31 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
         table.append([PATTERN_OPS[kind], UNARY_OPS.get(o, 0), dst_kind, dst, len(args), coefs, flags,
                       *(x for a in args for x in a)])
 
-    for op, c, same in zip(pg.ops, pg.op_cols, pg.same_as, strict=True):
+    written: list[tuple[str, int]] = []
+
+    def dense_row(a, other: str) -> tuple[int, int]:
+        """A leaf's dense operand, as stored when its index ``other`` (the
+        row's or the column's) comes first, else as a transposed copy."""
+        kind = "dense_row" if a.indices[0] == rows_ix else "col_row"
+        stored = a.indices[0] == other
+        return PATTERN_ARGS[kind], source(kind if stored else kind + "_t", a.name)
+
+    for op, c, same, leaf in zip(pg.ops, pg.op_cols, pg.same_as, pg.leaves or (None,) * len(pg.ops), strict=True):
+        if leaf == "dot":
+            left = next(a for a in op.args if rows_ix in a.indices)
+            right = next(a for a in op.args if a is not left)
+            args = [dense_row(left, rows_ix), dense_row(right, c)]
+            entry[op.out] = register(0)
+            table.append([PATTERN_OPS["entry_dot"], 0, 0, entry[op.out], 2, 0, 0, *(x for a in args for x in a)])
+            continue
+        if leaf == "axpy":
+            values = next(a for a in op.args if tuple(a.indices) == (rows_ix, c))
+            right = next(a for a in op.args if a is not values)
+            args = [arg(values, c), dense_row(right, c)]
+            written.append((op.out, args[1][1]))
+            table.append([PATTERN_OPS["row_axpy"], 0, 2, source("axpy_out", op.out), 2, 0, 0,
+                          *(x for a in args for x in a)])
+            continue
         if same is not None:
             for regs in (entry, row):
                 if same in regs:
@@ -430,6 +544,8 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
                           PATTERN_ARGS["entry"], e])
     outputs = []
     for name in pg.outputs:
+        if any(name == w for w, _ in written):
+            continue   # (written in place)
         if name in entry:
             outputs.append((name, 0, entry[name]))
         elif next(o for o in pg.ops if o.out == name).out_indices:
@@ -442,22 +558,29 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
     for t, ins in enumerate(table):
         code[t, :len(ins)] = ins
     found = made[on_pattern] = _Program(code, np.array(consts or [0.0]), tuple(sources), counts[0], counts[1],
-                                        tuple(outputs))
+                                        tuple(outputs), tuple(written))
     return found
 
 
-def _run_program(program: _Program, indptr, cols, nrows: int, ncols: int, on_pattern, dense, nt: int) -> dict:
-    """The outputs of ``program`` over the pattern ``(indptr, cols)``."""
+def _run_program(program: _Program, indptr, cols, nrows: int, ncols: int, on_pattern, dense, nt: int,
+                 transposed=None) -> dict:
+    """The outputs of ``program`` over the pattern ``(indptr, cols)``
+    (``transposed(name)``: a dense operand's transpose, C-ordered)."""
     arrays, strides = [], []
-    for kind, name in program.sources:
-        a = on_pattern[name] if kind == "pattern" else dense(name)
-        # a matrix's row length; a dot's extent: its rows' length, its vector's
-        strides.append(a.shape[1] if kind in ("matrix", "dense_row") else len(a) if kind == "dense_e" else 0)
-        arrays.append(np.ascontiguousarray(a, dtype=np.float64).reshape(-1))
     results = {}
+    widths = dict(program.written)
+    for kind, name in program.sources:
+        if kind == "axpy_out":   # a leaf's dense rows: as long as the rows it gathers
+            a = results[name] = _result((nrows, strides[widths[name]]), _F64)   # (pages reused: no faults)
+        else:
+            a = on_pattern[name] if kind == "pattern" else transposed(name) if kind.endswith("_t") else dense(name)
+        # a matrix's row length; a dot's extent: its rows' length, its vector's
+        strides.append(a.shape[1] if kind in ("matrix", "dense_row", "dense_row_t", "col_row", "col_row_t")
+                       else len(a) if kind == "dense_e" else 0)
+        arrays.append(np.ascontiguousarray(a, dtype=np.float64).reshape(-1))
     outputs = np.empty((len(program.outputs), 3), dtype=np.int64)
     for k, (name, kind, reg) in enumerate(program.outputs):
-        results[name] = np.empty(len(cols) if kind == 0 else nrows)
+        results[name] = _result((len(cols) if kind == 0 else nrows,), _F64)
         outputs[k] = (kind, reg, len(arrays))
         arrays.append(results[name])
     work = len(cols) * max(1, len(program.code))

@@ -274,11 +274,13 @@ def c_ordered(view: np.ndarray, num_threads: int = 1) -> np.ndarray:
     """
     if view.flags.c_contiguous:
         return view
-    # (result rows of at most 64 elements: numpy's copy, writing them in
-    # order, runs as fast or faster -- measured on one thread, (20000, 32)
-    # 0.26-0.64 ms against 0.44-0.52 tiled, (100000, 64) 10 against 17; a
-    # (32, 20000) result 0.62-0.72 against 0.27 tiled, and 0.14 on 2 threads)
-    if view.ndim == 2 and view.shape[1] > 64 and view.T.flags.c_contiguous and view.dtype in (_F64, _F32):
+    # (on one thread, result rows of at most 64 elements: numpy's copy,
+    # writing them in order, runs as fast or faster -- (20000, 32) 0.26-0.64
+    # ms against 0.44-0.52 tiled, (100000, 64) 10 against 17; a (32, 20000)
+    # result 0.62-0.72 against 0.27.  Two threads share the tiles: 0.14-0.35
+    # and 8.5-9.9 ms)
+    if view.ndim == 2 and (view.shape[1] > 64 or num_threads > 1) and view.T.flags.c_contiguous \
+            and view.dtype in (_F64, _F32):
         out = _result(view.shape, view.dtype)
         _dense_kernels.transpose(view.T, out, num_threads)
         return out
