@@ -387,6 +387,51 @@ def _np_sddmm(s, f):
     return _on_pattern(s["B"], f(s["B"].data, dots))
 
 
+#: a sparse attention layer after its projections: scores on B's pattern, a
+#: softmax over each row's stored entries, the weighted sum of the values' rows
+ATTENTION = ("S[i,j] = B[i,j] * Q[i,k] * K[j,k] / 8.0; m[i] = max(j in B[i,j], S[i,j]); "
+             "E[i,j] = B[i,j] * exp(S[i,j] - m[i]); Y[i,h] = E[i,j] * V[j,h] / sum(j, E[i,j])")
+
+
+def _attention_ops(a, r, g):
+    n, m = a.shape
+    return {"B": a, "Q": _dense(g, n, r, center=True), "K": _dense(g, m, r, center=True),
+            "V": _dense(g, m, r, center=True)}
+
+
+def _np_attention(s):
+    """:data:`ATTENTION` in numpy: sampled dots in blocks, the row maxima by
+    ``maximum.reduceat``, scipy's SpMM, rows without entries 0."""
+    b, rows = s["B"], s["rows"]
+    scores = b.data * _sampled_dots(rows, b.indices, s["Q"], s["K"]) / 8.0
+    counts = np.diff(b.indptr)
+    m = np.zeros(b.shape[0])
+    full = counts > 0
+    if scores.size:
+        m[full] = np.maximum.reduceat(scores, b.indptr[:-1][full])
+    e = b.data * np.exp(scores - m[rows])
+    weights = _on_pattern(b, e)
+    total = weights.sum(axis=1)
+    out = weights @ s["V"]
+    np.divide(out, total[:, None], out=out, where=total[:, None] != 0)
+    return out
+
+
+def _torch_attention(t):
+    """:data:`ATTENTION` in torch: ``sampled_addmm`` scores, ``scatter_reduce``
+    row maxima, a CSR SpMM and ``index_add_`` row sums."""
+    torch = _torch()
+    b = t["B"]
+    crow = b.crow_indices()
+    rows = torch.repeat_interleave(torch.arange(b.shape[0]), crow[1:] - crow[:-1])
+    scores = b.values() * _torch_sampled(b, t["Q"], t["K"].T).values() / 8.0
+    m = torch.zeros(b.shape[0], dtype=scores.dtype).scatter_reduce(0, rows, scores, "amax", include_self=False)
+    e = b.values() * torch.exp(scores - m[rows])
+    total = torch.zeros(b.shape[0], dtype=e.dtype).index_add_(0, rows, e)
+    out = _torch_csr_like(b, e) @ t["V"]
+    return torch.where(total[:, None] != 0, out / total[:, None], torch.zeros((), dtype=out.dtype))
+
+
 def _with_transpose(o: dict, name: str, new: str) -> dict:
     """``o`` plus ``new``: a C-contiguous copy of ``o[name].T``."""
     return dict(o, **{new: np.ascontiguousarray(o[name].T)})
@@ -509,6 +554,13 @@ PROGRAMS = [
              t["B"], t["Q"], t["K"].T).values() / 8.0), "B.values * sampled_addmm(B, Q, K.T).values / 8")},
         (Spelling("scale first", "A[i,j] = 0.125 * B[i,j] * (Q[i,k] * K[j,k])"),
          Spelling("divide the dot", "A[i,j] = B[i,j] * (Q[i,k] * K[j,k] / 8.0)"))),
+    OffProgram(
+        "sparse-attention", "attention layer", "uniform", ATTENTION, _attention_ops,
+        {"numpy": _p(_np_attention, "sampled dots, maximum.reduceat, exp, (E @ V) / E.sum(1), blocks", _with_rows),
+         "torch": _torch_p(_torch_attention, "sampled_addmm, scatter_reduce amax, exp, CSR @ V / index_add_ sums")},
+        (Spelling("keys, values transposed", ATTENTION.replace("K[j,k]", "Kt[k,j]").replace("V[j,h]", "Vt[h,j]"),
+                  lambda o: {**{n: v for n, v in o.items() if n not in ("K", "V")},
+                             "Kt": np.ascontiguousarray(o["K"].T), "Vt": np.ascontiguousarray(o["V"].T)}),)),
     OffProgram(
         "SDDMM-bias", "SDDMM with a bias", "uniform", "A[i,j] = B[i,j] * (C[i,k] * D[k,j] + e[j])",
         lambda a, r, g: dict(_sddmm_ops(a, r, g), e=_dense(g, a.shape[1])),
