@@ -401,12 +401,19 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     >>> interprets_contractions(_parse("y[i] = max(j, A[i,j] * x[j])"), {"A": A, "x": np.ones(30)})
     False
 
-    An SDDMM-like gradient fused whole: the sums over the pattern of ``P`` go
-    to the generic executor (statement by statement they are SpMMs):
+    An SDDMM-like gradient fused whole runs as a pattern program (the dot,
+    ``exp`` and ``gC``'s rows in one pass) and a scatter over ``P`` handed on
+    sparse; with ``P`` on two operands' patterns (maybe not one), the sums
+    over it go to the generic executor (statement by statement they are
+    SpMMs):
 
     >>> grads = ("P[i,j] = B[i,j] * exp(C[i,k] * D[k,j]); gC[i,k] = sum(j, P[i,j] * D[k,j]); "
     ...          "gD[k,j] = sum(i, P[i,j] * C[i,k])")
     >>> interprets_contractions(_parse(grads), {"B": A, "C": np.ones((30, 4)), "D": np.ones((4, 30))})
+    False
+    >>> G = sp.random_array((30, 30), density=0.2, format="csr", rng=1)
+    >>> interprets_contractions(_parse(grads.replace("B[i,j] *", "B[i,j] * G[i,j] *")),
+    ...                         {"B": A, "G": G, "C": np.ones((30, 4)), "D": np.ones((4, 30))})
     True
     """
     tensors, _ = _prepare(program, operands, trusted, False)

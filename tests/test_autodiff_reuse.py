@@ -124,7 +124,8 @@ def test_spmv_adjoint_reads_the_matrix_as_stored(rng):
 # ---------------------------------------------------------------------------
 # fused or statement by statement: measured
 # ---------------------------------------------------------------------------
-def test_execution_choice_measures_each_way_three_times_and_returns_the_winners_result():
+def test_execution_choice_measures_each_way_three_times_and_returns_the_winners_result(monkeypatch):
+    monkeypatch.setattr(ExecutionChoice, "ROUND_BUDGET", 1e9)   # (rounds of seconds: all three within budget)
     calls = []
 
     def run(split):
@@ -150,10 +151,11 @@ def test_execution_choice_measures_each_way_three_times_and_returns_the_winners_
     assert tie.measure(run, clock=clock) == "fused"
 
 
-def test_a_way_hopeless_on_its_first_run_is_not_run_again():
+def test_a_way_hopeless_on_its_first_run_is_not_run_again(monkeypatch):
     """A fused adjoint whose contractions fell to the generic executor took
     seconds on the first call of a vjp where statement by statement took
     milliseconds: it is run once (to plan), not timed three more times."""
+    monkeypatch.setattr(ExecutionChoice, "ROUND_BUDGET", 1e9)
     calls = []
 
     def run(split):
@@ -169,6 +171,26 @@ def test_a_way_hopeless_on_its_first_run_is_not_run_again():
     clock = iter([0.0, 0.06, 0.0, 0.02] + [0.0, 0.03, 0.0, 0.02] * 3).__next__
     calls.clear()
     assert close.measure(run, clock=clock) is True and calls == [False, True] * 4
+
+
+def test_slow_ways_are_timed_in_fewer_rounds():
+    """The timed rounds fit ROUND_BUDGET CPU seconds, as the first runs
+    estimate them (one round at least): a first vjp of ways taking 50-100 ms
+    each is not three rounds more of both."""
+    calls = []
+
+    def run(split):
+        calls.append(split)
+        return split
+
+    budget = ExecutionChoice.ROUND_BUDGET
+    c = ExecutionChoice()
+    c.measure(run, clock=iter([0.0, budget / 2, 0.0, budget / 4] + [0.0, budget / 2, 0.0, budget / 4] * 3).__next__)
+    assert calls == [False, True] * 2   # planning, then one round: 0.75 budgets a round
+    calls.clear()
+    c = ExecutionChoice()
+    c.measure(run, clock=iter([0.0, budget / 10, 0.0, budget / 10] + [0.0, budget / 10, 0.0, budget / 10] * 3).__next__)
+    assert calls == [False, True] * 4   # five rounds would fit: three, the most
 
 
 def test_execution_choice_clock_is_cpu_time_not_wall_time():

@@ -44,6 +44,9 @@ PROGRAMS = [
     "Y[i,j] = A[i,j] / A[i,j] * sum(e, P[i,e] * R[j,e]); Z[i,f] = sum(j, sigmoid(Y[i,j]) * A[i,j] * R[j,f])",
     "S[i,j] = A[i,j] * P[i,e] * R[j,e] * 0.5; mx[i] = max(j in A[i,j], S[i,j]); E[i,j] = A[i,j] * exp(S[i,j] - mx[i]);"
     " Y[i,f] = E[i,j] * R[j,f] / sum(j, E[i,j])",
+    # the program's entries handed on sparse to a scatter over the pattern's rows (an SDDMM gradient's)
+    "T[i,j] = A[i,j] * exp(sum(e, P[i,e] * R[j,e])); G[i,f] = sum(j, T[i,j] * R[j,f]);"
+    " H[j,f] = sum(i, T[i,j] * G[i,f])",
 ]
 
 
@@ -242,3 +245,37 @@ def test_dense_row_leaves_on_edge_operands(width):
     for n, v in ops.items():   # nothing written into the operands
         np.testing.assert_array_equal(v.toarray() if sp.issparse(v) else v,
                                       before[n].toarray() if sp.issparse(before[n]) else before[n])
+
+
+#: GNN-2's adjoint written as one program: the recomputed scores, the
+#: gradient's SDDMM and grad_X's rows in one pattern program, its entries
+#: handed on sparse to the two scatters of grad_Y
+GNN2_ADJOINT = ("Z_r[i,h] = A[i,h] / A[i,h] * sum(k, X[i,k] * Y[k,h]); "
+                "grad_Z_p[i,h] = sum(j, grad_Z[i,j] * Y[j,h]) * A[i,h]; "
+                "grad_X[i,k] = sum(h, grad_Z_p[i,h] * Y[k,h]); "
+                "grad_Y[k,h] = sum(i, grad_Z_p[i,h] * X[i,k]) + sum(i, grad_Z[i,k] * (A[i,h] * Z_r[i,h]))")
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_pattern_entries_handed_on_sparse(big):
+    """The scatters read the pattern program's entries as CSR operands on
+    its pattern (no generic executor); with an overflowing score the program
+    hands back and the generic executor's entries are put on the pattern."""
+    rng = np.random.default_rng(4)
+    n, K = 60, 6
+    A = sp.random_array((n, n), density=0.1, format="csr", rng=rng)
+    X, Y, gZ = rng.standard_normal((n, K)), rng.standard_normal((K, n)), rng.standard_normal((n, K))
+    if big:
+        X[3] = 1e200   # Z_r overflows to ±inf on row 3 (where its stored entries are)
+    ops = {"A": A, "X": X, "Y": Y, "grad_Z": gZ}
+    kernel = spfuse.compile(GNN2_ADJOINT)
+    assert _kernels(GNN2_ADJOINT, ops)[:3] == ["pattern", "spmm_t", "spmm_t"]
+    assert "generic executor" not in kernel.explain(**ops).split("execution:")[1].split("\n")[0]
+    got = spfuse.evaluate(GNN2_ADJOINT, **ops)
+    Ad = A.toarray()
+    with np.errstate(all="ignore"):
+        Zr = np.where(Ad != 0, X @ Y, 0.0)
+        gZp = (gZ @ Y) * Ad
+        want = {"grad_X": gZp @ Y.T, "grad_Y": X.T @ gZp + gZ.T @ np.where(Ad != 0, Ad * Zr, 0.0)}
+    for name, w in want.items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-10, atol=1e-10)

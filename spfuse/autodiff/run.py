@@ -204,8 +204,8 @@ class ExecutionChoice:
     GEMMs into per-row outer products; MTTKRP's 12 ms fused vs 108 ms
     split), and the planner's cost model does not yet price the difference.
     A backward pass repeats with one signature, so its first call measures:
-    each way runs once to plan, then :data:`ROUNDS` timed rounds alternating
-    the ways, and the faster one's result is returned -- by that call and
+    each way runs once to plan, then up to :data:`ROUNDS` timed rounds
+    alternating the ways, and the faster one's result is returned -- by that call and
     every later one, so repeated calls give bit-identical gradients (the two
     ways may differ in rounding order).  A way whose first run (planning
     included) took over :data:`HOPELESS` times the fastest way's, and
@@ -250,14 +250,28 @@ class ExecutionChoice:
     A hopeless first run (9 s against 1 s) is not repeated:
 
     >>> c = ExecutionChoice()
-    >>> c.measure(lambda split: split, clock=iter([0, 9, 0, 1, 0, 2, 0, 3, 0, 1.5]).__next__)
+    >>> c.measure(lambda split: split, clock=iter([0, 9, 0, 1, 0, 1.5]).__next__)
     True
     >>> c.seconds
     {False: 9, True: 1.5}
+
+    Rounds are cut to what :data:`ROUND_BUDGET` CPU seconds allow (the
+    first runs tell), one at least: above, each way took seconds, so one
+    round each.  Ways of a few milliseconds get all :data:`ROUNDS`:
+
+    >>> c = ExecutionChoice()
+    >>> c.measure(lambda split: split, clock=iter([0, .006, 0, .004, 0, .005, 0, .003, 0, .005, 0, .002, 0, .005,
+    ...                                            0, .004]).__next__)
+    True
+    >>> c.seconds
+    {False: 0.005, True: 0.002}
     """
 
-    #: timed rounds per way
+    #: timed rounds per way, at most
     ROUNDS = 3
+    #: CPU seconds the timed rounds may take, as estimated from the first
+    #: runs: fewer rounds when the ways are slow (at least one)
+    ROUND_BUDGET = 0.2
     #: how much faster statement by statement must be to be chosen
     MARGIN = 0.1
     #: a way whose first run took more than this many times the fastest
@@ -292,7 +306,9 @@ class ExecutionChoice:
         fastest = min(first_run.values())
         timed = [w for w in self.ways if first_run[w] <= self.HOPELESS * fastest + self.HOPELESS_SLACK]
         self.seconds.update({w: first_run[w] for w in self.ways if w not in timed})
-        for _ in range(self.ROUNDS):
+        per_round = sum(first_run[w] for w in timed)
+        rounds = max(1, min(self.ROUNDS, int(self.ROUND_BUDGET / per_round) if per_round > 0 else self.ROUNDS))
+        for _ in range(rounds):
             for way in timed:
                 start = clock()
                 results[way] = run(way)

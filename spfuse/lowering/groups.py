@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
-from spfuse.lowering.pattern_values import PatternGroup, pattern_group, run_pattern_group
+from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
 from spfuse.lowering.transposes import sharing_copies
 from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
@@ -44,7 +44,7 @@ from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
-from spfuse.tensor import Tensor
+from spfuse.tensor import CompressedLevel, Tensor
 
 __all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name",
            "sums_products"]
@@ -295,10 +295,14 @@ _PATTERN = ".pattern"
 
 
 def _factor_info(plan, name: str) -> TensorInfo | None:
-    """What planning knows about an einsum factor: an input, a temporary, a
+    """What planning knows about an einsum factor: an input, a temporary (on
+    a CSR input's pattern when a pattern program hands it on sparse), a
     constant, or an input's pattern (None when that input is not sparse)."""
     if _constant(name) is not None:
         return TensorInfo.dense(name, ())
+    on = sparse_temporaries(plan).get(name)
+    if on is not None:
+        return replace(plan.inputs[on], name=name)
     if name.endswith(_PATTERN):
         src = plan.inputs.get(name[: -len(_PATTERN)])
         return replace(src, name=name) if src is not None and src.is_sparse else None
@@ -773,6 +777,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             # (the head re-fused whole: the generic executor runs it from that tree when the patterns differ)
             head_pieces, pieces = _refused(plan, split[0]), _refused(plan, split[1])
             if head_pieces is not None and len(head_pieces) == 1 and pieces is not None:
+                _hand_on_sparse(plan, *split)
                 todo[:0] = [*head_pieces, *pieces]
                 continue
         split = None if whole else _template_head(plan, ops, available)
@@ -822,21 +827,60 @@ def _pattern_leaves(plan, ops) -> bool:
 
 
 def _pattern_leaves_head(plan, ops) -> tuple[list, list] | None:
-    """``(head, tail)`` when a group that is no pattern program ends in
-    element-wise work on dense operands only (an attention layer's
-    ``Y[i,e] = T[i,e] / s[i]`` after the weighted sum ``T`` of its values'
-    rows) and the rest is one (:func:`_pattern_leaves`): the head then
-    runs as a pattern program, the tail as numpy calls."""
+    """``(head, tail)`` when a group that is no pattern program is one (a
+    head, :func:`_pattern_leaves`) followed by work the program cannot do:
+    element-wise work on dense arrays (an attention layer's ``Y[i,e] =
+    T[i,e] / s[i]`` after the weighted sum ``T`` of its values' rows), and
+    sums over the pattern's rows (a gradient's scatters ``sum(i, P[i,j] *
+    C[i,k])``).  The head's outputs on the pattern that the tail reads are
+    handed on sparse, on that pattern (:func:`sparse_temporaries`): the
+    tail's contractions run as templates over them."""
+    sparse = {r.name for op in ops for r in op.refs if r.name in plan.inputs and plan.inputs[r.name].is_sparse}
+    if len(sparse) != 1:
+        return None
+    (pattern,) = sparse
+    if not _is_csr(plan.inputs[pattern]):
+        return None
+    # the first read's row index (a nested sum names the rows anew: its ops go to the tail)
+    row = next(r.indices[0] for op in ops for r in op.refs if r.name == pattern)
+    cols = {r.indices[1] for op in ops for r in op.refs if r.name == pattern and r.indices[0] == row}
+    on_entries = {pattern} | {op.out for op in ops if tuple(op.out_indices[:1]) == (row,)
+                              and len(op.out_indices) == 2 and op.out_indices[1] in cols}
     tail: list = []
-    for op in reversed(ops):
-        reads_sparse = any(r.name in plan.inputs and plan.inputs[r.name].is_sparse for r in op.refs)
-        if op.reduction is not None or reads_sparse or type(op) is not UnitOp:
-            break
-        tail.insert(0, op)
+    made_by_tail: set = set()
+    for op in ops:
+        out = tuple(op.out_indices)
+        dense_work = (op.reduction is None and len(out) == 2 and out[1] not in cols
+                      and not any(r.name in on_entries for r in op.refs))
+        if type(op) is not UnitOp or any(r.name in made_by_tail for r in op.refs) or not out or out[0] != row \
+                or dense_work:
+            tail.append(op)
+            made_by_tail.add(op.out)
     head = [op for op in ops if op not in tail]
     if not tail or not head or not _pattern_leaves(plan, head):
         return None
     return head, tail
+
+
+def _hand_on_sparse(plan, head, tail) -> None:
+    """Record the head's outputs on its pattern that the tail reads as
+    :func:`sparse_temporaries` of ``plan`` (the split is made)."""
+    produced = {op.out for op in head}
+    pattern = next(r.name for op in head for r in op.refs if r.name in plan.inputs and plan.inputs[r.name].is_sparse)
+    row = next(r.indices[0] for op in head for r in op.refs if r.name == pattern)
+    cols = {r.indices[1] for op in head for r in op.refs if r.name == pattern and r.indices[0] == row}
+    handed = {r.name for op in tail for r in op.refs if r.name in produced} & {
+        op.out for op in head if len(op.out_indices) == 2 and op.out_indices[0] == row and op.out_indices[1] in cols}
+    if handed:
+        temporaries = dict(sparse_temporaries(plan))
+        temporaries.update(dict.fromkeys(handed, pattern))
+        object.__setattr__(plan, "_sparse_temporaries", temporaries)
+
+
+def sparse_temporaries(plan) -> dict[str, str]:
+    """Temporaries of ``plan`` handed from a pattern program to later groups
+    as sparse operands, each with the CSR input whose pattern stores it."""
+    return plan.__dict__.get("_sparse_temporaries", {})
 
 
 def _independent_parts(plan, ops, available) -> list | None:
@@ -1021,6 +1065,7 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
     env = dict(tensors)
     out: dict[str, Any] = {}
     arrays: dict[str, np.ndarray] = {}   # crossing temporaries' dense arrays, for the copies
+    handed = sparse_temporaries(plan)
     for n, g in enumerate(groups):
         if g.kernel == "copy":
             out[g.outputs[0]] = _copied(g.ops[0].refs[0].name, out, arrays, env)
@@ -1040,6 +1085,8 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
                 out[name] = v
             elif g.route is not None and g.route.pattern is not None:
                 env[name] = v  # on the pattern that restricts it: read sparse
+            elif name in handed:   # a pattern program's entries, read by later templates on that pattern
+                env[name] = _on_pattern_of(v, env[handed[name]])
             else:
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
@@ -1054,6 +1101,17 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
                 fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
                 env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
     return out
+
+
+def _on_pattern_of(v, pattern: Tensor) -> Tensor:
+    """``v`` (a pattern program's output on ``pattern``'s entries, or the
+    generic executor's in its stead) as a Tensor on that pattern."""
+    lv = cast(CompressedLevel, pattern.levels[1])
+    if isinstance(v, Tensor) and v.format.name == "csr" and cast(CompressedLevel, v.levels[1]).crd is lv.crd:
+        return v
+    dense = np.asarray(v.todense() if isinstance(v, Tensor) else v).reshape(pattern.shape)
+    rows = np.repeat(np.arange(pattern.shape[0]), np.diff(lv.pos))
+    return pattern._with_kernel_values(np.ascontiguousarray(dense[rows, lv.crd], dtype=np.float64))
 
 
 def _run_group(plan, g: Group, env: dict, nt: int) -> dict:

@@ -386,7 +386,7 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
 
     def transposed(name):
         from spfuse.lowering.templates import dense_transposed
-        return dense_transposed(env[name], np.float64, nt)
+        return dense_transposed(env[name], _F64, nt)
 
     program = _program(pg, frozenset(on_pattern))
     if program is not None:
