@@ -49,7 +49,7 @@ from spfuse import validation as V
 from spfuse.formats import COMPRESSED, DENSE, Format, as_format
 from spfuse.interop import from_pydata, is_pydata
 
-__all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "ORIGINS"]
+__all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "values_at", "ORIGINS"]
 
 #: Values of :attr:`Tensor.origin`: the world an operand came from, so results
 #: can be returned in the caller's flavour.
@@ -1079,3 +1079,29 @@ def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None)
     if format is not None:
         t = t.asformat(format)
     return t
+
+
+def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
+    """The values of ``result`` at the ``(ndim, n)`` coordinates ``coords``
+    (any order, repeats allowed); zero where a sparse ``result`` stores nothing.
+
+    >>> import scipy.sparse as sp
+    >>> values_at(sp.csr_array([[0.0, 2.0], [3.0, 0.0]]), np.array([[1, 0, 0], [0, 0, 1]]), (2, 2))
+    array([3., 0., 2.])
+    """
+    t = as_tensor(result, name="values")
+    coords = np.asarray(coords)
+    if t.format.is_dense:
+        dense = t.todense()
+        return np.ascontiguousarray(dense[tuple(coords)]) if len(shape) else dense.reshape(1)
+    want = np.ravel_multi_index(tuple(coords.astype(np.int64)), shape)
+    have = np.ravel_multi_index(tuple(t.coords.astype(np.int64)), shape)
+    out = np.zeros(len(want), dtype=t.values.dtype)
+    if not len(have):
+        return out
+    order = np.argsort(have, kind="stable")
+    have_sorted = have[order]
+    at = np.minimum(np.searchsorted(have_sorted, want), len(have_sorted) - 1)
+    found = have_sorted[at] == want
+    out[found] = t.values[order[at[found]]]
+    return out

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from spfuse.autodiff.run import cached_adjoint, run_adjoint, run_forward, values_at
+from spfuse.autodiff.run import cached_adjoint, run_adjoint, run_forward
 from spfuse.frontend.ast import Program
 from spfuse.frontend.parser import parse_program
-from spfuse.tensor import Tensor, as_tensor
+from spfuse.tensor import Tensor, as_tensor, values_at
 
 __all__ = ["function", "SpfuseFunction", "to_spfuse", "to_torch"]
 

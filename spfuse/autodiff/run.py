@@ -23,12 +23,12 @@ from spfuse.frontend.check import check_program, result_shapes
 from spfuse.frontend.parser import parse_program
 from spfuse.lowering.transposes import sharing_copies, transposed_csr
 from spfuse.memo import attached_dict
-from spfuse.tensor import Tensor, as_tensor
+from spfuse.tensor import Tensor, as_tensor, values_at
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 __all__ = ["cached_adjoint", "execution_choices", "ExecutionChoice", "pattern_values", "run_adjoint", "run_forward",
-           "values_at", "vjp"]
+           "vjp"]
 
 
 @functools.lru_cache(maxsize=256)
@@ -59,32 +59,6 @@ def pattern_values(result: Any, pattern: Tensor) -> np.ndarray:
     array([2., 3.])
     """
     return values_at(result, pattern.coords, pattern.shape)
-
-
-def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:
-    """The values of ``result`` at the ``(ndim, n)`` coordinates ``coords``
-    (any order, repeats allowed); zero where a sparse ``result`` stores nothing.
-
-    >>> import scipy.sparse as sp
-    >>> values_at(sp.csr_array([[0.0, 2.0], [3.0, 0.0]]), np.array([[1, 0, 0], [0, 0, 1]]), (2, 2))
-    array([3., 0., 2.])
-    """
-    t = as_tensor(result, name="gradient")
-    coords = np.asarray(coords)
-    if not _is_sparse(t):
-        dense = t.todense()
-        return np.ascontiguousarray(dense[tuple(coords)]) if len(shape) else dense.reshape(1)
-    want = np.ravel_multi_index(tuple(coords.astype(np.int64)), shape)
-    have = np.ravel_multi_index(tuple(t.coords.astype(np.int64)), shape)
-    out = np.zeros(len(want), dtype=t.values.dtype)
-    if not len(have):
-        return out
-    order = np.argsort(have, kind="stable")
-    have_sorted = have[order]
-    at = np.minimum(np.searchsorted(have_sorted, want), len(have_sorted) - 1)
-    found = have_sorted[at] == want
-    out[found] = t.values[order[at[found]]]
-    return out
 
 
 #: Adjoint programs longer than this always run one statement per

@@ -44,7 +44,7 @@ from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
-from spfuse.tensor import CompressedLevel, Tensor
+from spfuse.tensor import CompressedLevel, Tensor, values_at
 
 __all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name",
            "sums_products"]
@@ -1105,13 +1105,12 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
 
 def _on_pattern_of(v, pattern: Tensor) -> Tensor:
     """``v`` (a pattern program's output on ``pattern``'s entries, or the
-    generic executor's in its stead) as a Tensor on that pattern."""
-    lv = cast(CompressedLevel, pattern.levels[1])
-    if isinstance(v, Tensor) and v.format.name == "csr" and cast(CompressedLevel, v.levels[1]).crd is lv.crd:
+    generic executor's in its stead: stored on the pattern, or a part of
+    it) as a Tensor on that pattern."""
+    if isinstance(v, Tensor) and v.format.name == "csr" and \
+            cast(CompressedLevel, v.levels[1]).crd is cast(CompressedLevel, pattern.levels[1]).crd:
         return v
-    dense = np.asarray(v.todense() if isinstance(v, Tensor) else v).reshape(pattern.shape)
-    rows = np.repeat(np.arange(pattern.shape[0]), np.diff(lv.pos))
-    return pattern._with_kernel_values(np.ascontiguousarray(dense[rows, lv.crd], dtype=np.float64))
+    return pattern._with_kernel_values(np.asarray(values_at(v, pattern.coords, pattern.shape), dtype=np.float64))
 
 
 def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
