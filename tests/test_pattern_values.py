@@ -224,12 +224,15 @@ def test_the_compiled_program_gives_the_same_bits_on_any_team(k):
 @pytest.mark.parametrize("width", [0, 1, 9])
 def test_dense_row_leaves_on_edge_operands(width):
     """Dense rows of no, one or nine elements; an unsorted, duplicated CSR
-    operand with empty rows (canonicalised first); the leaves' route taken."""
+    operand with empty rows (canonicalised first), int32 or int64 indices;
+    the leaves' route taken."""
     rng = np.random.default_rng(width)
     rows = np.array([0, 0, 2, 2, 2, 4, 0])
     cols = np.array([3, 1, 0, 3, 0, 2, 3])   # unsorted, (0, 3) and (2, 0) stored twice
     A = sp.csr_array((rng.uniform(0.5, 2.0, len(rows)), (rows, cols)), shape=(6, 4))
     A.has_canonical_format = False
+    if width == 9:   # int64 indices: the program reads either index type as stored
+        A.indptr, A.indices = A.indptr.astype(np.int64), A.indices.astype(np.int64)
     P, R, V = rng.standard_normal((6, width)), rng.standard_normal((4, width)), rng.standard_normal((4, 3))
     program = ("S[i,j] = A[i,j] * P[i,e] * R[j,e]; E[i,j] = A[i,j] * exp(S[i,j]); "
                "Y[i,f] = E[i,j] * V[j,f] / (sum(j, E[i,j]) + 1.0); Z[i,e] = sum(j, E[i,j] * R[j,e])")

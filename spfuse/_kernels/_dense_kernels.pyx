@@ -30,7 +30,7 @@ from scipy.linalg.cython_blas cimport dgemm, sgemm
 
 from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
-    UNARY_TANH,
+    UNARY_TANH, index_t,
 )
 from spfuse._kernels._leaves cimport _dot, _prefetch_row
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
@@ -350,7 +350,7 @@ cdef inline double _row_arg(int kind, Py_ssize_t index, Py_ssize_t i, const doub
 
 
 cdef inline const double* _entry_arg(int kind, Py_ssize_t index, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n,
-                                     const int64_t* cols, const double* consts, double* rows, double** arrays,
+                                     const index_t* cols, const double* consts, double* rows, double** arrays,
                                      const int64_t* strides, double* entries, Py_ssize_t width,
                                      double* scratch) noexcept nogil:
     """An argument laid out over row ``i``'s ``n`` entries (from position
@@ -433,7 +433,7 @@ cdef inline double _row_dot(const int64_t* ins, Py_ssize_t i, const double* cons
     return r
 
 
-cdef inline void _entry_dots(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const int64_t* cols,
+cdef inline void _entry_dots(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const index_t* cols,
                              Py_ssize_t nnz, double** arrays, const int64_t* strides, double* dst) noexcept nogil:
     """``dst[e] = dot(L[i, :], R[column of entry e, :])`` over row ``i``'s
     entries (``L``: the first argument, a row-indexed dense matrix; ``R``:
@@ -449,7 +449,7 @@ cdef inline void _entry_dots(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py
         dst[e] = _dot(left, right + cols[p0 + e] * K, K)
 
 
-cdef inline void _row_axpy(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const int64_t* cols,
+cdef inline void _row_axpy(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n, const index_t* cols,
                            Py_ssize_t nnz, const double* values, double** arrays, const int64_t* strides) noexcept nogil:
     """Row ``i`` of the output array ``arrays[ins[3]]``: ``sum_e values[e] *
     R[column of entry e, :]``, added in the entries' order (``R``: the
@@ -486,7 +486,7 @@ cdef inline void _row_axpy(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_s
 
 
 cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i,
-                       Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const int64_t* cols,
+                       Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const index_t* cols,
                        const double* consts, double* rows, double** arrays, const int64_t* strides,
                        double* entries, Py_ssize_t width, double* scratch, Py_ssize_t nnz) noexcept nogil:
     """Every instruction on row ``i`` (entries ``[p0, p0 + n)`` of ``nnz``)."""
@@ -588,14 +588,15 @@ cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride,
                 dst[e] = b[e] if a[e] != 0.0 else c[e]
 
 
-def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize_t ncols,
+def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize_t ncols,
                     const int64_t[:, ::1] code, const double[::1] consts, list arrays,
                     const int64_t[::1] strides, Py_ssize_t n_entry, Py_ssize_t n_row,
                     const int64_t[:, ::1] outputs, int num_threads=1):
     """pattern_program(indptr, cols, ncols, code, consts, arrays, strides, n_entry, n_row, outputs, num_threads=1)
 
     Run a pattern program (see the table above) over every row of the CSR
-    pattern ``(indptr, cols)`` (``ncols`` columns).  ``arrays``: float64
+    pattern ``(indptr, cols)`` (``ncols`` columns; int32 or int64 indices,
+    one type for both, read as stored).  ``arrays``: float64
     C-contiguous 1-D arrays the arguments and the outputs index;
     ``strides[k]``: the row length of ``arrays[k]`` read as a matrix.
     ``outputs``: rows ``(register kind, register, array index)`` -- an entry
@@ -607,8 +608,8 @@ def pattern_program(const int64_t[::1] indptr, const int64_t[::1] cols, Py_ssize
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1, i, j, width = 1, n_ins = code.shape[0]
     cdef Py_ssize_t stride = code.shape[1], n_out = outputs.shape[0], n_arrays = len(arrays)
-    cdef const int64_t* ip = &indptr[0]
-    cdef const int64_t* cp = &cols[0] if cols.shape[0] > 0 else NULL
+    cdef const index_t* ip = &indptr[0]
+    cdef const index_t* cp = &cols[0] if cols.shape[0] > 0 else NULL
     cdef const int64_t* cd = &code[0, 0] if n_ins > 0 else NULL
     cdef const int64_t* st = &strides[0] if strides.shape[0] > 0 else NULL
     cdef const int64_t* outs = &outputs[0, 0] if n_out > 0 else NULL

@@ -364,7 +364,9 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
     if first.format.name != "csr" or any(not _same_pattern(first, env[n]) for n in pg.sparse[1:]):
         return None
     level = first.levels[1]
-    indptr, cols = np.asarray(level.pos, dtype=np.int64), level.crd
+    indptr, cols = level.pos, level.crd
+    if indptr.dtype != cols.dtype or indptr.dtype not in (np.int32, np.int64):   # (one index type, as the kernels)
+        indptr, cols = indptr.astype(np.int64), cols.astype(np.int64)
     nrows, ncols = first.shape
     on_pattern: dict[str, np.ndarray] = {n: env[n].values for n in pg.sparse}
     for op, c in zip(pg.ops, pg.op_cols, strict=True):
@@ -584,7 +586,7 @@ def _run_program(program: _Program, indptr, cols, nrows: int, ncols: int, on_pat
         outputs[k] = (kind, reg, len(arrays))
         arrays.append(results[name])
     work = len(cols) * max(1, len(program.code))
-    pattern_program(indptr, np.asarray(cols, dtype=np.int64), ncols, program.code, program.consts, arrays,
+    pattern_program(indptr, cols, ncols, program.code, program.consts, arrays,   # (indices as stored)
                     np.array(strides + [0] * len(program.outputs), dtype=np.int64), program.n_entry, program.n_row,
                     outputs, nt if work >= PARALLEL_MIN_WORK else 1)
     return results
