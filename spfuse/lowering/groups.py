@@ -772,12 +772,14 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     while todo:
         node, ops, temps = todo.pop(0)
         whole = len(ops) < 2 or _routes_whole(plan, ops, available) or _pattern_leaves(plan, ops)
-        split = None if whole else _pattern_leaves_head(plan, ops)
-        if split is not None:
+        leaves_split = None if whole else _pattern_leaves_head(plan, ops)
+        if leaves_split is not None:
             # (the head re-fused whole: the generic executor runs it from that tree when the patterns differ)
-            head_pieces, pieces = _refused(plan, split[0]), _refused(plan, split[1])
+            head, tail, handed = leaves_split
+            head_pieces, pieces = _refused(plan, head), _refused(plan, tail)
             if head_pieces is not None and len(head_pieces) == 1 and pieces is not None:
-                _hand_on_sparse(plan, *split)
+                if handed:   # (recorded once the split is made)
+                    object.__setattr__(plan, "_sparse_temporaries", {**sparse_temporaries(plan), **handed})
                 todo[:0] = [*head_pieces, *pieces]
                 continue
         split = None if whole else _template_head(plan, ops, available)
@@ -826,15 +828,16 @@ def _pattern_leaves(plan, ops) -> bool:
     return pg is not None and "axpy" in pg.leaves and len(pg.sparse) == 1
 
 
-def _pattern_leaves_head(plan, ops) -> tuple[list, list] | None:
-    """``(head, tail)`` when a group that is no pattern program is one (a
+def _pattern_leaves_head(plan, ops) -> tuple[list, list, dict[str, str]] | None:
+    """``(head, tail, handed)`` when a group that is no pattern program is one (a
     head, :func:`_pattern_leaves`) followed by work the program cannot do:
     element-wise work on dense arrays (an attention layer's ``Y[i,e] =
     T[i,e] / s[i]`` after the weighted sum ``T`` of its values' rows), and
     sums over the pattern's rows (a gradient's scatters ``sum(i, P[i,j] *
     C[i,k])``).  The head's outputs on the pattern that the tail reads are
-    handed on sparse, on that pattern (:func:`sparse_temporaries`): the
-    tail's contractions run as templates over them."""
+    handed on sparse, on that pattern (``handed``: each with the pattern's
+    operand, see :func:`sparse_temporaries`): the tail's contractions run
+    as templates over them."""
     sparse = {r.name for op in ops for r in op.refs if r.name in plan.inputs and plan.inputs[r.name].is_sparse}
     if len(sparse) != 1:
         return None
@@ -859,22 +862,8 @@ def _pattern_leaves_head(plan, ops) -> tuple[list, list] | None:
     head = [op for op in ops if op not in tail]
     if not tail or not head or not _pattern_leaves(plan, head):
         return None
-    return head, tail
-
-
-def _hand_on_sparse(plan, head, tail) -> None:
-    """Record the head's outputs on its pattern that the tail reads as
-    :func:`sparse_temporaries` of ``plan`` (the split is made)."""
-    produced = {op.out for op in head}
-    pattern = next(r.name for op in head for r in op.refs if r.name in plan.inputs and plan.inputs[r.name].is_sparse)
-    row = next(r.indices[0] for op in head for r in op.refs if r.name == pattern)
-    cols = {r.indices[1] for op in head for r in op.refs if r.name == pattern and r.indices[0] == row}
-    handed = {r.name for op in tail for r in op.refs if r.name in produced} & {
-        op.out for op in head if len(op.out_indices) == 2 and op.out_indices[0] == row and op.out_indices[1] in cols}
-    if handed:
-        temporaries = dict(sparse_temporaries(plan))
-        temporaries.update(dict.fromkeys(handed, pattern))
-        object.__setattr__(plan, "_sparse_temporaries", temporaries)
+    read = {r.name for op in tail for r in op.refs}
+    return head, tail, dict.fromkeys((op.out for op in head if op.out in on_entries and op.out in read), pattern)
 
 
 def sparse_temporaries(plan) -> dict[str, str]:

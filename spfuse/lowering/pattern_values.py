@@ -53,6 +53,7 @@ import numpy as np
 from spfuse._kernels._dense_kernels import PATTERN_ARGS, PATTERN_OPS, UNARY_OPS, pattern_program
 from spfuse._kernels._result_pool import empty as _result
 from spfuse.ir.ops import Const, Ref, UnitOp
+from spfuse.lowering.templates import dense_transposed
 from spfuse.memo import attached_dict
 from spfuse.testing import _UNARY_NP
 
@@ -153,14 +154,9 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
         leaves.append(None if leaf is None else leaf[0])
         if leaf is not None:
             kind, cols, _ = leaf
-            cm = _mask(plan, op, cols)   # (a nested sum's column index is masked by the pattern's own)
-            if cm is None or not all(any(_pattern_atoms(plan, t, sparse, rows, c, 1) for c in stored_cols)
-                                     for t in cm.terms):
+            if not _columns_on_pattern(plan, op, cols, sparse, rows, stored_cols) \
+                    or not _rows_on_pattern(plan, op, sparse, rows, colnames):
                 return None  # not restricted to the pattern
-            rm = _mask(plan, op, rows)
-            if rm is not None and not all(any(_pattern_atoms(plan, t, sparse, rows, c, lv) for c in colnames
-                                              for lv in (0, 1)) for t in rm.terms):
-                return None
             if kind == "axpy" and (any(r.name == op.out for o in ops for r in o.refs) or op.out not in outputs):
                 return None  # (a leaf's dense rows are written out, not read again within the program)
             op_cols.append(cols)
@@ -191,15 +187,10 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
                 return None
             if tuple(a.indices) not in {(), (rows,), (cols,), (rows, cols)}:
                 return None  # a dense operand read across the pattern (D[j,i]): gathered as the executor does
-        if wide:
-            cm = _mask(plan, op, cols)
-            if cm is None or not all(any(_pattern_atoms(plan, t, sparse, rows, c, 1) for c in stored_cols)
-                                     for t in cm.terms):
-                return None  # not restricted to the pattern: it has values off it
-        rm = _mask(plan, op, rows)
-        if rm is not None:
-            if not all(any(_pattern_atoms(plan, t, sparse, rows, c, lv) for c in colnames for lv in (0, 1))
-                       for t in rm.terms):
+        if wide and not _columns_on_pattern(plan, op, cols, sparse, rows, stored_cols):
+            return None  # not restricted to the pattern: it has values off it
+        if _mask(plan, op, rows) is not None:
+            if not _rows_on_pattern(plan, op, sparse, rows, colnames):
                 return None
             if not wide or op.reduction is not None:
                 row_restricted.add(op.out)
@@ -226,6 +217,22 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     return PatternGroup(rows, tuple(sorted(sparse)), tuple(ops), tuple(op_cols), tuple(outputs),
                         frozenset(row_restricted), _repeats(ops, op_cols, rows, row_restricted, leaves),
                         tuple(leaves))
+
+
+def _columns_on_pattern(plan, op: UnitOp, cols: str, sparse: set, rows: str, stored_cols: set) -> bool:
+    """Does ``op``'s mask on ``cols`` read a column level of the pattern's
+    operands in each term (zero, or not needed, off the pattern)?  A nested
+    sum's column index is masked by the pattern's own column names."""
+    cm = _mask(plan, op, cols)
+    return cm is not None and all(any(_pattern_atoms(plan, t, sparse, rows, c, 1) for c in stored_cols)
+                                  for t in cm.terms)
+
+
+def _rows_on_pattern(plan, op: UnitOp, sparse: set, rows: str, colnames: set) -> bool:
+    """Is ``op``'s mask on the rows, if any, at most the pattern's rows?"""
+    rm = _mask(plan, op, rows)
+    return rm is None or all(any(_pattern_atoms(plan, t, sparse, rows, c, lv) for c in colnames for lv in (0, 1))
+                             for t in rm.terms)
 
 
 def _dense_row_leaf(plan, op: UnitOp, rows: str, colnames: set, sparse: set, produced) -> tuple | None:
@@ -387,7 +394,6 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
         return d
 
     def transposed(name):
-        from spfuse.lowering.templates import dense_transposed
         return dense_transposed(env[name], _F64, nt)
 
     program = _program(pg, frozenset(on_pattern))
