@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=_positive, help="timed calls per peer (median reported)")
     b.add_argument("--peers", help="comma-separated peers to run besides spfuse: spfuse[max], spfuse[none], scipy, "
                         "numpy, graphblas, torch, sparse (default: all importable)")
-    b.add_argument("--data", metavar="DIR", help="also run on every .mtx/.tns/.mat under DIR (reported apart)")
+    b.add_argument("--data", metavar="DIR", help="also run on every .mtx/.tns/.mat under DIR (reported apart); "
+                        "--suite training: also train the GCN on DIR's Planetoid graphs (cora, citeseer)")
     b.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     b.add_argument("--plot", metavar="FILE.png", help="grouped bar chart of speedups (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -193,7 +194,7 @@ def _bench(args, out) -> int:
         return 0
     if args.suite == "training":
         from spfuse.bench.training import run_training_suite
-        run_training_suite(args.size, args.epochs, out=out, json_path=args.json)
+        run_training_suite(args.size, args.epochs, out=out, json_path=args.json, data=args.data)
         return 0
     if args.suite == "backward":
         from spfuse.bench.training import run_backward_suite

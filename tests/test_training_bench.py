@@ -32,6 +32,34 @@ def test_examples_train_and_agree_with_torch_sparse(module):
         assert r[name]["max_loss_diff"] < 1e-9, name
 
 
+def test_gcn_with_sparse_features_agrees_with_torch_sparse():
+    import numpy as np
+    import scipy.sparse as sp
+
+    from spfuse.examples import gcn
+    from spfuse.examples.training import compare
+    A, y = gcn.graph(60, 3, 3, seed=1)
+    X = sp.random_array((60, 25), density=0.1, format="csr", rng=2)
+    backends, params = gcn.model(A, y, features=X, hidden=4, labelled=np.arange(0, 60, 5))
+    assert tuple(params["W1"].shape) == (25, 4)
+    r = compare(backends, params, 4)
+    assert r["spfuse"]["losses"][-1] < r["spfuse"]["losses"][0]
+    for name in ("torch.sparse", "dense"):
+        assert r[name]["max_loss_diff"] < 1e-9, name
+
+
+def test_planetoid_gcn_in_the_training_suite(shared_data):
+    from spfuse.bench.training import run_training_suite
+    from spfuse.examples import gcn
+    A, X, y = gcn.planetoid("cora", shared_data)
+    assert A.shape == (2708, 2708) and X.shape == (2708, 1433) and X.nnz == 49216 and y.shape == (2708,)
+    rows = run_training_suite("tiny", 2, out=io.StringIO(), data=str(shared_data))
+    names = [r["model"] for r in rows]
+    assert "GCN cora (sparse X)" in names and "GCN citeseer (sparse X)" in names
+    for r in rows:
+        assert r["max_loss_diff"] < 1e-9, r["model"]
+
+
 def test_training_suite_cli():
     out = io.StringIO()
     assert main(["bench", "--suite", "training", "--size", "tiny", "--epochs", "2"], out=out) == 0

@@ -34,20 +34,36 @@ SIZES = {
 DENSE_SIZES = ("tiny", "small")
 
 
-def _models(size: str):
+#: Planetoid graphs trained when a data directory is given (their features are sparse)
+PLANETOID = ("cora", "citeseer")
+
+
+def _models(size: str, data: str | None = None):
+    import numpy as np
+
     from spfuse.examples import attention, autoencoder, gcn
     (gn, gd, gf), (au, ai, ap), (an, ar) = SIZES[size]
     A, y = gcn.karate()
     yield "GCN karate", gcn.model(A, y)
+    for name in PLANETOID if data else ():
+        found = gcn.planetoid(name, data)
+        if found is not None:
+            A, X, y = found
+            # Planetoid's split: 20 labelled nodes per class
+            labelled = np.concatenate([np.flatnonzero(y == c)[:20] for c in range(int(y.max()) + 1)])
+            yield f"GCN {name} (sparse X)", gcn.model(A, y, features=X, labelled=labelled)
     A, y = gcn.graph(gn, gd, 8, seed=0)
-    labelled = __import__("numpy").arange(0, gn, 10)
+    labelled = np.arange(0, gn, 10)
     yield f"GCN {gn} nodes", gcn.model(A, y, features=gf, hidden=16, labelled=labelled)
     yield f"autoencoder {au}x{ai}", autoencoder.model(autoencoder.ratings(au, ai, ap))
     yield f"attention {an} nodes", attention.model(attention.pattern(an, ar))
 
 
-def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_path: str | None = None) -> list[dict]:
-    """Train every model on every backend; print the table and return its rows."""
+def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_path: str | None = None,
+                       data: str | None = None) -> list[dict]:
+    """Train every model on every backend; print the table and return its rows.
+    ``data``: a directory holding ``graphs/<name>_adj.mtx`` and
+    ``_features.mtx`` of the :data:`PLANETOID` graphs, each then trained too."""
     import json
     import sys
 
@@ -61,7 +77,7 @@ def run_training_suite(size: str = "small", epochs: int = 20, out=None, json_pat
     # dense torch only where its O(n^2) operands and products stay small: at
     # medium its GCN multiplies a 20000x20000 adjacency every step
     ways = ("spfuse", "torch.sparse", "dense") if size in DENSE_SIZES else ("spfuse", "torch.sparse")
-    for name, (backends, params) in _models(size):
+    for name, (backends, params) in _models(size, data):
         r = compare(backends, params, epochs, backends=ways)
         row = {"model": name, **{f"{b}_ms": r[b]["ms_per_epoch"] for b in r},
                "max_loss_diff": max(r[b].get("max_loss_diff", 0.0) for b in r)}
