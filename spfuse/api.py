@@ -8,6 +8,7 @@ the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -32,7 +33,7 @@ from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lowering_ke
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan, without_propagation
 from spfuse.runtime import looptree as lt
-from spfuse.tensor import CompressedLevel, Tensor, as_tensor
+from spfuse.tensor import CompressedLevel, Tensor, as_tensor, shared_patterns
 from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
@@ -80,12 +81,20 @@ def _info(name: str, t: Tensor) -> TensorInfo:
     return TensorInfo.of(name, t)
 
 
+def _infos_of(tensors: Mapping[str, Tensor], patterns: tuple) -> dict[str, TensorInfo]:
+    """The planning facts of ``tensors``, with the patterns they share
+    (:func:`~spfuse.tensor.shared_patterns` of these tensors)."""
+    shared = dict(patterns)
+    return {n: dataclasses.replace(_info(n, t), pattern=shared[n]) if n in shared else _info(n, t)
+            for n, t in tensors.items()}
+
+
 def _cached_plan(program: Program, infos: Mapping[str, TensorInfo], fusion: str,
                  propagate: bool = True) -> Plan:
     # nnz enters by its power of two: cost-based choices (association, separate
     # kernels) depend on it, but a plan should not be remade for every matrix.
     key = (program.text, fusion, propagate,
-           tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length())
+           tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length(), i.pattern)
                         for n, i in infos.items())))
     plan = _plan_cache.get(key)
     if plan is None:
@@ -373,12 +382,13 @@ def _dispatch(program: Program, tensors: Mapping[str, Tensor], fusion: str, out_
     operand signature: everything decided from the operands' formats,
     shapes, dtypes and origins is remembered, so a repeat call validates its
     operands, then only runs."""
+    patterns = shared_patterns(tensors)
     key = (program, fusion, out_format,
            tuple((n, t._format, t._shape, t._values.dtype, t._index_dtype, t.origin, len(t._values).bit_length())
-                 for n, t in tensors.items()))
+                 for n, t in tensors.items()), patterns)
     dispatch = _dispatch_cache.get(key)
     if dispatch is None:
-        dispatch = _Dispatch(program, tensors, fusion, out_format)
+        dispatch = _Dispatch(program, tensors, fusion, out_format, patterns)
         if not dispatch.diagonal:  # diagonal operands are rebuilt per call: nothing to keep
             with _cache_lock:
                 if len(_dispatch_cache) >= _MAX_CACHED:
@@ -463,13 +473,15 @@ class _Dispatch:
     kernel (or the generic executor) and how results are returned."""
 
     def __init__(self, program: Program, tensors: Mapping[str, Tensor], fusion: str,
-                 out_format: str | None):
+                 out_format: str | None, patterns: tuple = ()):
         _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
         self.diagonal = _has_diagonal(program)
         self.program = program
         if self.diagonal:
             program, tensors = self._diagonal_operands(tensors)
-        infos = {n: _info(n, t) for n, t in tensors.items()}
+            patterns = ()
+        # (``patterns``: shared_patterns of these operands, part of the call's signature)
+        infos = _infos_of(tensors, patterns)
         self.plan = plan = _cached_plan(program, infos, fusion)
         if plan.__dict__.get("_has_max") is not False:
             _check_empty_max(plan)
@@ -782,14 +794,12 @@ class Kernel:
         return _run(self.program, tensors, self.out_format, self.fusion, self.num_threads, made)
 
     def _infos(self, operands=None) -> dict:
-        infos = {}
         given = {n: v for n, v in self.declared.items() if not isinstance(v, (str, Format))}
         given.update(operands or {})
+        tensors = {n: as_tensor(given[n], name=n) for n in self.program.inputs if n in given}
+        infos = _infos_of(tensors, shared_patterns(tensors))
         for name in self.program.inputs:
-            if name in given:
-                t = as_tensor(given[name], name=name)
-                infos[name] = _info(name, t)
-            else:
+            if name not in infos:
                 fmt = self._formats.get(name) or Format(("dense",) * self._ndim(name))
                 infos[name] = TensorInfo(name, fmt.ndim, tuple(fmt.levels), tuple(fmt.mode_order),
                                          (None,) * fmt.ndim)

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
@@ -49,7 +49,8 @@ from spfuse import validation as V
 from spfuse.formats import COMPRESSED, DENSE, Format, as_format
 from spfuse.interop import from_pydata, is_pydata
 
-__all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "values_at", "ORIGINS"]
+__all__ = ["DenseLevel", "CompressedLevel", "Level", "Tensor", "as_tensor", "values_at", "same_pattern",
+           "shared_patterns", "ORIGINS"]
 
 #: Values of :attr:`Tensor.origin`: the world an operand came from, so results
 #: can be returned in the caller's flavour.
@@ -1079,6 +1080,51 @@ def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None)
     if format is not None:
         t = t.asformat(format)
     return t
+
+
+def same_pattern(a: Tensor, b: Tensor) -> bool:
+    """Do two 2-D compressed tensors (CSR, CSC, ...) store the same coordinates,
+    in the same order?  The index arrays themselves first (an operand and a
+    value array made on its pattern share them), then their contents.
+
+    >>> import scipy.sparse as sp
+    >>> A = as_tensor(sp.csr_array(np.eye(3)))
+    >>> same_pattern(A, A.with_values(A.values * 2)), same_pattern(A, as_tensor(sp.csr_array(np.ones((3, 3)))))
+    (True, False)
+    """
+    if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format or a.ndim != 2:
+        return False
+    la, lb = cast(CompressedLevel, a.levels[1]), cast(CompressedLevel, b.levels[1])
+    return (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
+        la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
+
+
+def shared_patterns(tensors: Mapping[str, Tensor]) -> tuple[tuple[str, str], ...]:
+    """``(name, first)`` for each CSR operand storing the same pattern as an
+    earlier one, ``first`` (the earliest such): what a plan may rely on when
+    it runs several sparse operands as one pattern's value arrays (a
+    gradient's cotangent and the operand it lives on).  It costs a pass over
+    the index arrays only when two operands have the same shape and number
+    of entries but not the same index arrays.
+
+    >>> import scipy.sparse as sp
+    >>> A = as_tensor(sp.csr_array(np.eye(3)))
+    >>> shared_patterns({"A": A, "x": as_tensor(np.ones(3)), "G": A.with_values(A.values + 1)})
+    (('G', 'A'),)
+    """
+    csr_format = Format.csr()
+    csr = [(n, t) for n, t in tensors.items() if t._format == csr_format]   # (per call: kept cheap)
+    if len(csr) < 2:
+        return ()
+    out: list[tuple[str, str]] = []
+    firsts: list[tuple[str, Tensor]] = []
+    for name, t in csr:
+        first = next((f for f, ft in firsts if same_pattern(ft, t)), None)
+        if first is None:
+            firsts.append((name, t))
+        else:
+            out.append((name, first))
+    return tuple(out)
 
 
 def values_at(result: Any, coords: np.ndarray, shape: tuple) -> np.ndarray:

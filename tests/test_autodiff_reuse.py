@@ -209,6 +209,32 @@ def test_execution_choice_clock_is_cpu_time_not_wall_time():
     assert c.measure(run) is True and c.seconds[True] < c.seconds[False]
 
 
+def test_execution_choice_clock_is_the_calling_threads():
+    """Other threads' CPU time does not count (a team's workers, spinning
+    between parallel regions): a way whose helper thread burns CPU while the
+    caller waits is charged the wait, not the helper's work on top."""
+    import threading
+    import time
+
+    def burn(seconds):
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def run(split):
+        if split:
+            burn(0.03)   # the caller's own work
+        else:
+            helper = threading.Thread(target=burn, args=(0.05,))
+            helper.start()
+            burn(0.02)   # the caller works less than the split way; a helper works meanwhile
+            helper.join()
+        return split
+
+    c = ExecutionChoice()
+    assert c.measure(run) is False and c.seconds[False] < c.seconds[True]
+
+
 def test_gradients_are_identical_from_the_first_call_on(rng):
     text = "T[i,k] = A[i,j] * B[j,k]; Z[i,h] = relu(T[i,k]) * W[k,h]"
     A = _csr(rng, 8, 7)

@@ -47,6 +47,11 @@ PROGRAMS = [
     # the program's entries handed on sparse to a scatter over the pattern's rows (an SDDMM gradient's)
     "T[i,j] = A[i,j] * exp(sum(e, P[i,e] * R[j,e])); G[i,f] = sum(j, T[i,j] * R[j,f]);"
     " H[j,f] = sum(i, T[i,j] * G[i,f])",
+    # several operands known (per call) to store one pattern: a cotangent and its operand
+    "Y[i,f] = sum(j, G[i,j] * exp(A[i,j]) * R[j,f])",
+    "H[j,f] = -sum(i, G[i,j] * S[i,j] / A[i,j] / A[i,j] * P[i,f])",
+    "Ar[i,j] = A[i,j] * sum(e, P[i,e] * R[j,e]); gP[i,e] = -sum(j, G[i,j] * A[i,j] / Ar[i,j] * R[j,e]);"
+    " gR[j,e] = -sum(i, G[i,j] * A[i,j] / Ar[i,j] * gP[i,e])",
 ]
 
 
@@ -129,6 +134,37 @@ def test_different_patterns_fall_back_to_the_generic_executor(monkeypatch):
     ops = {"A": ops["A"], "S": other, "m": ops["m"]}
     got = spfuse.evaluate(program, **ops)
     np.testing.assert_allclose(_dense(got), dense_reference(program, ops), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("share", ["arrays", "equal", "different"])
+def test_operands_on_one_pattern_are_known_per_call(share):
+    """Two sparse operands run as one pattern's value arrays when the call's
+    operands store one pattern (the same index arrays, or equal ones): an
+    SpMM over their product is one pattern program, a scatter over it a
+    program then spmm_t.  Operands of different patterns are planned as
+    before (a program checked per call, handing back to the generic
+    executor), and every answer is numpy's."""
+    rng = np.random.default_rng(11)
+    ops = _operands(rng, 30, 20, 0.3, full_rows=True)
+    A, R, P = ops["A"], ops["R"], ops["P"]
+    if share == "arrays":
+        G = sp.csr_array((rng.standard_normal(A.nnz), A.indices, A.indptr), shape=A.shape)
+    elif share == "equal":
+        G = sp.csr_array((rng.standard_normal(A.nnz), A.indices.copy(), A.indptr.copy()), shape=A.shape)
+    else:
+        G = sp.random_array(A.shape, density=0.3, format="csr", rng=rng)
+    before = (G.indices.copy(), G.data.copy(), A.indices.copy(), A.data.copy())
+    for program, extra in ((PROGRAMS[-3], {"R": R}), (PROGRAMS[-2], {"S": ops["S"], "P": P})):
+        given = {"A": A, "G": G, **extra}
+        if share != "different" or "S[" not in program:
+            got = spfuse.evaluate(program, **given)
+            np.testing.assert_allclose(_dense(got), dense_reference(program, given), rtol=1e-10, atol=1e-10)
+        if share != "different":
+            assert _kernels(program, given)[0] == "pattern"
+    np.testing.assert_array_equal(before[0], G.indices)
+    np.testing.assert_array_equal(before[1], G.data)
+    np.testing.assert_array_equal(before[2], A.indices)
+    np.testing.assert_array_equal(before[3], A.data)
 
 
 def test_a_non_finite_result_falls_back_to_the_generic_executor(monkeypatch):

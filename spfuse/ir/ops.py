@@ -145,6 +145,10 @@ class TensorInfo:
     ``levels`` are ``"dense"``/``"compressed"`` in storage order and
     ``mode_order[l]`` is the mode stored at level ``l`` (TACO's format model).
     ``shape`` entries may be ``None`` when only formats were declared.
+    ``pattern`` names an earlier input storing the same coordinates (a
+    gradient's cotangent and the operand it lives on), when the caller
+    checked that for the operands the plan is made for
+    (:func:`spfuse.tensor.shared_patterns`).
     """
 
     name: str
@@ -154,6 +158,7 @@ class TensorInfo:
     shape: tuple[int | None, ...]
     role: str = Role.INPUT
     nnz: int | None = None
+    pattern: str | None = None
 
     @property
     def is_sparse(self) -> bool:

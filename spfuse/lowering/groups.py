@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import prod
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
 from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
-from spfuse.tensor import CompressedLevel, Tensor, values_at
+from spfuse.tensor import Tensor, same_pattern, values_at
 
 __all__ = ["BoundGroups", "Group", "Route", "split_groups", "lower_groups", "transposed_name", "pattern_name",
            "sums_products"]
@@ -814,18 +814,35 @@ def _pattern_leaves(plan, ops) -> bool:
     -- one pass over the pattern where a template head and its tail take
     two or three (an SDDMM gradient's recomputed scores, their element-wise
     chain and its SpMM)?"""
+    pg = _pattern_program(plan, ops)
+    # One pattern, known at planning: operands that might store different
+    # patterns would send the group to the generic executor where templates
+    # ran each contraction on its own (``A·X - 2·B·Y``); several sparse
+    # operands qualify when the call's signature says they store one
+    # (``TensorInfo.pattern``: a cotangent on its operand's pattern).  An
+    # SpMM's row among the leaves: an SDDMM with only element-wise work
+    # after it gains nothing from one pass (measured: the bias gather then
+    # competes with the rows gathered for the dots, 1M entries x 64 took
+    # 144-158 ms against 114-150 as the sddmm template and a pattern
+    # program for its tail).
+    return pg is not None and "axpy" in pg.leaves
+
+
+def _pattern_program(plan, ops) -> PatternGroup | None:
+    """``ops`` (a group, or its head) as a pattern program on one pattern
+    known at planning (:func:`_one_pattern`), or None."""
     inside = {op.out for op in ops}
     outputs = tuple(op.out for op in ops if op.out in plan.results or any(
         r.name == op.out for o in plan.ops if o.out not in inside for r in o.refs))
     pg = pattern_group(plan, ops, outputs)
-    # One sparse operand: two might store different patterns, and the group
-    # would then fall back to the generic executor where templates ran each
-    # contraction on its own (``A·X - 2·B·Y``).  An SpMM's row among the
-    # leaves: an SDDMM with only element-wise work after it gains nothing
-    # from one pass (measured: the bias gather then competes with the rows
-    # gathered for the dots, 1M entries x 64 took 144-158 ms against 114-150
-    # as the sddmm template and a pattern program for its tail).
-    return pg is not None and "axpy" in pg.leaves and len(pg.sparse) == 1
+    return pg if pg is not None and _one_pattern(plan, pg.sparse) is not None else None
+
+
+def _one_pattern(plan, names) -> str | None:
+    """The input whose pattern every one of ``names`` (sparse inputs) stores,
+    known at planning (one name, or ``TensorInfo.pattern``); else None."""
+    firsts = {plan.inputs[n].pattern or n for n in names}
+    return next(iter(firsts)) if len(firsts) == 1 else None
 
 
 def _pattern_leaves_head(plan, ops) -> tuple[list, list, dict[str, str]] | None:
@@ -839,16 +856,14 @@ def _pattern_leaves_head(plan, ops) -> tuple[list, list, dict[str, str]] | None:
     operand, see :func:`sparse_temporaries`): the tail's contractions run
     as templates over them."""
     sparse = {r.name for op in ops for r in op.refs if r.name in plan.inputs and plan.inputs[r.name].is_sparse}
-    if len(sparse) != 1:
-        return None
-    (pattern,) = sparse
-    if not _is_csr(plan.inputs[pattern]):
+    pattern = _one_pattern(plan, sparse) if sparse else None
+    if pattern is None or not all(_is_csr(plan.inputs[n]) for n in sparse):
         return None
     # the first read's row index (a nested sum names the rows anew: its ops go to the tail)
-    row = next(r.indices[0] for op in ops for r in op.refs if r.name == pattern)
-    cols = {r.indices[1] for op in ops for r in op.refs if r.name == pattern and r.indices[0] == row}
-    on_entries = {pattern} | {op.out for op in ops if tuple(op.out_indices[:1]) == (row,)
-                              and len(op.out_indices) == 2 and op.out_indices[1] in cols}
+    row = next(r.indices[0] for op in ops for r in op.refs if r.name in sparse)
+    cols = {r.indices[1] for op in ops for r in op.refs if r.name in sparse and r.indices[0] == row}
+    on_entries = sparse | {op.out for op in ops if tuple(op.out_indices[:1]) == (row,)
+                           and len(op.out_indices) == 2 and op.out_indices[1] in cols}
     tail: list = []
     made_by_tail: set = set()
     for op in ops:
@@ -860,10 +875,18 @@ def _pattern_leaves_head(plan, ops) -> tuple[list, list, dict[str, str]] | None:
             tail.append(op)
             made_by_tail.add(op.out)
     head = [op for op in ops if op not in tail]
-    if not tail or not head or not _pattern_leaves(plan, head):
+    if not tail or not head:
         return None
     read = {r.name for op in tail for r in op.refs}
-    return head, tail, dict.fromkeys((op.out for op in head if op.out in on_entries and op.out in read), pattern)
+    pg = _pattern_program(plan, head)
+    # (the program's entries come out on its first operand's index arrays: handed on with that operand)
+    handed = {} if pg is None else dict.fromkeys(
+        (op.out for op in head if op.out in on_entries and op.out in read), pg.sparse[0])
+    # (a head of entry-wise work only -- several operands on the pattern, an SDDMM's dot -- pays when
+    # the tail's scatters read its entries sparse: as one group they took the generic executor)
+    if pg is None or not ("axpy" in pg.leaves or handed):
+        return None
+    return head, tail, handed
 
 
 def sparse_temporaries(plan) -> dict[str, str]:
@@ -1096,8 +1119,7 @@ def _on_pattern_of(v, pattern: Tensor) -> Tensor:
     """``v`` (a pattern program's output on ``pattern``'s entries, or the
     generic executor's in its stead: stored on the pattern, or a part of
     it) as a Tensor on that pattern."""
-    if isinstance(v, Tensor) and v.format.name == "csr" and \
-            cast(CompressedLevel, v.levels[1]).crd is cast(CompressedLevel, pattern.levels[1]).crd:
+    if isinstance(v, Tensor) and v.format.name == "csr" and same_pattern(v, pattern):
         return v
     return pattern._with_kernel_values(np.asarray(values_at(v, pattern.coords, pattern.shape), dtype=np.float64))
 
@@ -1182,15 +1204,6 @@ def _checked_pattern(route: Route, factor: str) -> bool:
     return factor.endswith(_PATTERN) and factor != (pattern_name(route.pattern) if route.pattern else None)
 
 
-def _same_pattern(a, b) -> bool:
-    """Do two CSR tensors store the same coordinates?"""
-    if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format:
-        return False
-    la, lb = a.levels[1], b.levels[1]
-    return (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
-        la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
-
-
 def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     """Run a template group as its :class:`Route` says; None when merged
     factors turn out to store different patterns (the caller then runs the
@@ -1214,7 +1227,7 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
         local[transposed_name(src)] = _transposed(env[src], nt)
     for merged, parts in r.merged:
         first = local[parts[0]]
-        if not all(_same_pattern(first, local[p]) for p in parts[1:]):
+        if not all(same_pattern(first, local[p]) for p in parts[1:]):
             return None
         vals = np.multiply(first.values, local[parts[1]].values, dtype=dtype)
         for p in parts[2:]:

@@ -55,6 +55,7 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.ir.ops import Const, Ref, UnitOp
 from spfuse.lowering.templates import dense_transposed
 from spfuse.memo import attached_dict
+from spfuse.tensor import same_pattern
 from spfuse.testing import _UNARY_NP
 
 __all__ = ["PatternGroup", "pattern_group", "run_pattern_group"]
@@ -326,12 +327,6 @@ def _repeats(ops, op_cols, rows: str, row_restricted, leaves) -> tuple[str | Non
     return tuple(out)
 
 
-def _same_pattern(a, b) -> bool:
-    la, lb = a.levels[1], b.levels[1]
-    return a.shape == b.shape and a.nnz == b.nnz and (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
-        la.crd is lb.crd or np.array_equal(la.crd, lb.crd))
-
-
 #: entries evaluated per block: numpy's temporaries then stay in cache (and
 #: below malloc's mmap threshold -- a fresh 18k-entry temporary per operation
 #: cost page faults, 100+ µs each, more than the arithmetic).  Each operation
@@ -368,7 +363,7 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
     True
     """
     first = env[pg.sparse[0]]
-    if first.format.name != "csr" or any(not _same_pattern(first, env[n]) for n in pg.sparse[1:]):
+    if first.format.name != "csr" or any(not same_pattern(first, env[n]) for n in pg.sparse[1:]):
         return None
     level = first.levels[1]
     indptr, cols = level.pos, level.crd
@@ -381,7 +376,7 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
         for a in op.args:
             t = env.get(a.name) if isinstance(a, Ref) and tuple(a.indices) == (pg.rows, c) else None
             if t is not None and a.name not in on_pattern and not t.format.is_dense and t.format.name == "csr" \
-                    and _same_pattern(first, t):
+                    and same_pattern(first, t):
                 on_pattern[a.name] = t.values
     dense_cache: dict[str, np.ndarray] = {}
 
