@@ -298,13 +298,18 @@ def test_skip_reason_memory_and_time():
     assert budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=1e9) is None
     # auto: a row-sized temporary, and a template kernel (no time estimate)
     assert budget.skip_reason(SDDMM_PROG, ops, "auto", max_bytes=1 << 20, max_seconds=0) is None
-    # time: none does I·J·K iterations, auto K·nnz: ~100x more at density 0.01, so 1 s of auto -> >= ~10 s
-    why = budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=5, auto_seconds=1.0)
+    # none runs its operations on the groups' kernels (a GEMM, then the pattern): no time estimate ...
+    assert budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=0) is None
+    # ... but on the generic executor: none does I·J·K iterations, auto K·nnz: ~100x more at density
+    # 0.01, so 1 s of auto -> >= ~10 s
+    why = budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=5, auto_seconds=1.0,
+                             generic=True)
     assert why is not None and "auto's 1 s × cost-model ratio" in why and "exceeds 5 s" in why
-    assert budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=50, auto_seconds=1.0) is None
+    assert budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=50, auto_seconds=1.0,
+                              generic=True) is None
     # without a measured auto call: estimate × SECONDS_PER_ITERATION
     est = spfuse.compile(SDDMM_PROG).plans(**ops)["none"].report.estimate
-    why = budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=est * 1e-9 / 2)
+    why = budget.skip_reason(SDDMM_PROG, ops, "none", max_bytes=1 << 30, max_seconds=est * 1e-9 / 2, generic=True)
     assert why is not None and "iterations × 1 ns" in why
 
 

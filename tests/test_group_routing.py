@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import spfuse
 from spfuse.lowering import templates, transposes
 from spfuse.lowering.groups import split_groups
+from spfuse.testing import dense_reference
 
 
 def _sigmoid(x):
@@ -674,3 +675,30 @@ def test_division_by_a_power_of_two_is_a_scalar_factor_of_the_template(divisor, 
     if routed:   # bit for bit the product then the division, as written
         plain = spfuse.evaluate("A[i,j] = B[i,j] * (Q[i,k] * K[j,k])", B=B, Q=Q, K=K)
         np.testing.assert_array_equal(got.toarray(), plain.toarray() / divisor)
+
+
+# -- fusion="none" runs on the kernels auto's groups use ------------------------
+
+NONE_PROGRAMS = {
+    "y[i] = A[i,j] * x[j] + b[i]": "spmv → numpy",
+    "Z[i,c] = relu(A[i,j] * X[j,h] * W[h,c])": "spmm → gemm → numpy",
+    "C[i,j] = A[i,j] * (P[i,k] * Q[j,k])": "gemm → pattern",
+}
+
+
+@pytest.mark.parametrize("program", sorted(NONE_PROGRAMS))
+def test_unfused_plans_run_each_operation_on_a_kernel(program):
+    """``fusion="none"`` stores every temporary whole and runs each operation
+    as its own group, on the template kernels, BLAS, numpy and pattern
+    programs ``auto``'s groups use (the fusion study compares strategies on
+    one engine), and answers as numpy does."""
+    rng = np.random.default_rng(4)
+    A = sp.random_array((60, 40), density=0.1, format="csr", rng=rng)
+    ops = {"A": A, "x": rng.standard_normal(40), "b": rng.standard_normal(60), "X": rng.standard_normal((40, 8)),
+           "W": rng.standard_normal((8, 3)), "P": rng.standard_normal((60, 4)), "Q": rng.standard_normal((40, 4))}
+    kernel = spfuse.compile(program, fusion="none")
+    ops = {n: ops[n] for n in kernel.program.inputs}
+    assert f"template kernel '{NONE_PROGRAMS[program]}'" in kernel.explain(**ops)
+    got = kernel(**ops)
+    np.testing.assert_allclose(got.toarray() if sp.issparse(got) else got, dense_reference(program, ops),
+                               rtol=1e-12, atol=1e-12)

@@ -10,9 +10,12 @@ plans over the memory or time budget are skipped with the estimate, see
 measured ratios next to the cost model's (``explain()``'s iteration
 estimates and ReACT labels), and one summary line per kernel.
 
-Only ``auto`` plans are run by template kernels; ``max`` and ``none`` plans
-run on the generic loop-tree executor, so a measured ratio mixes the fusion
-decision with the engine; the cost-model columns isolate the decision.
+``auto`` and ``none`` plans run on the same kernels: a ``none`` plan runs
+each operation as its own group, on the template kernels, BLAS, numpy or
+pattern programs ``auto``'s groups use.  ``max`` plans (whole fused
+statements) run on the generic loop-tree executor, so a measured ratio
+against ``max`` mixes the fusion decision with the engine; the cost-model
+columns isolate the decision.
 
 >>> import io
 >>> buf = io.StringIO()

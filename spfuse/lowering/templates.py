@@ -869,15 +869,20 @@ MAX_WORKSPACE_COLUMNS = 2**25
 
 
 def match_template(plan) -> TemplateMatch | None:
-    """The template kernel for ``plan`` (auto fusion only), or None.
+    """The template kernel for ``plan`` (auto fusion; ``none`` group by group), or None.
 
     A whole-program template implements the program as written, fused; when
     the planner re-associated a chain or split a contraction out of its fused
     group, or no whole-program template matches, the plan runs group by group (:mod:`spfuse.lowering.groups`),
     each group on a template kernel where one matches -- one decision
     procedure, the planner's."""
-    if plan.fusion != "auto":
+    if plan.fusion == "max":
+        # (a template computes a maximal-fusion statement with auto's temporaries -- spmm_gemm's row of
+        # A·X for sum(h, sum(j, A*X*W)) -- not the fused loop nest whose cost max stands for)
         return None
+    if plan.fusion == "none":   # (unfused: every operation its own group, on the kernels auto's groups use)
+        from spfuse.lowering.groups import lower_groups
+        return lower_groups(plan)
     as_written = not getattr(plan, "separated", ()) and not any(
         a.changed for a in getattr(plan, "associations", ()))
     m = _match(plan) if as_written else None
