@@ -318,3 +318,25 @@ def test_pattern_entries_handed_on_sparse(big):
         want = {"grad_X": gZp @ Y.T, "grad_Y": X.T @ gZp + gZ.T @ np.where(Ad != 0, Ad * Zr, 0.0)}
     for name, w in want.items():
         np.testing.assert_allclose(got[name], w, rtol=1e-10, atol=1e-10)
+
+
+def test_a_signature_with_shared_patterns_is_not_reused_for_different_ones():
+    """Whether operands store one pattern is part of the call's signature:
+    a kernel called on a cotangent sharing its operand's pattern, then on
+    one of the same shape and entry count but other coordinates (and back),
+    answers as numpy each time."""
+    rng = np.random.default_rng(12)
+    A = sp.random_array((40, 30), density=0.2, format="csr", rng=rng)
+    A.sort_indices()
+    R = rng.standard_normal((30, 4))
+    same = sp.csr_array((rng.standard_normal(A.nnz), A.indices.copy(), A.indptr.copy()), shape=A.shape)
+    rows = np.repeat(np.arange(40), np.diff(A.indptr))
+    other = sp.csr_array((rng.standard_normal(A.nnz), ((rows + 1) % 40, A.indices)), shape=A.shape)
+    assert other.nnz == A.nnz and not np.array_equal(other.indices, A.indices)
+    program = "Y[i,f] = sum(j, G[i,j] * exp(A[i,j]) * R[j,f])"
+    kernel = spfuse.compile(program)
+    for G in (same, other, same, other):
+        ops = {"A": A, "G": G, "R": R}
+        np.testing.assert_allclose(kernel(**ops), dense_reference(program, ops), rtol=1e-10, atol=1e-10)
+    assert spfuse.tensor.shared_patterns({"A": spfuse.as_tensor(A), "G": spfuse.as_tensor(same)}) == (("G", "A"),)
+    assert spfuse.tensor.shared_patterns({"A": spfuse.as_tensor(A), "G": spfuse.as_tensor(other)}) == ()
