@@ -240,8 +240,8 @@ def _ident(o, ctx):
 
 
 def _with_rows(o, ctx):
-    """Operands plus the row of every stored entry of ``o['B']`` or ``o['A']`` (structure only)."""
-    m = o["B"] if "B" in o and sp.issparse(o["B"]) else o["A"]
+    """Operands plus the row of every stored entry of ``o['B']``, ``o['A']`` or ``o['R']`` (structure only)."""
+    m = next(o[n] for n in ("B", "A", "R") if n in o and sp.issparse(o[n]))
     return dict(o, rows=_rows_of(m))
 
 
@@ -375,6 +375,18 @@ def _gb_p(run, how, finish=lambda raw: raw) -> Impl:
 
 def _a_vec(rows_extent: bool = False):
     return lambda a, r, g: {"A": a, "x": _dense(g, a.shape[0] if rows_extent else a.shape[1])}
+
+
+#: a weighted matrix factorisation's gradient in U: the residual on the ratings' pattern (R, and the
+#: weights W stored on the same coordinates, in their own index arrays), then its SpMM with V
+MF_GRADIENT = "E[i,j] = W[i,j] * (R[i,j] - U[i,k] * V[j,k]); G[i,k] = E[i,j] * V[j,k]"
+
+
+def _mf_ops(a, r, g):
+    ratings = sp.csr_array((1.0 + 4.0 * g.random(a.nnz), a.indices, a.indptr), shape=a.shape)
+    weights = sp.csr_array((1.0 + 0.5 * ratings.data, a.indices.copy(), a.indptr.copy()), shape=a.shape)
+    return {"W": weights, "R": ratings, "U": _dense(g, a.shape[0], r, center=True),
+            "V": _dense(g, a.shape[1], r, center=True)}
 
 
 def _sddmm_ops(a, r, g):
@@ -561,6 +573,16 @@ PROGRAMS = [
         (Spelling("keys, values transposed", ATTENTION.replace("K[j,k]", "Kt[k,j]").replace("V[j,h]", "Vt[h,j]"),
                   lambda o: {**{n: v for n, v in o.items() if n not in ("K", "V")},
                              "Kt": np.ascontiguousarray(o["K"].T), "Vt": np.ascontiguousarray(o["V"].T)}),)),
+    OffProgram(
+        "MF-gradient", "operands on one pattern", "uniform", MF_GRADIENT, _mf_ops,
+        {"numpy": _p(lambda s: _on_pattern(s["R"], s["W"].data * (s["R"].data - _sampled_dots(
+            s["rows"], s["R"].indices, s["U"], s["V"]))) @ s["V"],
+            "E = W.data * (R.data - dot(U[rows], V[cols])), then csr(E) @ V, blocks", _with_rows),
+         "torch": _torch_p(lambda t: _torch_csr_like(t["R"], t["W"].values() * _torch().sparse.sampled_addmm(
+             t["R"], t["U"], t["V"].T, beta=1.0, alpha=-1.0).values()) @ t["V"],
+             "W.values * sampled_addmm(R, U, V.T, alpha=-1).values, then CSR @ V")},
+        (Spelling("the residual first", "E[i,j] = R[i,j] - W[i,j] / W[i,j] * (U[i,k] * V[j,k]); "
+                  "G[i,k] = W[i,j] * E[i,j] * V[j,k]"),)),
     OffProgram(
         "SDDMM-bias", "SDDMM with a bias", "uniform", "A[i,j] = B[i,j] * (C[i,k] * D[k,j] + e[j])",
         lambda a, r, g: dict(_sddmm_ops(a, r, g), e=_dense(g, a.shape[1])),
