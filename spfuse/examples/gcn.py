@@ -160,11 +160,13 @@ def _torch_csr(m: sp.csr_array):
     import warnings
 
     import torch
-    with warnings.catch_warnings():   # (torch's "sparse CSR support is in beta state", once per model)
+    data = m.data if m.data.flags.writeable else m.data.copy()   # (torch warns of read-only arrays)
+    with warnings.catch_warnings():   # (torch's notes on sparse CSR support, once per model)
         warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
         return torch.sparse_csr_tensor(torch.from_numpy(m.indptr.astype(np.int64)),
                                        torch.from_numpy(m.indices.astype(np.int64)),
-                                       torch.from_numpy(m.data), size=m.shape)
+                                       torch.from_numpy(data), size=m.shape)
 
 
 def main(epochs: int = 100) -> dict:
