@@ -1083,16 +1083,17 @@ def as_tensor(obj: Any, name: str = "operand", format: FormatLike | None = None)
 
 
 def same_pattern(a: Tensor, b: Tensor) -> bool:
-    """Do two 2-D compressed tensors (CSR, CSC, ...) store the same coordinates,
-    in the same order?  The index arrays themselves first (an operand and a
-    value array made on its pattern share them), then their contents.
+    """Do two CSR (or two CSC) tensors store the same coordinates, in the
+    same order?  The index arrays themselves first (an operand and a value
+    array made on its pattern share them), then their contents.  Any other
+    format: False.
 
     >>> import scipy.sparse as sp
     >>> A = as_tensor(sp.csr_array(np.eye(3)))
     >>> same_pattern(A, A.with_values(A.values * 2)), same_pattern(A, as_tensor(sp.csr_array(np.ones((3, 3)))))
     (True, False)
     """
-    if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format or a.ndim != 2:
+    if a.shape != b.shape or a.nnz != b.nnz or a.format != b.format or a.format.levels != (DENSE, COMPRESSED):
         return False
     la, lb = cast(CompressedLevel, a.levels[1]), cast(CompressedLevel, b.levels[1])
     return (la.pos is lb.pos or np.array_equal(la.pos, lb.pos)) and (
