@@ -312,3 +312,25 @@ def test_random_programs_match_torch(seed, zero_size, density):
         assume("no identity" not in str(e))
         raise
     check_gradients(program, ops, rng, temporaries=("auto", "keep", "recompute")[seed % 3])
+
+
+@pytest.mark.parametrize("share", ["arrays", "copies"])
+@pytest.mark.parametrize("text", ["A[i,j] = B[i,j] / (C[i,k] * D[k,j])",
+                                  "A[i,j] = B[i,j] * exp(C[i,k] * D[k,j])"])
+def test_a_cotangent_on_the_results_pattern_runs_as_one_pattern(text, share, rng):
+    """The cotangent of a sparse result, on that result's pattern (its own
+    index arrays or copies of them): the adjoint reads it and the operand as
+    one pattern's value arrays (a pattern program, then a scatter), and the
+    gradients are torch's."""
+    n, m = 40, 30
+    B = random_sparse(rng, (n, m), 0.3, "csr")
+    B.data = rng.uniform(0.5, 2.0, B.nnz)
+    ops = {"B": B, "C": rng.uniform(0.5, 1.5, (n, 4)), "D": rng.uniform(0.5, 1.5, (4, m))}
+    values = rng.standard_normal(B.nnz)
+    indices, indptr = (B.indices, B.indptr) if share == "arrays" else (B.indices.copy(), B.indptr.copy())
+    cot = sp.csr_array((values, indices, indptr), shape=B.shape)
+    check_gradients(text, ops, rng, wrt=("C", "D"), cotangents={"A": cot})
+    plan = spfuse.compile(adjoint(text, wrt=("C", "D"), sparse=("B",)).program.text).plans(
+        **ops, grad_A=cot)["auto"]
+    from spfuse.lowering.groups import split_groups
+    assert split_groups(plan)[0].kernel == "pattern"
