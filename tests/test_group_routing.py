@@ -702,3 +702,29 @@ def test_unfused_plans_run_each_operation_on_a_kernel(program):
     got = kernel(**ops)
     np.testing.assert_allclose(got.toarray() if sp.issparse(got) else got, dense_reference(program, ops),
                                rtol=1e-12, atol=1e-12)
+
+
+def test_one_copy_of_values_reached_two_ways():
+    """An operand read transposed and another operand that is its transposed
+    view (GNN-2's Y and Yt = Y.T) are copied once per call, into one array
+    the kernel gathers both roles from; an operand with equal values in its
+    own memory is copied on its own.  Answers are numpy's either way."""
+    from spfuse.lowering.templates import _dense, dense_transposed
+    from spfuse.lowering.transposes import SharedCopies
+    rng = np.random.default_rng(8)
+    Y = rng.standard_normal((6, 40))
+    y, yt = spfuse.as_tensor(Y), spfuse.as_tensor(Y.T)
+    own = spfuse.as_tensor(np.asfortranarray(Y.T.copy()))   # (Y.T's values, column-ordered, in memory of their own)
+    with SharedCopies():
+        copy = dense_transposed(y, np.float64)
+        assert _dense(yt, np.float64) is copy
+        other = _dense(own, np.float64)
+        assert other is not copy and np.array_equal(other, copy)
+    A = sp.random_array((30, 40), density=0.2, format="csr", rng=rng)
+    X = rng.standard_normal((30, 6))
+    program = "Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Yt[h,j]"
+    for Yt in (Y.T, np.ascontiguousarray(Y.T)):
+        ops = {"A": A, "X": X, "Y": Y, "Yt": Yt}
+        np.testing.assert_allclose(spfuse.evaluate(program, **ops), dense_reference(program, ops),
+                                   rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(Y.T, yt.todense())   # operands untouched

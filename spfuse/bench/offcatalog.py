@@ -620,7 +620,8 @@ PROGRAMS = [
          "torch": _torch_p(lambda t: _torch_csr_like(t["A"], t["A"].values() * _torch_sampled(
              t["A"], t["X"], t["Y"]).values()) @ t["Yt"], "(A * sampled_addmm(A, X, Y)) @ Yt")},
         (Spelling("catalogue GNN-2 (Y twice)", "Z[i,j] = (A[i,h] * (X[i,k] * Y[k,h])) * Y[j,h]",
-                  lambda o: {k: v for k, v in o.items() if k != "Yt"}),)),
+                  lambda o: {k: v for k, v in o.items() if k != "Yt"}),
+         Spelling("Yt the view Y.T", adapt=lambda o: dict(o, Yt=o["Y"].T)))),
     OffProgram(
         "GCN", "GCN layer", "uniform", "Z[i,j] = relu(A[i,k] * (X[k,h] * W[h,j]) + b[j])",
         lambda a, r, g: {"A": a, "X": _dense(g, a.shape[1], r), "W": _dense(g, r, r, center=True),

@@ -30,7 +30,7 @@ from spfuse.errors import IndexCheckFailed
 from spfuse.formats import Format
 from spfuse.frontend.ast import Access, Binary
 from spfuse.ir.ops import Ref, TensorInfo
-from spfuse.lowering.transposes import SharedCopies, shared_copy
+from spfuse.lowering.transposes import SharedCopies, shared_copy, shared_layout_copy
 from spfuse.passes.max_fusion import lift_sums
 from spfuse.runtime.looptree import reduction_block_count
 from spfuse.validation import index_dtype_for
@@ -290,17 +290,26 @@ def c_ordered(view: np.ndarray, num_threads: int = 1) -> np.ndarray:
 
 
 def _dense(t, dtype, nt: int = 1) -> np.ndarray:
-    """A dense tensor as a C-ordered ndarray (no copy when stored so)."""
+    """A dense tensor as a C-ordered ndarray (no copy when stored so), a
+    kernel's read-only operand."""
     fmt, values = t._format, t._values
     if values.dtype == dtype and fmt.is_dense and fmt.is_identity_order:
         return values.reshape(t._shape)   # (the common case: a Tensor's values are 1-D and C-contiguous)
-    return c_ordered(_dense_view(t, dtype), nt)
+    return _operand_copy(_dense_view(t, dtype), nt)
 
 
 def _dense_t(t, dtype, nt: int = 1) -> np.ndarray:
     """A dense matrix's transpose as a C-ordered ndarray: no copy when the
     matrix is stored in column order (``D.T`` of a C array)."""
-    return c_ordered(_dense_view(t, dtype).T, nt)
+    return _operand_copy(_dense_view(t, dtype).T, nt)
+
+
+def _operand_copy(view: np.ndarray, nt: int) -> np.ndarray:
+    """:func:`c_ordered` of a kernel's read-only operand, one copy per memory
+    layout in a :class:`SharedCopies` block (:func:`shared_layout_copy`)."""
+    if view.flags.c_contiguous:
+        return view
+    return shared_layout_copy(view, lambda: c_ordered(view, nt))
 
 
 def dense_transposed(t, dtype, nt: int = 1) -> np.ndarray:

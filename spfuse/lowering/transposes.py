@@ -38,7 +38,8 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.formats import Format
 from spfuse.tensor import CompressedLevel, DenseLevel, Tensor
 
-__all__ = ["transposed_csr", "stored_as", "clear", "cache_size", "SharedCopies", "shared_copy", "sharing_copies"]
+__all__ = ["transposed_csr", "stored_as", "clear", "cache_size", "SharedCopies", "shared_copy", "shared_layout_copy",
+           "sharing_copies"]
 
 _CSR = Format.csr()
 
@@ -284,6 +285,30 @@ def shared_copy(source: np.ndarray, how: Any, make: Any) -> np.ndarray:
     found = memo.get(key)
     if found is None:
         found = memo[key] = (source, make())
+    return found[1]
+
+
+def shared_layout_copy(view: np.ndarray, make: Any) -> np.ndarray:
+    """``make()``, a kernel's read-only copy of ``view``, made once per
+    :class:`SharedCopies` block for each memory layout: the copies of two
+    views of the same memory with the same shape and strides are one.  The
+    same values reached two ways share it -- GNN-2's ``Y`` read transposed
+    and ``Yt = Y.T`` passed as an operand of its own (each copied, its rows
+    then gathered from two arrays).  The block keeps ``view`` alive, so its
+    memory cannot be taken by another array meanwhile.
+
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> with SharedCopies():
+    ...     shared_layout_copy(a.T, lambda: a.T.copy()) is shared_layout_copy(a[:, :].T, lambda: a.T.copy())
+    True
+    """
+    memo = getattr(_copies, "memo", None)
+    if memo is None:
+        return make()
+    key = ("layout", view.__array_interface__["data"][0], view.shape, view.strides, view.dtype.str)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = (view, make())
     return found[1]
 
 
