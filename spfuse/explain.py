@@ -74,7 +74,8 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | Non
     lines.append("program:")
     lines.extend("  " + s for s in p.program.text.strip().splitlines())
     ins = ", ".join(f"{n}: {i.format_name} {'×'.join('?' if s is None else str(s) for s in i.shape)}"
-                    + (f" nnz={i.nnz}" if i.nnz is not None else "") for n, i in p.inputs.items())
+                    + (f" nnz={i.nnz}" if i.nnz is not None else "")
+                    + (f" (stores {i.pattern}'s pattern)" if i.pattern else "") for n, i in p.inputs.items())
     lines.append(f"operands: {ins}")
     lines.append(f"estimated cost: {p.report.cost_text}  ≈ {_num(p.report.estimate)} iterations")
     lines.append("")

@@ -161,6 +161,8 @@ def test_operands_on_one_pattern_are_known_per_call(share):
             np.testing.assert_allclose(_dense(got), dense_reference(program, given), rtol=1e-10, atol=1e-10)
         if share != "different":
             assert _kernels(program, given)[0] == "pattern"
+            operands_line = spfuse.compile(program).explain(**given).splitlines()[3]
+            assert "(stores G's pattern)" in operands_line or "(stores A's pattern)" in operands_line
     np.testing.assert_array_equal(before[0], G.indices)
     np.testing.assert_array_equal(before[1], G.data)
     np.testing.assert_array_equal(before[2], A.indices)
