@@ -37,6 +37,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
+from spfuse.lowering.summed_scatters import run_summed, sum_scatters
 from spfuse.lowering.transposes import sharing_copies
 from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
@@ -74,6 +75,11 @@ class Group:
     on_pattern: PatternGroup | None = None
     #: a generic group of element-wise work on whole dense arrays, run as numpy operations
     entrywise: EntrywiseGroup | None = None
+    #: ``spmm_t`` groups and the element-wise group adding their results, run
+    #: as one walk of their pattern (kernel ``"spmm_t_sum"``, :mod:`.summed_scatters`)
+    summed: tuple[Group, ...] = ()
+    #: per summed term, the factors scaling it (constants, names of 0-d operands)
+    scalings: tuple[tuple[float | str, ...], ...] = ()
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
@@ -85,6 +91,10 @@ class Group:
             how = self.on_pattern.describe()
         if self.entrywise is not None:
             how = self.entrywise.describe()
+        if self.summed:
+            *parts, total = self.summed
+            return (f"template spmm_t, {len(parts)} terms summed in one walk of one pattern (checked per call) "
+                    f"[{'; '.join(p.describe() for p in parts)}]: {'; '.join(map(str, total.ops))}")
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"
@@ -997,7 +1007,7 @@ def split_groups(plan) -> tuple[Group, ...]:
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
-    return tuple(groups)
+    return sum_scatters(plan, tuple(groups))
 
 
 def lower_groups(plan):
@@ -1018,7 +1028,8 @@ def lower_groups(plan):
             roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
         elif g.kernel not in ("generic", "copy"):
             from spfuse.lowering.templates import SIGNATURES
-            roles.update(zip(g.names, (k for k, _ in SIGNATURES[g.kernel][1]), strict=True))
+            for part in g.summed[:-1] or (g,):
+                roles.update(zip(part.names, (k for k, _ in SIGNATURES[part.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
     interpreted = any(g.kernel == "generic" and g.on_pattern is None and g.entrywise is None
@@ -1103,16 +1114,25 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
                 # A crossing temporary is read as a dense operand: a template
                 # or BLAS computes it whole; the generic executor computes at
                 # least what propagation says later groups read (zeros elsewhere).
-                if type(v) is np.ndarray and v.flags.c_contiguous:
-                    dense = v   # (a kernel's or BLAS's fresh array: the common case, per group per call)
-                else:
-                    dense = np.asarray(v.todense() if isinstance(v, Tensor) else v)
-                    # (ascontiguousarray would make a 0-d temporary 1-d)
-                    dense = np.ascontiguousarray(dense).reshape(dense.shape)
-                arrays[name] = dense
-                fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
-                env[name] = fast if fast is not None else Tensor.from_numpy(dense, name=name)
+                arrays[name], env[name] = dense_operand(v, name)
     return out
+
+
+def dense_operand(v, name: str = "temporary") -> tuple[np.ndarray, Tensor]:
+    """A group's result ``v`` (an array or a Tensor) as a C-ordered array and
+    the dense Tensor a later group reads it as.
+
+    >>> dense_operand(np.ones((2, 3)).T)[0].flags.c_contiguous
+    True
+    """
+    if type(v) is np.ndarray and v.flags.c_contiguous:
+        dense = v   # (a kernel's or BLAS's fresh array: the common case, per group per call)
+    else:
+        dense = np.asarray(v.todense() if isinstance(v, Tensor) else v)
+        # (ascontiguousarray would make a 0-d temporary 1-d)
+        dense = np.ascontiguousarray(dense).reshape(dense.shape)
+    fast = Tensor._fast_dense(dense)  # the common case, without from_numpy's checks
+    return dense, fast if fast is not None else Tensor.from_numpy(dense, name=name)
 
 
 def _on_pattern_of(v, pattern: Tensor) -> Tensor:
@@ -1126,6 +1146,8 @@ def _on_pattern_of(v, pattern: Tensor) -> Tensor:
 
 def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
     """One group's results, its way worked out on this call."""
+    if g.summed:
+        return run_summed(plan, g, env, nt)
     if g.on_pattern is not None:
         values = run_pattern_group(g.on_pattern, env, plan.shapes, nt)
     elif g.entrywise is not None:
@@ -1146,7 +1168,7 @@ def _bound_group(plan, g: Group, env: Mapping[str, Any]):
         bound = bind_entrywise(g.entrywise, env)
         if bound is not None:
             return lambda env, nt: bound(env) or _run_group(plan, g, env, nt)
-    elif g.kernel not in ("generic", "copy") and g.on_pattern is None and _route_needs(g)[1]:
+    elif g.route is not None and g.on_pattern is None and _route_needs(g)[1]:
         name, shape = g.outputs[0], tuple(plan.shapes[g.outputs[0]])
         run = (_bind_gemm(g.names, env) if g.kernel == "gemm"
                else templates.bind_einsum(g.kernel, g.names, shape, env))
@@ -1204,13 +1226,14 @@ def _checked_pattern(route: Route, factor: str) -> bool:
     return factor.endswith(_PATTERN) and factor != (pattern_name(route.pattern) if route.pattern else None)
 
 
-def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
-    """Run a template group as its :class:`Route` says; None when merged
-    factors turn out to store different patterns (the caller then runs the
-    group on the generic executor)."""
+def _routed_operands(plan, g: Group, env: dict, nt: int) -> tuple[dict, float, Any] | None:
+    """``(operands, scale, dtype)``: what a template group's kernel is
+    handed as its :class:`Route` says (transposed, merged, restricted
+    operands by the names the route gives them), the product of its 0-d
+    factors, and the value dtype when the route converts (else None); None
+    when merged factors turn out to store different patterns."""
     r, ein = g.route, g.einsum
     assert r is not None and ein is not None  # a routed group
-    name = g.outputs[0]
     checked, plain = _route_needs(g)
     # a plain route hands the kernel the operands as they are: no copy of
     # ``env`` and no dtype to work out (this runs per group per call)
@@ -1242,6 +1265,19 @@ def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
     for s in r.scalars:
         c = _constant(s)
         scale *= c if c is not None else env[s].values.reshape(-1)[0].item()
+    return local, scale, dtype
+
+
+def _run_routed(plan, g: Group, env: dict, nt: int) -> dict | None:
+    """Run a template group as its :class:`Route` says; None when merged
+    factors turn out to store different patterns (the caller then runs the
+    group on the generic executor)."""
+    found = _routed_operands(plan, g, env, nt)
+    if found is None:
+        return None
+    local, scale, dtype = found
+    r, name = g.route, g.outputs[0]
+    assert r is not None  # a routed group
     if g.kernel == "values":
         t = local[g.names[0]]
         return {name: t._with_kernel_values(np.multiply(t.values, scale, dtype=dtype))}
