@@ -484,6 +484,16 @@ PROGRAMS = [
         (Spelling("A as CSC", adapt=_csc("A")),
          Spelling("pre-transposed At[j,i] (CSR)", "C[j,k] = At[j,i] * X[i,k]", _transposed("A", "At")))),
     OffProgram(
+        "AT-sum", "transposed SpMMs summed", "uniform", "C[j,k] = sum(i, A[i,j] * X[i,k]) + sum(i, W[i,j] * G[i,k])",
+        lambda a, r, g: {"A": a, "W": _on_pattern(a, g.random(a.nnz)), "X": _dense(g, a.shape[0], r),
+                         "G": _dense(g, a.shape[0], r)},
+        {"scipy": _p(lambda o: o["A"].T @ o["X"] + o["W"].T @ o["G"], "A.T @ X + W.T @ G"),
+         "torch": _torch_p(lambda t: t["A"].t() @ t["X"] + t["W"].t() @ t["G"], "A_csr.t() @ X + W_csr.t() @ G"),
+         "graphblas": _gb_p(lambda g: g["A"].T.mxm(g["X"]).new().ewise_add(g["W"].T.mxm(g["G"]).new()).new(),
+                            "A.T.mxm(X) ewise_add W.T.mxm(G)")},
+        (Spelling("one reduction", "C[j,k] = sum(i, A[i,j] * X[i,k] + W[i,j] * G[i,k])"),
+         Spelling("A and W as CSC", adapt=_csc("A", "W")))),
+    OffProgram(
         "AT-A", "transposed CSR", "uniform", "C[j,k] = A[i,j] * A[i,k]", lambda a, r, g: {"A": a},
         {"scipy": _p(lambda o: o["A"].T @ o["A"], "A.T @ A"),
          "graphblas": _gb_p(lambda g: g["A"].T.mxm(g["A"]).new(), "A.T.mxm(A)")},
