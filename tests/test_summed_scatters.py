@@ -1,5 +1,6 @@
-"""Sums of ``spmm_t`` results run as one walk of their pattern
-(``spfuse.lowering.summed_scatters``), against numpy on densified operands."""
+"""Sums of transposed SpMMs of one pattern run as one walk of it
+(``spfuse.lowering.summed_scatters``), and sums of SpMMs (left apart),
+against numpy on densified operands."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,8 @@ import spfuse
 from spfuse.lowering.groups import split_groups
 
 TWO = "Y[j,k] = sum(i, A[i,j] * X[i,k]) + sum(i, B[i,j] * G[i,k])"
+#: the gather form: each row of the result from a row of A and of B
+GATHER = "Y[i,k] = sum(j, A[i,j] * X[j,k]) + sum(j, B[i,j] * G[j,k])"
 
 
 def _matrix(rng, m, n, density=0.2, dtype=np.float64, index=np.int32):
@@ -124,26 +127,47 @@ def test_gnn2_gradient_runs_one_walk(rng):
     np.testing.assert_allclose(got["X"], dT @ Y.T, rtol=1e-10, atol=1e-10)
 
 
-@settings(max_examples=40, deadline=None)
-@given(m=st.integers(0, 12), n=st.integers(0, 9), k=st.integers(1, 4), terms=st.integers(2, 4),
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 12), n=st.integers(0, 9), k=st.integers(1, 12), terms=st.integers(2, 4),
        density=st.floats(0.0, 1.0), coefs=st.lists(st.sampled_from([1.0, -1.0, 0.5, 3.0]), min_size=4, max_size=4),
-       flipped=st.booleans(), shared=st.booleans(), f32=st.booleans(), seed=st.integers(0, 2**16))
-def test_random_sums_of_scatters(m, n, k, terms, density, coefs, flipped, shared, f32, seed):
-    """Random sums of transposed SpMMs (orientation, coefficients, dtypes,
-    one pattern or several, empty shapes) against numpy."""
+       flipped=st.booleans(), gather=st.booleans(), shared=st.booleans(), f32=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_random_sums_of_spmm(m, n, k, terms, density, coefs, flipped, gather, shared, f32, seed):
+    """Random sums of SpMMs, gathers or scatters (orientation, coefficients,
+    dtypes, one pattern or several, empty shapes) against numpy."""
     rng = np.random.default_rng(seed)
     dtype = np.float32 if f32 else np.float64
     first = _matrix(rng, m, n, density=density, dtype=dtype)
     mats = [first] + [_same_pattern(first, rng) if shared else _matrix(rng, m, n, density=density, dtype=dtype)
                       for _ in range(terms - 1)]
-    dense = [rng.standard_normal((m, k)).astype(dtype) for _ in range(terms)]
-    out = "Y[k,j]" if flipped else "Y[j,k]"
-    program = f"{out} = " + " + ".join(f"{coefs[t]} * sum(i, S{t}[i,j] * X{t}[i,k])" for t in range(terms))
+    dense = [rng.standard_normal((n if gather else m, k)).astype(dtype) for _ in range(terms)]
+    out, term = ("Y[i,k]", "sum(j, S{t}[i,j] * X{t}[j,k])") if gather else ("Y[j,k]", "sum(i, S{t}[i,j] * X{t}[i,k])")
+    out = f"Y[{out[4]},{out[2]}]" if flipped else out
+    program = f"{out} = " + " + ".join(f"{coefs[t]} * " + term.format(t=t) for t in range(terms))
     ops = {**{f"S{t}": a for t, a in enumerate(mats)}, **{f"X{t}": x for t, x in enumerate(dense)}}
-    if shared and m > 2:   # (a reduction over 2 rows or fewer plans maximal fusion)
+    if shared and not gather and m > 2:   # (a reduction over 2 or fewer plans maximal fusion)
         assert _kernels(program, **ops) == ["spmm_t_sum"]
     got = spfuse.evaluate(program, **ops)
-    want = sum(coefs[t] * (mats[t].toarray().T.astype(np.float64) @ dense[t].astype(np.float64))
-               for t in range(terms))
+    want = sum(coefs[t] * ((mats[t].toarray() if gather else mats[t].toarray().T).astype(np.float64)
+                           @ dense[t].astype(np.float64)) for t in range(terms))
     want = want.T if flipped else want
     np.testing.assert_allclose(got, want, **(dict(rtol=2e-4, atol=2e-4) if f32 else dict(rtol=1e-10, atol=1e-10)))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(30, 20), (0, 5), (6, 0), (40, 1)])
+def test_gather_sums_stay_apart(dtype, shape, rng):
+    """``A·X + B·G`` on one pattern, and the CSC spelling of the scatter sum
+    (read as SpMMs of the transposes): SpMMs then an add, as numpy."""
+    A = _matrix(rng, *shape, dtype=dtype)
+    B = _same_pattern(A, rng)
+    X, G = (rng.standard_normal((shape[1], 5)).astype(dtype) for _ in range(2))
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else {}
+    assert "spmm_t_sum" not in _kernels(GATHER, A=A, B=B, X=X, G=G)
+    got = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G)
+    np.testing.assert_allclose(got, A.toarray().astype(np.float64) @ X + B.toarray().astype(np.float64) @ G, **tol)
+    Ac = A.tocsc()
+    Bc = sp.csc_array((rng.standard_normal(Ac.nnz).astype(dtype), Ac.indices, Ac.indptr), shape=Ac.shape)
+    X, G = (rng.standard_normal((shape[0], 5)).astype(dtype) for _ in range(2))
+    want = Ac.toarray().T.astype(np.float64) @ X + Bc.toarray().T.astype(np.float64) @ G
+    np.testing.assert_allclose(spfuse.evaluate(TWO, A=Ac, B=Bc, X=X, G=G), want, **tol)

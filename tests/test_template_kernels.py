@@ -169,51 +169,49 @@ def test_spmm_t(kind, shape, it, dt, Kdim, rng):
 @cases
 @pytest.mark.parametrize("Kdim", [0, 3, 17])
 def test_spmm_t_terms(kind, shape, it, dt, Kdim, rng):
-    """Several ``(data_t, B_t, out_t)`` in one walk: terms into ``out`` are
-    summed, a term into another array fills it; on a team the same bits."""
+    """More ``(data_t, B_t)`` on the pattern summed in one walk, ``Σ A_tᵀ @ B_t``;
+    the same bits on one thread and on a team."""
     A = make_csr(kind, rng, *shape)
     ip, ind, val = arrays(A, it, dt)
     v2, v3 = (rng.standard_normal(len(val)).astype(dt) for _ in range(2))
-    B1, B2 = (rng.standard_normal((shape[0], Kdim)).astype(dt) for _ in range(2))
-    B3 = rng.standard_normal((shape[0], 2)).astype(dt)
+    B1, B2, B3 = (rng.standard_normal((shape[0], Kdim)).astype(dt) for _ in range(3))
 
     def dense(v):
-        return sp.csr_matrix((v.astype(np.float64), ind, ip), shape=shape).toarray()
+        return sp.csr_matrix((v.astype(np.float64), ind, ip), shape=shape).toarray().T
 
     def run(nt):
         out = np.full((shape[1], Kdim), np.nan, dtype=dt)
-        other = np.full((shape[1], 2), np.nan, dtype=dt)
-        assert K.spmm_t(ip, ind, val, B1, out, nt, ((v2, B2, out), (v3, B3, other))) == -1
-        return out, other
-    got, other = run(1)
-    want = dense(val).T @ B1.astype(np.float64) + dense(v2).T @ B2.astype(np.float64)
+        assert K.spmm_t(ip, ind, val, B1, out, nt, ((v2, B2), (v3, B3))) == -1
+        return out
+    got = run(1)
+    want = sum(dense(v) @ b.astype(np.float64) for v, b in ((val, B1), (v2, B2), (v3, B3)))
     np.testing.assert_allclose(got, want, **tol(dt))
-    np.testing.assert_allclose(other, dense(v3).T @ B3.astype(np.float64), **tol(dt))
     old = K._set_spmm_t_team_min_bytes(0)
     try:
-        team, team_other = run(2)
+        np.testing.assert_array_equal(run(2), got)
     finally:
         K._set_spmm_t_team_min_bytes(old)
-    np.testing.assert_array_equal(team, got)
-    np.testing.assert_array_equal(team_other, other)
 
 
 def test_spmm_t_terms_are_checked():
     ip, ind = np.array([0, 2, 3], np.int32), np.array([0, 2, 1], np.int32)
     val, B, out = np.ones(3), np.ones((2, 4)), np.empty((3, 4))
+
+    def call(terms, indices=ind):
+        return K.spmm_t(ip, indices, val, B, out, 1, terms)
     with pytest.raises(ValueError, match="dtype or layout"):
-        K.spmm_t(ip, ind, val, B, out, 1, ((val.astype(np.float32), B, out),))
+        call(((val.astype(np.float32), B),))
     with pytest.raises(ValueError, match="wrong shape"):
-        K.spmm_t(ip, ind, val, B, out, 1, ((val, np.ones((2, 3)), out),))
+        call(((val, np.ones((2, 3))),))
     with pytest.raises(ValueError, match="wrong shape"):
-        K.spmm_t(ip, ind, val, B, out, 1, ((val[:2], B, out),))
+        call(((val[:2], B),))
     with pytest.raises(ValueError, match="at most"):
-        K.spmm_t(ip, ind, val, B, out, 1, ((val, B, out),) * K.SPMM_T_TERMS)
-    with pytest.raises(ValueError, match="is \\(data, B, out\\)"):
-        K.spmm_t(ip, ind, val, B, out, 1, ((val, B),))
+        call(((val, B),) * K.SUM_TERMS)
+    with pytest.raises(ValueError, match="is \\(data, B\\)"):
+        call(((val, B, out),))
     bad = ind.copy()
     bad[2] = 7   # an index out of range is found by the walk, whatever the terms
-    assert K.spmm_t(ip, bad, val, B, out, 1, ((val, B, out),)) == 2
+    assert call(((val, B),), bad) == 2
 
 
 @dtypes

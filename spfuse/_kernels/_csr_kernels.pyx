@@ -105,7 +105,7 @@ cdef extern from *:
 
 __all__ = [
     "SDDMM_OPS", "SPMM_K_TILE",
-    "spmv", "spmv_t", "bilinear", "row_extremum", "col_extremum", "spmm", "spmm_t", "SPMM_T_TERMS", "sddmm",
+    "spmv", "spmv_t", "bilinear", "row_extremum", "col_extremum", "spmm", "spmm_t", "SUM_TERMS", "sddmm",
     "scale",
     "spgemm_symbolic", "spgemm_numeric", "spgemm", "masked_spgemm",
     "SPADD_VARIANTS", "SPADD_COSTS", "spadd_row_bounds", "spadd",
@@ -872,15 +872,47 @@ cdef Py_ssize_t[::1] _owned_ranges(const index_t* ind, Py_ssize_t p0, Py_ssize_t
     return bounds
 
 
-#: the most scatter terms one ``spmm_t`` walk takes (the first plus ``terms``)
+#: the most terms one ``spmm_t`` walk sums (the first plus ``terms``)
 cdef enum:
-    SPMM_T_MAX_TERMS = 4
-SPMM_T_TERMS = SPMM_T_MAX_TERMS
+    MAX_SUM_TERMS = 4
+SUM_TERMS = MAX_SUM_TERMS
+
+
+cdef int _sum_terms(str kernel, tuple terms, const floating[::1] data, const floating[:, ::1] B,
+                    const floating** vals, const floating** bps) except -1:
+    """Fill ``vals``/``bps`` with the values and dense rows of the first term
+    (``data``, ``B``) and of each ``(data_t, B_t)`` in ``terms``; returns
+    their number (``terms`` None: one).  Raises ``ValueError`` for a term
+    not of the call's value dtype and layout or shape, or too many terms.
+    (None, not ``()``, is the default: a fused def function mis-bound a
+    ``()`` default that followed a C-constant one.)"""
+    if terms is None:
+        terms = ()
+    cdef int t, nterms = 1 + len(terms)
+    cdef const floating[::1] tdata
+    cdef const floating[:, ::1] tB
+    if nterms > MAX_SUM_TERMS:
+        raise ValueError(f"{kernel}: at most {MAX_SUM_TERMS} terms, got {nterms}")
+    vals[0] = _fptr(data)
+    bps[0] = &B[0, 0] if B.shape[0] > 0 and B.shape[1] > 0 else NULL
+    for t in range(1, nterms):
+        term = terms[t - 1]
+        if not isinstance(term, tuple) or len(term) != 2:
+            raise ValueError(f"{kernel}: a term is (data, B)")
+        try:
+            tdata, tB = term
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{kernel}: term {t} is not of the call's value dtype or layout: {e}") from None
+        if tdata.shape[0] < data.shape[0] or tB.shape[0] != B.shape[0] or tB.shape[1] != B.shape[1]:
+            raise ValueError(f"{kernel}: term {t} has the wrong shape")
+        vals[t] = _fptr(tdata)
+        bps[t] = &tB[0, 0] if tB.shape[0] > 0 and tB.shape[1] > 0 else NULL
+    return nterms
 
 
 def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-           const floating[:, ::1] B, floating[:, ::1] out, int num_threads=1, tuple terms=()):
-    """spmm_t(indptr, indices, data, B, out, num_threads=1, terms=()) -> bad
+           const floating[:, ::1] B, floating[:, ::1] out, int num_threads=1, tuple terms=None):
+    """spmm_t(indptr, indices, data, B, out, num_threads=1, terms=None) -> bad
 
     ``out = Aᵀ @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B``
     (m x K), without transposing ``A``: each entry ``p`` of row ``i``
@@ -897,111 +929,63 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     It is also ``A @ B`` of a CSC ``A``.  Sums are accumulated in double:
     in ``out`` itself for float64, in an (n x K) double buffer for float32.
 
-    ``terms``: up to ``SPMM_T_TERMS - 1`` more ``(data_t, B_t, out_t)``
-    scattered in the same walk of the pattern: ``out_t += A_tᵀ @ B_t``
-    where ``A_t`` stores ``data_t`` on ``A``'s pattern.  ``out_t`` is
-    ``out`` itself (the terms summed: a gradient reaching one operand two
-    ways, one read-modify-write of each output row instead of one per
-    term) or another array, filled whole (several gradients of one
-    pattern: the indices read once).  Per output element the terms are
-    added entry by entry, in term order within an entry.
+    ``terms``: up to ``SUM_TERMS - 1`` more ``(data_t, B_t)`` summed in the
+    same walk, ``out = Σ A_tᵀ @ B_t`` where ``A_t`` stores ``data_t`` on
+    ``A``'s pattern (a gradient reaching one operand along several paths):
+    per entry, the output row is read and written once for all terms,
+    which add in term order.
 
     Preconditions: ``len(indptr) == m + 1``, ``indptr`` non-decreasing with
     ``indptr[m] <= len(indices)``, ``B`` is ``(m, K)``, ``out`` is
-    C-contiguous ``(n, K)`` and does not alias ``B``; likewise every term
-    (its ``data_t`` as long as ``data``, its ``out_t`` not aliasing any
-    ``B``); a term not of the call's value dtype or shape raises
-    ``ValueError``.  Indices may come in
+    C-contiguous ``(n, K)`` and aliases no ``B``; each ``data_t`` is as
+    long as ``data`` and each ``B_t`` is shaped as ``B`` (else
+    ``ValueError``).  Indices may come in
     any order (duplicates summed) and are checked here: the return value is
-    -1, or the position of an index outside ``[0, n)`` (the outputs are then
-    garbage).  Every output is fully overwritten.  Complexity O(nnz * ΣK + n * ΣK)
-    work, O(nnz * num_threads) index reads; a team only when the outputs
-    are over 4 MiB (see ``_set_spmm_t_team_min_bytes``).
+    -1, or the position of an index outside ``[0, n)`` (``out`` is then
+    garbage).  ``out`` is fully overwritten.  Complexity O(terms * (nnz * K) + n * K)
+    work, O(nnz * num_threads) index reads; a team only when ``out`` is
+    over 4 MiB (see ``_set_spmm_t_team_min_bytes``).
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t n = out.shape[0]
-    cdef Py_ssize_t nch, ch, r0, r1, i, p, b, j0, j1, nb, t, u
-    cdef int nterms = 1 + len(terms), nouts = 0
+    cdef Py_ssize_t n = out.shape[0], K = out.shape[1]
+    cdef Py_ssize_t nch, ch, r0, r1, i, p, b, j0, j1, nb, t
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
-    cdef const floating* vals[SPMM_T_MAX_TERMS]
-    cdef const floating* bps[SPMM_T_MAX_TERMS]
-    cdef double* accs[SPMM_T_MAX_TERMS]
-    cdef Py_ssize_t Ks[SPMM_T_MAX_TERMS]
-    cdef Py_ssize_t term_out[SPMM_T_MAX_TERMS]   # the output each term adds into
-    cdef floating* outs[SPMM_T_MAX_TERMS]      # the distinct outputs, and their accumulators
-    cdef double* out_accs[SPMM_T_MAX_TERMS]
-    cdef Py_ssize_t out_sizes[SPMM_T_MAX_TERMS]
-    cdef Py_ssize_t total = 0
-    cdef const floating[::1] tdata
-    cdef const floating[:, ::1] tB
-    cdef floating[:, ::1] tout
-    cdef list keep = []   # (the float32 double buffers)
+    cdef const floating* vals[MAX_SUM_TERMS]
+    cdef const floating* bps[MAX_SUM_TERMS]
+    cdef int nterms = _sum_terms("spmm_t", terms, data, B, vals, bps)
+    cdef const floating* val = vals[0]
+    cdef const floating* bp = bps[0]
+    cdef floating* op
+    cdef double* acc
     cdef double[::1] work
     cdef index_t c
     cdef Py_ssize_t bad = -1
     cdef Py_ssize_t* badp = &bad   # written by any thread that finds one (any position will do)
-    if nterms > SPMM_T_MAX_TERMS:
-        raise ValueError(f"spmm_t: at most {SPMM_T_MAX_TERMS} terms, got {nterms}")
-    for t in range(nterms):
-        if t == 0:
-            tdata, tB, tout = data, B, out
-        else:
-            term = terms[t - 1]
-            if len(term) != 3:
-                raise ValueError("spmm_t: a term is (data, B, out)")
-            try:
-                tdata, tB, tout = term
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"spmm_t: term {t} is not of the call's value dtype or layout: {e}") from None
-            if tdata.shape[0] < data.shape[0] or tB.shape[0] != B.shape[0] or tout.shape[0] != n \
-                    or tB.shape[1] != tout.shape[1]:
-                raise ValueError(f"spmm_t: term {t} has the wrong shape")
-        Ks[t] = tout.shape[1]
-        vals[t] = _fptr(tdata)
-        bps[t] = &tB[0, 0] if tB.shape[0] > 0 and Ks[t] > 0 else NULL
-        outs[nouts] = &tout[0, 0] if n > 0 and Ks[t] > 0 else NULL
-        for u in range(nouts + 1):   # (an output already met: the term adds into it)
-            if outs[u] == outs[nouts]:
-                break
-        if u == nouts:
-            out_sizes[nouts] = n * Ks[t]
-            total += out_sizes[nouts]
-            nouts += 1
-        term_out[t] = u
-    if m <= 0 or n == 0 or total == 0:   # nothing is scattered, but an index is still wrong when it is
+    if m <= 0 or n == 0 or K == 0:   # nothing is scattered, but an index is still wrong when it is
         for p in range(ip[0] if m > 0 else 0, ip[m] if m > 0 else 0):
             if <size_t>ind[p] >= <size_t>n:
                 return p
-        for u in range(nouts):
-            if out_sizes[u] > 0:
-                memset(outs[u], 0, out_sizes[u] * sizeof(floating))
+        if n > 0 and K > 0:
+            memset(&out[0, 0], 0, n * K * sizeof(floating))
         return -1
-    for u in range(nouts):
-        if floating is double:
-            out_accs[u] = <double*>outs[u]
-            memset(out_accs[u], 0, out_sizes[u] * sizeof(double))
-        else:
-            work = np.zeros(out_sizes[u])
-            keep.append(work)
-            out_accs[u] = &work[0] if out_sizes[u] > 0 else NULL
-    for t in range(nterms):
-        accs[t] = out_accs[term_out[t]]
-    # (the first term in locals: its loop is the single-term scatter's, free of the tables)
-    cdef double* acc0 = accs[0]
-    cdef const floating* val0 = vals[0]
-    cdef const floating* bp0 = bps[0]
-    cdef Py_ssize_t K0 = Ks[0]
+    op = &out[0, 0]
+    if floating is double:
+        acc = <double*>op
+        memset(acc, 0, n * K * sizeof(double))
+    else:
+        work = np.zeros(n * K)
+        acc = &work[0]
     # a team only for an output past a core's cache: below it, one thread's
     # scatter stays in cache and a second thread's walk of the indices costs
     # more than it takes over (20000 x 16: 2.0 ms on one thread, 2.1 on two;
     # 20000 x 32, 5 MiB: 8.6 against 4.6; 100k x 16: 29 against 11)
-    nb = num_threads if num_threads > 1 and total * <Py_ssize_t>sizeof(double) > _spmm_t_team_min_bytes else 1
+    nb = num_threads if num_threads > 1 and n * K * <Py_ssize_t>sizeof(double) > _spmm_t_team_min_bytes else 1
     if nb > n:
         nb = n
     cdef Py_ssize_t[::1] owned = _owned_ranges(ind, ip[0], ip[m], n, nb)
     # work: K multiply-adds per term + a row fetch per entry, as spmm's (chunks between interrupt checks)
-    nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(total // n + 8), nb, m)
+    nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(nterms * K + 8), nb, m)
     for ch in range(nch):
         if ch > 0:
             PyErr_CheckSignals()
@@ -1019,16 +1003,14 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
                             badp[0] = p
                             break
                         if <size_t>(c - j0) < <size_t>(j1 - j0):
-                            _axpy(acc0 + <Py_ssize_t>c * K0, <double>val0[p], bp0 + i * K0, K0)
+                            _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
                             for t in range(1, nterms):
-                                _axpy(accs[t] + <Py_ssize_t>c * Ks[t], <double>vals[t][p], bps[t] + i * Ks[t],
-                                      Ks[t])
+                                _axpy(acc + <Py_ssize_t>c * K, <double>vals[t][p], bps[t] + i * K, K)
         if bad >= 0:
             return bad
     if floating is not double:
-        for u in range(nouts):
-            for i in range(out_sizes[u]):
-                outs[u][i] = <floating>out_accs[u][i]
+        for i in range(n * K):
+            op[i] = <floating>acc[i]
     return -1
 
 

@@ -494,6 +494,16 @@ PROGRAMS = [
         (Spelling("one reduction", "C[j,k] = sum(i, A[i,j] * X[i,k] + W[i,j] * G[i,k])"),
          Spelling("A and W as CSC", adapt=_csc("A", "W")))),
     OffProgram(
+        "SpMM-sum", "SpMMs summed", "uniform", "Y[i,k] = A[i,j] * X[j,k] + W[i,j] * Z[j,k]",
+        lambda a, r, g: {"A": a, "W": _on_pattern(a, g.random(a.nnz)), "X": _dense(g, a.shape[1], r),
+                         "Z": _dense(g, a.shape[1], r)},
+        {"scipy": _p(lambda o: o["A"] @ o["X"] + o["W"] @ o["Z"], "A @ X + W @ Z"),
+         "torch": _torch_p(lambda t: t["A"] @ t["X"] + t["W"] @ t["Z"], "A_csr @ X + W_csr @ Z"),
+         "graphblas": _gb_p(lambda g: g["A"].mxm(g["X"]).new().ewise_add(g["W"].mxm(g["Z"]).new()).new(),
+                            "A.mxm(X) ewise_add W.mxm(Z)")},
+        (Spelling("explicit sums", "Y[i,k] = sum(j, A[i,j] * X[j,k]) + sum(j, W[i,j] * Z[j,k])"),
+         Spelling("W in its own index arrays", adapt=lambda o: dict(o, W=o["W"].copy())))),
+    OffProgram(
         "AT-A", "transposed CSR", "uniform", "C[j,k] = A[i,j] * A[i,k]", lambda a, r, g: {"A": a},
         {"scipy": _p(lambda o: o["A"].T @ o["A"], "A.T @ A"),
          "graphblas": _gb_p(lambda g: g["A"].T.mxm(g["A"]).new(), "A.T.mxm(A)")},

@@ -93,8 +93,9 @@ class Group:
             how = self.entrywise.describe()
         if self.summed:
             *parts, total = self.summed
-            return (f"template spmm_t, {len(parts)} terms summed in one walk of one pattern (checked per call) "
-                    f"[{'; '.join(p.describe() for p in parts)}]: {'; '.join(map(str, total.ops))}")
+            return (f"template {parts[0].kernel}, {len(parts)} terms summed in one walk of one pattern "
+                    f"(checked per call) [{'; '.join(p.describe() for p in parts)}]: "
+                    f"{'; '.join(map(str, total.ops))}")
         r = self.route
         if r is not None and r.merged:
             how += " on " + ", ".join("∘".join(parts) for _, parts in r.merged) + " (one pattern, checked per call)"

@@ -1,4 +1,4 @@
-"""Scatters summed into one result, run as one walk of their pattern.
+"""Transposed SpMMs of one pattern summed into one result, run as one walk of it.
 
 A gradient that reaches a dense operand along several paths through one
 sparse pattern is a sum of transposed SpMMs.  GNN-2's adjoint has::
@@ -8,19 +8,22 @@ sparse pattern is a sum of transposed SpMMs.  GNN-2's adjoint has::
 with ``P`` and ``Q`` on ``A``'s pattern.  Group by group that is two
 ``spmm_t`` scatters, each a read-modify-write of an output row per stored
 entry, then a transpose of each result and an add over the whole array.
-``spmm_t`` takes several terms in one walk instead: per entry, each output
-row is read and written once for all the terms; the indices are read once;
-one transpose, no add.  (At GNN-2's medium size, 20000 rows and K=32, the
-scatters and the add took 8.9 ms and take 5.9.)
+``spmm_t`` takes several ``(values, dense)`` terms in one walk instead: per
+entry, the output row is read and written once for all the terms; the
+indices are read once; one transpose, no add.  (At GNN-2's medium size,
+20000 rows and K=32, the scatters and the add took 8.9 ms and take 5.9.)
 
 :func:`sum_scatters` is a pure function from a plan's groups to groups: it
 replaces an element-wise group adding the results of ``spmm_t`` groups, read
 nowhere else, by one group holding them (``Group.summed``).
 :func:`run_summed` runs that group.  It checks per call that the terms store
-one pattern; when they do not, the groups run apart, as before.  (Scatters
-of one pattern into *different* results gain nothing from one walk: two
-output rows per entry thrash the cache the same way, measured 6.8-9.0 ms
-against 6.3-6.9 ms apart; they stay apart.)
+one pattern; when they do not, the groups run apart, as before.
+
+Measured and left apart: scatters of one pattern into *different* results
+(two output rows per entry thrash the cache as two walks do: 6.8-9.0 ms
+against 6.3-6.9 ms apart), and sums of *gathers*, ``A·X + B·Z`` on one
+pattern (an ``spmm`` taking terms: 186 against 178 ms apart at 100k rows,
+K=64; the gathered rows, not the output, are the traffic).
 """
 from __future__ import annotations
 
@@ -47,10 +50,11 @@ def sum_scatters(plan, groups: tuple) -> tuple:
     """``groups`` with each sum of ``spmm_t`` results merged into one group.
 
     A group qualifies when it is element-wise, one ``+`` of 2 to
-    ``SPMM_T_TERMS`` results, each made by its own ``spmm_t`` group (a dense
-    result, read by this sum only and not a program result), all computed
-    in the same orientation.  The merged group takes the sum's place: its
-    terms' operands exist by then, and nothing between reads their results.
+    ``SUM_TERMS`` results (each maybe scaled by constants or 0-d operands),
+    each made by its own ``spmm_t`` group: a dense result, read by this sum
+    only and not a program result, all computed in the same orientation.  The merged group
+    takes the sum's place: its terms' operands exist by then, and nothing
+    between reads their results.
     Under ``fusion="none"`` groups stay as they are.
 
     >>> import numpy as np, scipy.sparse as sp, spfuse
@@ -91,7 +95,7 @@ def _terms(plan, g, n: int, groups, producer: Mapping[str, int],
     if g.entrywise is None:
         return None
     *scalings, op = g.ops
-    if op.operator != "+" or op.reduction or not 2 <= len(op.args) <= csr.SPMM_T_TERMS:
+    if op.operator != "+" or op.reduction or not 2 <= len(op.args) <= csr.SUM_TERMS:
         return None
     scaled = {s.out: s for s in scalings}
     terms: list[tuple[int, tuple]] = []
@@ -175,8 +179,7 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
     shape = tuple(plan.shapes[name])
     swapped = parts[0].route.out_swapped
     out = _result(shape[::-1] if swapped else shape, dtype)
-    bad = csr.spmm_t(indptr, indices, values[0], dense[0], out, nt,
-                     tuple((v, d, out) for v, d in zip(values[1:], dense[1:], strict=True)))
+    bad = csr.spmm_t(indptr, indices, values[0], dense[0], out, nt, tuple(zip(values[1:], dense[1:], strict=True)))
     if bad >= 0:
         raise IndexCheckFailed(parts[0].names[0], bad)
     return {name: templates.c_ordered(out.T, nt) if swapped else out}
