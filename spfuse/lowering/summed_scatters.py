@@ -52,10 +52,10 @@ def sum_scatters(plan, groups: tuple) -> tuple:
     A group qualifies when it is element-wise, one ``+`` of 2 to
     ``SUM_TERMS`` results (each maybe scaled by constants or 0-d operands),
     each made by its own ``spmm_t`` group: a dense result, read by this sum
-    only and not a program result, all computed in the same orientation.  The merged group
-    takes the sum's place: its terms' operands exist by then, and nothing
-    between reads their results.
-    Under ``fusion="none"`` groups stay as they are.
+    only and not a program result, all computed in the same orientation.
+    The merged group takes the sum's place: its terms' operands exist by
+    then, and nothing between reads their results.  Under ``fusion="none"``
+    groups stay as they are.
 
     >>> import numpy as np, scipy.sparse as sp, spfuse
     >>> from spfuse.lowering.groups import split_groups
@@ -92,8 +92,8 @@ def _terms(plan, g, n: int, groups, producer: Mapping[str, int],
     group computing it and the factors scaling it on the way (constants and
     0-d operands: ``s * T``, ``neg(T)``, factored out of the reductions by
     the planner), or None when the group is anything else."""
-    if g.entrywise is None:
-        return None
+    if g.entrywise is None or g.outputs != (g.ops[-1].out,):
+        return None   # (a scaled term read elsewhere too is not the sum's to fold)
     *scalings, op = g.ops
     if op.operator != "+" or op.reduction or not 2 <= len(op.args) <= csr.SUM_TERMS:
         return None
@@ -127,15 +127,23 @@ def _terms(plan, g, n: int, groups, producer: Mapping[str, int],
 
 def _scaling(plan, op) -> tuple[Ref, float | str] | None:
     """``(the scaled term, its factor)`` of ``out = c * T``, ``out = s * T``
-    (``s`` a 0-d input, read per call) or ``out = neg(T)``, else None."""
+    (``s`` a 0-d input, read per call) or ``out = neg(T)``, ``T`` read in
+    ``out``'s index order (not transposed on the way), else None.
+
+    >>> from spfuse.ir.ops import UnitOp
+    >>> _scaling(None, UnitOp(0, "T0", ("j", "k"), "*", (Const(2.0), Ref("T1", ("j", "k")))))
+    (Ref(name='T1', indices=('j', 'k')), 2.0)
+    >>> _scaling(None, UnitOp(0, "T0", ("k", "j"), "*", (Const(2.0), Ref("T1", ("j", "k"))))) is None
+    True
+    """
     if op.reduction:
         return None
-    if op.operator == "neg" and len(op.args) == 1 and isinstance(op.args[0], Ref):
-        return op.args[0], -1.0
-    if op.operator != "*" or len(op.args) != 2:
-        return None
     refs = [a for a in op.args if isinstance(a, Ref) and a.indices]
-    if len(refs) != 1:
+    if len(refs) != 1 or refs[0].indices != tuple(op.out_indices):
+        return None
+    if op.operator == "neg" and len(op.args) == 1:
+        return refs[0], -1.0
+    if op.operator != "*" or len(op.args) != 2:
         return None
     other = op.args[1] if op.args[0] is refs[0] else op.args[0]
     if isinstance(other, Const):
