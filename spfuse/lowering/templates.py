@@ -697,7 +697,8 @@ _WHY = {
     "scale_cols": "A[i,j]·e[j] on A's pattern, one pass over its values",
     "col_sums": "Aᵀ·ones: a scatter per row into fixed blocks' partial results, added in block order",
     "spmm": "row axpy of B rows into the output row (k tiled only when Plan.tiles says so)",
-    "spmm_t": "scatter-axpy of B's rows into the output rows, rows in order (no transpose; one thread)",
+    "spmm_t": ("scatter-axpy of B's rows into the output rows, rows in order (no transpose; past 4 MiB of "
+               "output a team, each thread its range of output rows)"),
     "spgemm": "Gustavson i,j,k with a dense workspace, two phases (count, prefix sum, fill)",
     "masked_spgemm": "masked Gustavson: M's row marks the columns, A's row scatters B's rows only there",
     "masked_spgemm_dot": "A's row scattered dense, gathered at Bᵀ's row per stored M entry",
