@@ -87,6 +87,30 @@ def test_gemm_with_transposed_operands_matches_numpy(dtype, trans_a, trans_b, m,
     np.testing.assert_allclose(out, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("m, k, n", [(3, 5000, 7), (32, 20011, 32), (1, 4097, 300)])
+def test_deep_gemm_cut_along_the_summed_extent(dtype, trans_a, trans_b, m, k, n):
+    """A product too narrow to cut along out and deep in ``k`` (a weight
+    gradient ``Xᵀ·G``) runs in blocks of ``k`` into partials (BLAS held to
+    one thread): numpy's product, the same bits on one thread and on two."""
+    from spfuse._kernels import _dense_kernels
+    from spfuse.runtime.blas_pool import hold_blas_once
+    hold_blas_once()
+    rng = np.random.default_rng(m + k + n)
+    A = rng.random((k, m) if trans_a else (m, k)).astype(dtype)
+    B = rng.random((n, k) if trans_b else (k, n)).astype(dtype)
+    outs = []
+    for nt in (1, 2):
+        out = np.full((m, n), np.nan, dtype)
+        _dense_kernels.gemm(A, B, out, nt, trans_a=trans_a, trans_b=trans_b)
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    want = (A.T if trans_a else A).astype(np.float64) @ (B.T if trans_b else B).astype(np.float64)
+    np.testing.assert_allclose(outs[0], want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
 def test_gemm_refuses_mismatched_shapes():
     from spfuse._kernels import _dense_kernels
     with pytest.raises(ValueError, match="shapes"):

@@ -63,6 +63,13 @@ cdef enum:
     # block repacks the other operand, a cost of about 1/GEMM_MIN_SIDE
     GEMM_MIN_SIDE = 32
     GEMM_MAX_BLOCKS = 16
+    # a product whose out is too small to cut (one block along its longer
+    # side: a weight gradient Xᵀ·G of two tall factors) is cut along the
+    # summed extent instead, into at most GEMM_MAX_DEPTH_BLOCKS blocks of at
+    # least GEMM_MIN_DEPTH, each into its own partial of out (added in
+    # block order)
+    GEMM_MIN_DEPTH = 2048
+    GEMM_MAX_DEPTH_BLOCKS = 8
 
 # Beyond this many int-sized elements a dimension no longer fits LP64 BLAS.
 cdef Py_ssize_t _INT_MAX = 2147483647
@@ -96,13 +103,15 @@ def hold_blas_to_one_thread(size_t set_address, size_t get_address):
 
 cdef inline void _gemm_block(char* ta, char* tb, int m0, int mb, int n0, int nb, int k,
                              const floating* a0, int lda, const floating* b0, int ldb,
-                             floating* o0, int ldo, bint trans_a, bint trans_b) noexcept nogil:
-    """``out[m0:m0+mb, n0:n0+nb] = op(A)[m0:m0+mb] @ op(B)[:, n0:n0+nb]`` as one BLAS call."""
+                             floating* o0, int ldo, bint trans_a, bint trans_b, int k0=0) noexcept nogil:
+    """``out[m0:m0+mb, n0:n0+nb] = op(A)[m0:m0+mb, k0:k0+k] @ op(B)[k0:k0+k, n0:n0+nb]``
+    as one BLAS call."""
     cdef floating one = 1, zero = 0
     # rows m0.. of op(A): rows of A, or (transposed) its columns; columns
-    # n0.. of op(B): columns of B, or (transposed) its rows
-    cdef const floating* a = a0 + (m0 if trans_a else <Py_ssize_t>m0 * lda)
-    cdef const floating* b = b0 + (<Py_ssize_t>n0 * ldb if trans_b else n0)
+    # n0.. of op(B): columns of B, or (transposed) its rows; the summed
+    # extent from k0: columns of A (rows, transposed), rows of B (columns)
+    cdef const floating* a = a0 + (m0 + <Py_ssize_t>k0 * lda if trans_a else <Py_ssize_t>m0 * lda + k0)
+    cdef const floating* b = b0 + (<Py_ssize_t>n0 * ldb + k0 if trans_b else n0 + <Py_ssize_t>k0 * ldb)
     cdef floating* o = o0 + <Py_ssize_t>m0 * ldo + n0
     if floating is double:
         dgemm(tb, ta, &nb, &mb, &k, &one, <double*>b, &ldb, <double*>a, &lda, &zero, o, &ldo)
@@ -134,9 +143,14 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
       other product of more than ``BLAS_SERIAL_MNK`` multiply-adds along the
       longer side of out, in up to ``GEMM_MAX_BLOCKS`` blocks;
     * otherwise one BLAS call on BLAS's own threads.
-    The blocks depend on the shapes only, never on ``num_threads``, and each
-    element of out is one BLAS dot over the whole ``k``: results do not
-    depend on the team size.
+    * with BLAS held, a product whose out is one block that way but whose
+      summed extent is deep (``k >= 2 * GEMM_MIN_DEPTH``: ``Xᵀ·G`` of two
+      tall factors, a weight gradient) in up to ``GEMM_MAX_DEPTH_BLOCKS``
+      blocks of ``k``, each into its own partial of out, the partials added
+      in block order (in double).
+    The blocks depend on the shapes only, never on ``num_threads``: each
+    element of out is one BLAS dot over the whole ``k``, or over the same
+    fixed pieces of it, so results do not depend on the team size.
     """
     cdef int m = A.shape[1] if trans_a else A.shape[0]
     cdef int k = A.shape[0] if trans_a else A.shape[1]
@@ -155,9 +169,11 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
             memset(&out[0, 0], 0, <size_t>m * n * sizeof(floating))
         return
     cdef Py_ssize_t work = <Py_ssize_t>m * n * k
-    cdef Py_ssize_t nblocks = 1, blk, side = m
+    cdef Py_ssize_t nblocks = 1, blk, side = m, i, size = <Py_ssize_t>m * n
     cdef bint by_rows = True
     cdef int lo, hi
+    cdef floating* p0
+    cdef double total
     cdef int team = num_threads if num_threads is not None and num_threads > 0 else 1
     cdef bint hold = _blas_set_threads != NULL and work > BLAS_SERIAL_MNK
     cdef int before = 1
@@ -167,9 +183,34 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
         by_rows = m >= n
         side = m if by_rows else n
         nblocks = max(1, min(<Py_ssize_t>GEMM_MAX_BLOCKS, side // GEMM_MIN_SIDE))
+    cdef Py_ssize_t depth_blocks = 1
+    if hold and nblocks == 1 and <Py_ssize_t>n * k > THIN_NK:
+        depth_blocks = max(1, min(<Py_ssize_t>GEMM_MAX_DEPTH_BLOCKS, k // GEMM_MIN_DEPTH))
     cdef const floating* a0 = &A[0, 0]
     cdef const floating* b0 = &B[0, 0]
     cdef floating* o0 = &out[0, 0]
+    if depth_blocks > 1:
+        p0 = <floating*>malloc(depth_blocks * size * sizeof(floating))
+        if p0 == NULL:
+            raise MemoryError("gemm: cannot allocate the partial products")
+        with nogil:
+            before = _blas_get_threads()
+            if before != 1:
+                _blas_set_threads(1)
+            for blk in prange(depth_blocks, schedule="dynamic", chunksize=1, num_threads=team):
+                lo = <int>(blk * k // depth_blocks)
+                hi = <int>((blk + 1) * k // depth_blocks)
+                _gemm_block(&ta, &tb, 0, m, 0, n, hi - lo, a0, lda, b0, ldb, p0 + blk * size, n,
+                            trans_a, trans_b, lo)
+            if before != 1:
+                _blas_set_threads(before)
+            for i in range(size):
+                total = 0.0
+                for blk in range(depth_blocks):
+                    total = total + <double>p0[blk * size + i]
+                o0[i] = <floating>total
+        free(p0)
+        return
     with nogil:
         if hold:
             before = _blas_get_threads()
