@@ -186,6 +186,7 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
     cdef Py_ssize_t depth_blocks = 1
     if hold and nblocks == 1 and <Py_ssize_t>n * k > THIN_NK:
         depth_blocks = max(1, min(<Py_ssize_t>GEMM_MAX_DEPTH_BLOCKS, k // GEMM_MIN_DEPTH))
+    cdef Py_ssize_t blocks = depth_blocks if depth_blocks > 1 else nblocks
     cdef const floating* a0 = &A[0, 0]
     cdef const floating* b0 = &B[0, 0]
     cdef floating* o0 = &out[0, 0]
@@ -193,38 +194,34 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
         p0 = <floating*>malloc(depth_blocks * size * sizeof(floating))
         if p0 == NULL:
             raise MemoryError("gemm: cannot allocate the partial products")
-        with nogil:
-            before = _blas_get_threads()
-            if before != 1:
-                _blas_set_threads(1)
-            for blk in prange(depth_blocks, schedule="dynamic", chunksize=1, num_threads=team):
-                lo = <int>(blk * k // depth_blocks)
-                hi = <int>((blk + 1) * k // depth_blocks)
-                _gemm_block(&ta, &tb, 0, m, 0, n, hi - lo, a0, lda, b0, ldb, p0 + blk * size, n,
-                            trans_a, trans_b, lo)
-            if before != 1:
-                _blas_set_threads(before)
-            for i in range(size):
-                total = 0.0
-                for blk in range(depth_blocks):
-                    total = total + <double>p0[blk * size + i]
-                o0[i] = <floating>total
-        free(p0)
-        return
     with nogil:
         if hold:
             before = _blas_get_threads()
             if before != 1:
                 _blas_set_threads(1)
-        for blk in prange(nblocks, schedule="dynamic", chunksize=1, num_threads=team if nblocks > 1 else 1):
-            lo = <int>(blk * side // nblocks)
-            hi = <int>((blk + 1) * side // nblocks)
-            if by_rows:
-                _gemm_block(&ta, &tb, lo, hi - lo, 0, n, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
+        for blk in prange(blocks, schedule="dynamic", chunksize=1, num_threads=team if blocks > 1 else 1):
+            if depth_blocks > 1:   # (a block of k into its own partial)
+                lo = <int>(blk * k // blocks)
+                hi = <int>((blk + 1) * k // blocks)
+                _gemm_block(&ta, &tb, 0, m, 0, n, hi - lo, a0, lda, b0, ldb, p0 + blk * size, n,
+                            trans_a, trans_b, lo)
             else:
-                _gemm_block(&ta, &tb, 0, m, lo, hi - lo, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
+                lo = <int>(blk * side // blocks)
+                hi = <int>((blk + 1) * side // blocks)
+                if by_rows:
+                    _gemm_block(&ta, &tb, lo, hi - lo, 0, n, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
+                else:
+                    _gemm_block(&ta, &tb, 0, m, lo, hi - lo, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
         if hold and before != 1:
             _blas_set_threads(before)
+        if depth_blocks > 1:   # the partials added in block order
+            for i in range(size):
+                total = 0.0
+                for blk in range(depth_blocks):
+                    total = total + <double>p0[blk * size + i]
+                o0[i] = <floating>total
+    if depth_blocks > 1:
+        free(p0)
 
 
 cdef inline double _unary(int op, double x) noexcept nogil:
