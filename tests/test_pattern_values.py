@@ -342,3 +342,27 @@ def test_a_signature_with_shared_patterns_is_not_reused_for_different_ones():
         np.testing.assert_allclose(kernel(**ops), dense_reference(program, ops), rtol=1e-10, atol=1e-10)
     assert spfuse.tensor.shared_patterns({"A": spfuse.as_tensor(A), "G": spfuse.as_tensor(same)}) == (("G", "A"),)
     assert spfuse.tensor.shared_patterns({"A": spfuse.as_tensor(A), "G": spfuse.as_tensor(other)}) == ()
+
+
+def test_shared_patterns_compares_whole_patterns_within_a_fingerprint():
+    """Operands of one shape and entry count are bucketed by a few sampled
+    coordinates; within a bucket the whole patterns decide.  Patterns that
+    differ only away from the samples are told apart, equal ones found, each
+    naming the earliest operand of its pattern."""
+    rng = np.random.default_rng(3)
+    A = sp.random_array((20, 20), density=0.3, format="csr", rng=rng)
+    A.sort_indices()
+    n = A.nnz
+    assert n > 8
+    moved = A.indices.copy()
+    k = 1 if 1 not in (n >> 2, n >> 1, n - 1) else 2   # a position no sample reads
+    row = np.searchsorted(A.indptr, k, side="right") - 1
+    free = sorted(set(range(20)) - set(A.indices[A.indptr[row]:A.indptr[row + 1]]))
+    moved[k] = free[0]   # (the row may then be unsorted: a pattern all the same)
+    near = sp.csr_array((A.data, moved, A.indptr.copy()), shape=A.shape)
+    other = sp.random_array((20, 20), density=0.3, format="csr", rng=rng)
+    ts = {"A": A, "B": near, "C": other, "D": sp.csr_array((A.data * 2, A.indices.copy(), A.indptr.copy()),
+                                                            shape=A.shape),
+          "E": sp.csr_array((near.data, near.indices.copy(), near.indptr.copy()), shape=A.shape)}
+    tensors = {name: spfuse.Tensor._fast_compressed(m, "sparray", scan=False) for name, m in ts.items()}
+    assert spfuse.tensor.shared_patterns(tensors) == (("D", "A"), ("E", "B"))
