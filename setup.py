@@ -87,6 +87,10 @@ def extensions():
         compile_args = ["/O2"]
     else:
         compile_args.append("-ffp-contract=off")  # no fused multiply-add: the same sums on every CPU
+        # nothing reads the FP exception flags: a select between two values
+        # (x / y where x != 0, else 0) may then be if-converted and vectorised
+        # (the same IEEE results; gcc keeps such loops scalar by default)
+        compile_args.append("-fno-trapping-math")
     # the AVX2 builds: x86-64 with gcc/clang, not the debug build
     avx2 = not debug and sys.platform != "win32" and platform.machine().lower() in ("x86_64", "amd64")
     # SPFUSE_ONLY=_spmm,_config builds just those modules (for developers

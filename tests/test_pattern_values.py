@@ -55,8 +55,9 @@ PROGRAMS = [
 ]
 
 
-def _operands(rng, n, m, density, full_rows=False):
-    A = sp.random_array((n, m), density=density, format="csr", rng=rng)
+def _operands(rng, n, m, density, full_rows=False, pattern=None):
+    A = sp.random_array((n, m), density=density, format="csr", rng=rng) if pattern is None else pattern.copy()
+    n, m = A.shape
     if full_rows and n and m:
         A = sp.csr_array(A + sp.csr_array((np.ones(n), (np.arange(n), np.arange(n) % m)), shape=(n, m)))
     A.sort_indices()
@@ -257,6 +258,35 @@ def test_the_compiled_program_gives_the_same_bits_on_any_team(k):
     assert pattern_group(plan, g.ops, g.outputs) is not None
     for name in one:
         np.testing.assert_array_equal(_dense(one[name]), _dense(two[name]))
+
+
+def _block_edges_pattern(rng):
+    """Rows the compiled program's blocks of rows (256 entries, 64 rows)
+    meet at their edges: 100 empty rows, a full row of 600 entries, rows
+    of 255-257 entries, a run of rows of one entry and random rows."""
+    n, m = 300, 600
+    lengths = np.zeros(n, dtype=int)
+    lengths[100] = m
+    lengths[101:104] = (255, 256, 257)
+    lengths[104:200] = 1
+    lengths[200:] = rng.integers(0, 40, n - 200)
+    cols = np.concatenate([np.sort(rng.choice(m, k, replace=False)) for k in lengths])
+    rows = np.repeat(np.arange(n), lengths)
+    return sp.csr_array((np.ones(rows.size), (rows, cols)), shape=(n, m))
+
+
+@pytest.mark.parametrize("k", range(len(PROGRAMS)))
+def test_the_compiled_program_across_block_edges_matches_numpy(k):
+    """Empty rows, a row longer than a block, rows just below and past a
+    block's entries: every program as numpy has it, on 1 and 2 threads."""
+    rng = np.random.default_rng(40 + k)
+    program = PROGRAMS[k]
+    ops = _operands(rng, 0, 0, 0.0, pattern=_block_edges_pattern(rng))
+    ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
+    want = dense_reference(program, ops)
+    for nt in (1, 2):
+        got = spfuse.evaluate(program, **ops, num_threads=nt)
+        np.testing.assert_allclose(_dense(got), want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("width", [0, 1, 9])

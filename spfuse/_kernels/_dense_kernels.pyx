@@ -332,10 +332,14 @@ cdef inline void _transpose_tiles(const floating* src, floating* dst, Py_ssize_t
 # A program (made by ``spfuse.lowering.pattern_values``) is a table of
 # instructions, one row each:
 #   [opcode, sub, dst_kind, dst, nargs, coef_base, flags, (arg kind, arg index) * nargs]
-# run row by row: entry registers hold a row's entries, row registers one
-# value per row.  Interpretation is paid per instruction and row, never per
-# entry: each argument is first laid out over the row's entries by a loop of
-# its own kind, then the operation runs one tight loop over them.
+# run over blocks of whole rows (up to PAT_BLOCK_ENTRIES entries and
+# PAT_BLOCK_ROWS rows; a longer row is a block alone): entry registers hold
+# the block's entries, row registers one value per row.  Interpretation is
+# paid per instruction and block, never per entry: each argument is first
+# laid out over the block's entries by a loop of its own kind, then an
+# element-wise operation runs one tight loop over them (row by row, a row of
+# ten entries paid the dispatch of every instruction per ten entries: the
+# SDDMM-div adjoint's program ran at 2x its dot and axpy leaves).
 cdef enum:
     PAT_COPY = 0
     PAT_ADD = 1        # sum of coefficient * argument, left to right
@@ -364,6 +368,10 @@ cdef enum:
     ARG_COL_ROW = 10   # arrays[index][column of p * strides[index] + e] (an entry dot's or axpy's gathered row)
 
 cdef enum:
+    PAT_BLOCK_ENTRIES = 256
+    PAT_BLOCK_ROWS = 64
+
+cdef enum:
     PAT_HEADER = 7
     PAT_ROW_RESTRICTED = 1   # flag: a row-wise result is 0 on rows storing nothing
 
@@ -387,33 +395,40 @@ cdef inline double _row_arg(int kind, Py_ssize_t index, Py_ssize_t i, const doub
     return arrays[index][0]   # ARG_SCALAR
 
 
-cdef inline const double* _entry_arg(int kind, Py_ssize_t index, Py_ssize_t i, Py_ssize_t p0, Py_ssize_t n,
-                                     const index_t* cols, const double* consts, double* rows, double** arrays,
-                                     const int64_t* strides, double* entries, Py_ssize_t width,
-                                     double* scratch) noexcept nogil:
-    """An argument laid out over row ``i``'s ``n`` entries (from position
-    ``p0``): a register or stored values as they are, anything else written
-    into ``scratch``."""
-    cdef Py_ssize_t e
+cdef inline const double* _block_arg(int kind, Py_ssize_t index, Py_ssize_t i0, Py_ssize_t nr,
+                                     const index_t* ip, const index_t* cols, const double* consts, double* rows,
+                                     Py_ssize_t nrs, double** arrays, const int64_t* strides, double* entries,
+                                     Py_ssize_t bw, double* scratch) noexcept nogil:
+    """An argument laid out over the entries of rows ``[i0, i0 + nr)`` (the
+    block's positions ``[ip[i0], ip[i0 + nr])``, contiguous): a register or
+    stored values as they are, anything else written into ``scratch``.
+    Row ``r`` of the block keeps its row registers at ``rows + r * nrs``."""
+    cdef Py_ssize_t P0 = ip[i0], N = ip[i0 + nr] - P0, e, r
     cdef double v
     cdef const double* a
     if kind == ARG_ENTRY:
-        return entries + index * width
+        return entries + index * bw
     if kind == ARG_PATTERN:
-        return arrays[index] + p0
+        return arrays[index] + P0
     if kind == ARG_COLVEC:
         a = arrays[index]
-        for e in range(n):
-            scratch[e] = a[cols[p0 + e]]
+        for e in range(N):
+            scratch[e] = a[cols[P0 + e]]
         return scratch
-    if kind == ARG_MATRIX:
-        a = arrays[index] + i * strides[index]
-        for e in range(n):
-            scratch[e] = a[cols[p0 + e]]
+    if kind == ARG_CONST or kind == ARG_SCALAR:
+        v = consts[index] if kind == ARG_CONST else arrays[index][0]
+        for e in range(N):
+            scratch[e] = v
         return scratch
-    v = _row_arg(kind, index, i, consts, rows, arrays)
-    for e in range(n):
-        scratch[e] = v
+    for r in range(nr):   # a value or a matrix row per row
+        if kind == ARG_MATRIX:
+            a = arrays[index] + (i0 + r) * strides[index]
+            for e in range(ip[i0 + r], ip[i0 + r + 1]):
+                scratch[e - P0] = a[cols[e]]
+        else:
+            v = _row_arg(kind, index, i0 + r, consts, rows + r * nrs, arrays)
+            for e in range(ip[i0 + r] - P0, ip[i0 + r + 1] - P0):
+                scratch[e] = v
     return scratch
 
 
@@ -523,106 +538,134 @@ cdef inline void _row_axpy(const int64_t* ins, Py_ssize_t i, Py_ssize_t p0, Py_s
         e = e + 1
 
 
-cdef void _pattern_row(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i,
-                       Py_ssize_t p0, Py_ssize_t n, Py_ssize_t ncols, const index_t* cols,
-                       const double* consts, double* rows, double** arrays, const int64_t* strides,
-                       double* entries, Py_ssize_t width, double* scratch, Py_ssize_t nnz) noexcept nogil:
-    """Every instruction on row ``i`` (entries ``[p0, p0 + n)`` of ``nnz``)."""
-    cdef Py_ssize_t t, e, k, nargs
+cdef inline double _reduce(int sub, const double* a, Py_ssize_t n, Py_ssize_t ncols) noexcept nogil:
+    """A row's sum (``sub`` 0), max (1) or min (2) of its ``n`` entries
+    ``a``; max and min see the row's implicit zeros, NaN propagates (as
+    numpy's maximum / minimum)."""
+    cdef Py_ssize_t e
+    cdef double r
+    if n == 0:
+        return 0.0
+    r = a[0]
+    if sub == 0:
+        for e in range(1, n):
+            r = r + a[e]
+        return r
+    for e in range(1, n):
+        if r != r or a[e] != a[e]:
+            r = r + a[e]
+        elif (sub == 1 and a[e] > r) or (sub == 2 and a[e] < r):
+            r = a[e]
+    if n < ncols and r == r and ((sub == 1 and r < 0.0) or (sub == 2 and r > 0.0)):
+        r = 0.0   # the row's implicit zeros take part
+    return r
+
+
+cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i0, Py_ssize_t nr,
+                         const index_t* ip, Py_ssize_t ncols, const index_t* cols, const double* consts,
+                         double* rows, Py_ssize_t nrs, double** arrays, const int64_t* strides,
+                         double* entries, Py_ssize_t bw, double* scratch, Py_ssize_t nnz) noexcept nogil:
+    """Every instruction on the block of rows ``[i0, i0 + nr)`` (of a pattern
+    of ``nnz`` entries): the element-wise ones in one loop over the block's
+    entries, the row-wise ones and the leaves row by row.  Each entry's and
+    each row's arithmetic is the same whatever the block, so results do not
+    depend on how rows are grouped."""
+    cdef Py_ssize_t P0 = ip[i0], N = ip[i0 + nr] - P0, t, e, k, r, p, nargs
     cdef const int64_t* ins
     cdef int op, sub
     cdef double* dst
+    cdef double* rr
     cdef const double* a
     cdef const double* b
     cdef const double* c
-    cdef double coef, r
+    cdef double coef, v
     for t in range(n_ins):
         ins = code + t * stride
         op = <int>ins[0]
         sub = <int>ins[1]
         nargs = ins[4]
         if op == PAT_ENTRY_DOT:
-            _entry_dots(ins, i, p0, n, cols, nnz, arrays, strides, entries + ins[3] * width)
+            dst = entries + ins[3] * bw
+            for r in range(nr):
+                p = ip[i0 + r]
+                _entry_dots(ins, i0 + r, p, ip[i0 + r + 1] - p, cols, nnz, arrays, strides, dst + (p - P0))
             continue
         if op == PAT_ROW_AXPY:
-            a = _entry_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i, p0, n, cols, consts, rows, arrays, strides,
-                           entries, width, scratch)
-            _row_axpy(ins, i, p0, n, cols, nnz, a, arrays, strides)
+            a = _block_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i0, nr, ip, cols, consts, rows, nrs, arrays,
+                           strides, entries, bw, scratch)
+            for r in range(nr):
+                p = ip[i0 + r]
+                _row_axpy(ins, i0 + r, p, ip[i0 + r + 1] - p, cols, nnz, a + (p - P0), arrays, strides)
             continue
         if ins[2] == 1 and op != PAT_REDUCE:   # a row-wise result
-            r = _row_dot(ins, i, consts, rows, arrays, strides) if op == PAT_ROW_DOT else \
-                _row_op(ins, i, consts, rows, arrays)
-            if (ins[6] & PAT_ROW_RESTRICTED) and n == 0:
-                r = 0.0
-            rows[ins[3]] = r
+            for r in range(nr):
+                rr = rows + r * nrs
+                v = _row_dot(ins, i0 + r, consts, rr, arrays, strides) if op == PAT_ROW_DOT else \
+                    _row_op(ins, i0 + r, consts, rr, arrays)
+                if (ins[6] & PAT_ROW_RESTRICTED) and ip[i0 + r + 1] == ip[i0 + r]:
+                    v = 0.0
+                rr[ins[3]] = v
             continue
-        a = _entry_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i, p0, n, cols, consts, rows, arrays, strides,
-                       entries, width, scratch)
+        a = _block_arg(<int>ins[PAT_HEADER], ins[PAT_HEADER + 1], i0, nr, ip, cols, consts, rows, nrs, arrays,
+                       strides, entries, bw, scratch)
         if op == PAT_REDUCE:
-            if n == 0:
-                rows[ins[3]] = 0.0
-                continue
-            r = a[0]
-            if sub == 0:
-                for e in range(1, n):
-                    r = r + a[e]
-            else:
-                for e in range(1, n):   # NaN propagates, as numpy's maximum / minimum
-                    if r != r or a[e] != a[e]:
-                        r = r + a[e]
-                    elif (sub == 1 and a[e] > r) or (sub == 2 and a[e] < r):
-                        r = a[e]
-                if n < ncols and r == r and ((sub == 1 and r < 0.0) or (sub == 2 and r > 0.0)):
-                    r = 0.0   # the row's implicit zeros take part
-            rows[ins[3]] = r
+            for r in range(nr):
+                p = ip[i0 + r]
+                rows[r * nrs + ins[3]] = _reduce(sub, a + (p - P0), ip[i0 + r + 1] - p, ncols)
             continue
-        dst = entries + ins[3] * width
+        dst = entries + ins[3] * bw
         if op == PAT_COPY:
-            for e in range(n):
+            for e in range(N):
                 dst[e] = a[e]
         elif op == PAT_UNARY:
-            for e in range(n):
+            for e in range(N):
                 dst[e] = _unary(sub, a[e])
         elif op == PAT_ADD or op == PAT_SUB:
             coef = consts[ins[5]]
-            for e in range(n):
+            for e in range(N):
                 dst[e] = a[e] * coef
             for k in range(1, nargs):
-                b = _entry_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, p0, n, cols, consts,
-                               rows, arrays, strides, entries, width, scratch + width)
+                b = _block_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i0, nr, ip, cols, consts,
+                               rows, nrs, arrays, strides, entries, bw, scratch + bw)
                 coef = consts[ins[5] + k]
                 if op == PAT_ADD:
-                    for e in range(n):
+                    for e in range(N):
                         dst[e] = dst[e] + (b[e] if coef == 1.0 else b[e] * coef)
                 else:
-                    for e in range(n):
+                    for e in range(N):
                         dst[e] = dst[e] - (b[e] if coef == 1.0 else b[e] * coef)
         elif op == PAT_MUL:
             if nargs == 1:
-                for e in range(n):
+                for e in range(N):
                     dst[e] = a[e]
             else:
                 # (the first argument's scratch is read before the second's is written: two slots)
-                b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows,
-                               arrays, strides, entries, width, scratch + width)
-                for e in range(n):
+                b = _block_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i0, nr, ip, cols, consts, rows, nrs,
+                               arrays, strides, entries, bw, scratch + bw)
+                for e in range(N):
                     dst[e] = a[e] * b[e]
                 for k in range(2, nargs):
-                    b = _entry_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i, p0, n, cols,
-                                   consts, rows, arrays, strides, entries, width, scratch + width)
-                    for e in range(n):
+                    b = _block_arg(<int>ins[PAT_HEADER + 2 * k], ins[PAT_HEADER + 2 * k + 1], i0, nr, ip, cols,
+                                   consts, rows, nrs, arrays, strides, entries, bw, scratch + bw)
+                    for e in range(N):
                         dst[e] = dst[e] * b[e]
         elif op == PAT_DIV:
-            b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows, arrays,
-                           strides, entries, width, scratch + width)
-            for e in range(n):
-                dst[e] = 0.0 if a[e] == 0.0 else a[e] / b[e]
+            b = _block_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i0, nr, ip, cols, consts, rows, nrs,
+                           arrays, strides, entries, bw, scratch + bw)
+            for e in range(N):
+                # (0 / 1 where a is 0, + 0.0 making that a +0: one division
+                # for every entry, with no branch around it, so gcc vectorises
+                # it -- branching, scalar divisions were a fifth of the
+                # SDDMM-div adjoint's program)
+                v = b[e]   # (loaded whatever a is: a load under a condition is not if-converted)
+                v = v if a[e] != 0.0 else 1.0
+                dst[e] = a[e] / v + 0.0
         else:   # PAT_WHERE
-            b = _entry_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i, p0, n, cols, consts, rows, arrays,
-                           strides, entries, width, scratch + width)
-            c = _entry_arg(<int>ins[PAT_HEADER + 4], ins[PAT_HEADER + 5], i, p0, n, cols, consts, rows, arrays,
-                           strides, entries, width, scratch + 2 * width)
-            for e in range(n):
+            b = _block_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i0, nr, ip, cols, consts, rows, nrs,
+                           arrays, strides, entries, bw, scratch + bw)
+            c = _block_arg(<int>ins[PAT_HEADER + 4], ins[PAT_HEADER + 5], i0, nr, ip, cols, consts, rows, nrs,
+                           arrays, strides, entries, bw, scratch + 2 * bw)
+            for e in range(N):
                 dst[e] = b[e] if a[e] != 0.0 else c[e]
 
 
@@ -641,7 +684,7 @@ def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize
     register written at each row's positions, a row register at the row
     (a ``row_axpy`` writes its row of a dense output matrix in ``arrays``
     itself).  Each row is computed alone, in the instructions' order, so results do
-    not depend on ``num_threads``.  Preconditions (the caller's): column
+    not depend on ``num_threads`` (or on the blocks of rows the rows are run in).  Preconditions (the caller's): column
     indices in ``[0, ncols)``, every array long enough for what reads it.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1, i, j, width = 1, n_ins = code.shape[0]
@@ -657,38 +700,57 @@ def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize
     cdef double* work
     cdef double* rows
     cdef double* entries
-    cdef Py_ssize_t per_thread, p0, n, o, e
+    cdef Py_ssize_t* starts
+    cdef Py_ssize_t per_thread, P0, N, o, e, r, b, nblocks = 0, i0, nr, nrs = n_row + 1
     if m <= 0 or n_ins == 0:
         return
     for i in range(m):
         if ip[i + 1] - ip[i] > width:
             width = ip[i + 1] - ip[i]
-    # (whole cache lines and a line of gap: threads' rows never share a line)
-    per_thread = padded_stride((n_entry + 3) * width + n_row + 1, sizeof(double))
+    if width < PAT_BLOCK_ENTRIES:
+        width = PAT_BLOCK_ENTRIES
+    # (whole cache lines and a line of gap: threads' blocks never share a line)
+    per_thread = padded_stride((n_entry + 3) * width + PAT_BLOCK_ROWS * nrs, sizeof(double))
     ptrs = <double**>malloc((n_arrays + 1) * sizeof(double*))
     work = <double*>malloc(<size_t>per_thread * num_threads * sizeof(double))
-    if ptrs == NULL or work == NULL:
+    starts = <Py_ssize_t*>malloc((m + 1) * sizeof(Py_ssize_t))
+    if ptrs == NULL or work == NULL or starts == NULL:
         free(ptrs)
         free(work)
+        free(starts)
         raise MemoryError()
     try:
         for j in range(n_arrays):
             view = arrays[j]
             ptrs[j] = <double*>&view[0] if view.shape[0] > 0 else NULL   # (outputs are fresh, writable arrays)
+        # the blocks: whole rows, from the pattern alone
+        i = 0
+        while i < m:
+            starts[nblocks] = i
+            nblocks = nblocks + 1
+            j = i + 1
+            while j < m and j - i < PAT_BLOCK_ROWS and ip[j + 1] - ip[i] <= width:
+                j = j + 1
+            i = j
+        starts[nblocks] = m
         with nogil:
-            for i in prange(m, schedule="static", chunksize=64, num_threads=num_threads):
+            for b in prange(nblocks, schedule="dynamic", chunksize=1, num_threads=num_threads):
                 rows = work + <Py_ssize_t>omp_get_thread_num() * per_thread
-                entries = rows + n_row + 1
-                p0 = ip[i]
-                n = ip[i + 1] - p0
-                _pattern_row(cd, n_ins, stride, i, p0, n, ncols, cp, cs, rows, ptrs, st, entries, width,
-                             entries + n_entry * width, ip[m])
+                entries = rows + PAT_BLOCK_ROWS * nrs
+                i0 = starts[b]
+                nr = starts[b + 1] - i0
+                P0 = ip[i0]
+                N = ip[i0 + nr] - P0
+                _pattern_block(cd, n_ins, stride, i0, nr, ip, ncols, cp, cs, rows, nrs, ptrs, st, entries, width,
+                               entries + n_entry * width, ip[m])
                 for o in range(n_out):
                     if outs[3 * o] == 0:
-                        for e in range(n):
-                            ptrs[outs[3 * o + 2]][p0 + e] = entries[outs[3 * o + 1] * width + e]
+                        for e in range(N):
+                            ptrs[outs[3 * o + 2]][P0 + e] = entries[outs[3 * o + 1] * width + e]
                     else:
-                        ptrs[outs[3 * o + 2]][i] = rows[outs[3 * o + 1]]
+                        for r in range(nr):
+                            ptrs[outs[3 * o + 2]][i0 + r] = rows[r * nrs + outs[3 * o + 1]]
     finally:
         free(ptrs)
         free(work)
+        free(starts)
