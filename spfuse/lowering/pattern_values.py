@@ -8,10 +8,10 @@ a reduction along its rows.  The generic executor co-iterates the operands
 entry by entry (tens of ns per stored entry); here, once the operands are
 known to store one pattern (checked per call), the group runs as a
 *pattern program* (:func:`spfuse._kernels._dense_kernels.pattern_program`):
-one compiled pass over each row, every operation in turn over the row's
-entries (a row vector ``m[i]`` the row's value, a dense ``D[i,j]`` read at
-the entries' columns, a row reduction over the entries), rows shared by the
-team.  The program is made once per group (:func:`_program`).  A group with
+one compiled pass over blocks of whole rows, every operation in turn over
+the block's entries (a row vector ``m[i]`` each row's value, a dense
+``D[i,j]`` read at the entries' columns, a row reduction over each row's
+entries), blocks shared by the team.  The program is made once per group (:func:`_program`).  A group with
 a 0-d output runs each operation as one numpy expression over row blocks of
 the values arrays instead (:func:`_run_block`).  On the sparse-attention
 backward pass (1000 nodes, 18k entries) the program took the pattern groups
