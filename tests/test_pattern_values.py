@@ -47,6 +47,9 @@ PROGRAMS = [
     # the program's entries handed on sparse to a scatter over the pattern's rows (an SDDMM gradient's)
     "T[i,j] = A[i,j] * exp(sum(e, P[i,e] * R[j,e])); G[i,f] = sum(j, T[i,j] * R[j,f]);"
     " H[j,f] = sum(i, T[i,j] * G[i,f])",
+    # one operand, reduced twice: a softmax over each row's stored entries
+    "m[i] = max(j in A[i,j], A[i,j]); E[i,j] = A[i,j] / A[i,j] * exp(A[i,j] - m[i]); s[i] = sum(j, E[i,j]);"
+    " Y[i,j] = E[i,j] / s[i]",
     # several operands known (per call) to store one pattern: a cotangent and its operand
     "Y[i,f] = sum(j, G[i,j] * exp(A[i,j]) * R[j,f])",
     "H[j,f] = -sum(i, G[i,j] * S[i,j] / A[i,j] / A[i,j] * P[i,f])",

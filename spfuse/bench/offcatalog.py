@@ -444,6 +444,39 @@ def _torch_attention(t):
     return torch.where(total[:, None] != 0, out / total[:, None], torch.zeros((), dtype=out.dtype))
 
 
+#: a softmax over each row's stored entries (``torch.sparse.softmax``'s), on the power-law
+#: graph: most rows hold a few entries, so a pattern program's work per row is small
+PATTERN_SOFTMAX = ("m[i] = max(j in A[i,j], A[i,j]); E[i,j] = A[i,j] / A[i,j] * exp(A[i,j] - m[i]); "
+                   "s[i] = sum(j, E[i,j]); Y[i,j] = E[i,j] / s[i]")
+
+
+def _np_pattern_softmax(s):
+    """:data:`PATTERN_SOFTMAX` in numpy: ``maximum.reduceat`` and ``add.reduceat`` over the rows."""
+    a, rows = s["A"], s["rows"]
+    starts = a.indptr[:-1][np.diff(a.indptr) > 0]
+    m = np.zeros(a.shape[0])
+    total = np.ones(a.shape[0])
+    e = np.empty(0)
+    if a.nnz:
+        m[rows[starts]] = np.maximum.reduceat(a.data, starts)
+        e = np.exp(a.data - m[rows])
+        total[rows[starts]] = np.add.reduceat(e, starts)
+    return _on_pattern(a, e / total[rows])
+
+
+def _torch_pattern_softmax(t):
+    """:data:`PATTERN_SOFTMAX` in torch on CSR: ``scatter_reduce`` row maxima, ``index_add_`` sums."""
+    torch = _torch()
+    a = t["A"]
+    crow = a.crow_indices()
+    rows = torch.repeat_interleave(torch.arange(a.shape[0]), crow[1:] - crow[:-1])
+    v = a.values()
+    m = torch.zeros(a.shape[0], dtype=v.dtype).scatter_reduce(0, rows, v, "amax", include_self=False)
+    e = torch.exp(v - m[rows])
+    total = torch.zeros(a.shape[0], dtype=e.dtype).index_add_(0, rows, e)
+    return _torch_csr_like(a, e / total[rows])
+
+
 def _with_transpose(o: dict, name: str, new: str) -> dict:
     """``o`` plus ``new``: a C-contiguous copy of ``o[name].T``."""
     return dict(o, **{new: np.ascontiguousarray(o[name].T)})
@@ -687,6 +720,13 @@ PROGRAMS = [
                             "(2*A).ewise_add(0.5*B)")},
         (Spelling("terms swapped", "C[i,j] = 0.5 * B[i,j] + 2.0 * A[i,j]"),
          Spelling("scalars last", "C[i,j] = A[i,j] * 2.0 + B[i,j] * 0.5"))),
+    OffProgram(
+        "pattern-softmax", "softmax on the pattern, short rows", "powerlaw", PATTERN_SOFTMAX,
+        lambda a, r, g: {"A": a},
+        {"numpy": _p(_np_pattern_softmax, "maximum.reduceat, exp, add.reduceat over the rows", _with_rows),
+         "torch": _torch_p(_torch_pattern_softmax, "scatter_reduce amax, exp, index_add_ sums, on CSR")},
+        (Spelling("where", PATTERN_SOFTMAX.replace("A[i,j] / A[i,j] * exp(A[i,j] - m[i])",
+                                                   "where(A[i,j], exp(A[i,j] - m[i]), 0.0)")),)),
     # --- reductions
     OffProgram(
         "row-sums", "row sums", "powerlaw", "y[i] = A[i,j]", lambda a, r, g: {"A": a},

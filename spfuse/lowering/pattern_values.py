@@ -201,12 +201,17 @@ def pattern_group(plan, ops, outputs) -> PatternGroup | None:
     for name in outputs:
         if name not in produced:
             return None
+    reductions = [op.reduction for op in ops if op.reduction is not None]
     if len(sparse) < 2 and not row_dots and not any(leaves) \
+            and not (len(reductions) > 1 or "max" in reductions or "min" in reductions) \
             and not _reads_earlier_entries(plan, ops, produced, rows, colnames):
-        # nothing to co-iterate: the executor's sweeps over one operand are faster (an SpMV-like row sum,
-        # 100k rows: 5.9 against 9.9 ms) -- unless it also walks a dense dot per row (the attention
-        # gradient's: 0.45 ms there against 0.05 ms here), or reads another group's result at the
-        # entries (an SDDMM's, kept on the pattern: the executor merges it with the operand entry by entry)
+        # nothing to co-iterate: the executor's sweeps over one operand are as fast (an SpMV-like row sum,
+        # 100k rows: 5.9 against 9.9 ms row by row; element-wise chains and a sum of exp, 1M entries:
+        # 8-10 ms either way) -- unless it also walks a dense dot per row (the attention gradient's:
+        # 0.45 ms there against 0.05 ms here), reads another group's result at the entries (an SDDMM's,
+        # kept on the pattern: the executor merges it with the operand entry by entry), or reduces rows
+        # to a maximum or minimum, or more than once (a softmax over the stored entries, 1M entries, one
+        # thread: 105-110 ms there against 21-27 ms here; a row maximum 17-19 against 8.5-10.6 ms)
         return None
     if (row_dots or any(leaves)) and any(not produced[name].out_indices for name in outputs):
         return None  # (a row dot or a leaf runs in the compiled program only, which has no 0-d output)
