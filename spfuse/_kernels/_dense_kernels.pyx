@@ -22,7 +22,7 @@
 cimport cython
 from cython cimport floating
 from cython.parallel cimport prange
-from libc.math cimport exp, fabs, log, sqrt, tanh
+from libc.math cimport fabs, log, sqrt, tanh
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
@@ -32,7 +32,7 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
     UNARY_TANH, index_t,
 )
-from spfuse._kernels._leaves cimport _dot, _prefetch_row
+from spfuse._kernels._leaves cimport _dot, _prefetch_row, spfuse_exp
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 from spfuse._kernels._workspace cimport padded_stride
 
@@ -229,12 +229,12 @@ cdef inline double _unary(int op, double x) noexcept nogil:
         return x if x > 0.0 else (x if x != x else 0.0)   # NaN propagates like np.maximum
     elif op == UNARY_SIGMOID:
         if x >= 0.0:
-            return 1.0 / (1.0 + exp(-x))
-        return exp(x) / (1.0 + exp(x))
+            return 1.0 / (1.0 + spfuse_exp(-x))
+        return spfuse_exp(x) / (1.0 + spfuse_exp(x))
     elif op == UNARY_TANH:
         return tanh(x)
     elif op == UNARY_EXP:
-        return exp(x)
+        return spfuse_exp(x)
     elif op == UNARY_LOG:
         return log(x)
     elif op == UNARY_ABS:
@@ -251,7 +251,8 @@ def map_unary(const floating[::1] values, int op_code, floating[::1] out, int nu
 
     Codes: relu 0 (``max(x, 0)``, NaN kept), sigmoid 1 (overflow-safe
     form), tanh 2, exp 3, log 4, abs 5, sqrt 6, neg 7; evaluated in double
-    with libm, then rounded to the value type (log/sqrt of negatives give
+    with libm (exp, also in sigmoid: ``spfuse_exp``, within 1 ulp of libm's
+    and vectorised), then rounded to the value type (log/sqrt of negatives give
     NaN, log(0) gives -inf, as numpy, without warnings).  ``out`` may be
     ``values`` (in place); same length.  Static prange over elements;
     elementwise, so identical for any thread count.  O(n).  An unknown code
@@ -261,8 +262,12 @@ def map_unary(const floating[::1] values, int op_code, floating[::1] out, int nu
     if n == 0:
         return
     with nogil:
-        for p in prange(n, schedule="static", num_threads=num_threads):
-            out[p] = <floating>_unary(op_code, <double>values[p])
+        if op_code == UNARY_EXP:   # (a loop of its own: vectorised)
+            for p in prange(n, schedule="static", num_threads=num_threads):
+                out[p] = <floating>spfuse_exp(<double>values[p])
+        else:
+            for p in prange(n, schedule="static", num_threads=num_threads):
+                out[p] = <floating>_unary(op_code, <double>values[p])
 
 
 def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1):
@@ -617,6 +622,9 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
         if op == PAT_COPY:
             for e in range(N):
                 dst[e] = a[e]
+        elif op == PAT_UNARY and sub == UNARY_EXP:   # (a loop of its own: vectorised)
+            for e in range(N):
+                dst[e] = spfuse_exp(a[e])
         elif op == PAT_UNARY:
             for e in range(N):
                 dst[e] = _unary(sub, a[e])

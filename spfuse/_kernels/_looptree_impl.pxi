@@ -2,14 +2,14 @@
 from libc.stdint cimport int64_t, intptr_t, uint64_t, INT64_MAX
 from libc.stdlib cimport malloc, calloc, realloc, free
 from libc.string cimport memcpy
-from libc.math cimport exp, log, tanh, sqrt, fabs
+from libc.math cimport log, tanh, sqrt, fabs
 from cython.parallel cimport parallel
 cimport numpy as cnp
 from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCapsule_New
 import numpy as np
 
 from spfuse._kernels._bitmap cimport _bitmap_readback
-from spfuse._kernels._leaves cimport _dot, _gather_dot4, _prefetch_row, _sum4
+from spfuse._kernels._leaves cimport _dot, _gather_dot4, _prefetch_row, _sum4, spfuse_exp
 from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
@@ -324,15 +324,15 @@ cdef inline double _unary(int64_t op, double x) noexcept nogil:
     if op == OP_SQRT:
         return sqrt(x)
     if op == OP_EXP:
-        return exp(x)
+        return spfuse_exp(x)   # (the templates' exp: every path gives the same bits)
     if op == OP_LOG:
         return log(x)
     if op == OP_TANH:
         return tanh(x)
     if op == OP_SIGMOID:
         if x >= 0:
-            return 1.0 / (1.0 + exp(-x))
-        y = exp(x)
+            return 1.0 / (1.0 + spfuse_exp(-x))
+        y = spfuse_exp(x)
         return y / (1.0 + y)
     return x if x > 0.0 else 0.0     # OP_RELU
 

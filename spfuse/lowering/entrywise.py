@@ -26,7 +26,8 @@ read as float64, as the executor reads them), ``a / b`` is 0 where ``a`` is
 ``x > 0`` and ``+0.0`` elsewhere (NaN and -0.0 included), a linear
 combination is evaluated left to right.  ``exp``, ``log``, ``tanh`` and
 ``sigmoid`` run through :func:`spfuse._kernels._dense_kernels.map_unary`,
-libm with the executor's formulas: numpy's vectorised versions may round
+with the executor's formulas (libm, and spfuse's own vectorised ``exp``,
+within 1 ulp of libm's): numpy's vectorised versions may round
 differently.
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ from spfuse.lowering.templates import c_ordered
 
 __all__ = ["EntrywiseGroup", "bind_entrywise", "entrywise_group", "run_entrywise_group"]
 
-#: unary operators run through map_unary (libm, the executor's formulas)
+#: unary operators run through map_unary (the executor's formulas and exp)
 LIBM = frozenset({"exp", "log", "tanh", "sigmoid"})
 #: operators evaluated exactly as the executor does (see the module's docstring)
 EXACT = frozenset({None, "+", "-", "*", "/", "where", "relu", "neg", "abs", "sqrt"}) | LIBM
