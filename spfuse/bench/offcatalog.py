@@ -411,16 +411,26 @@ def _attention_ops(a, r, g):
             "V": _dense(g, m, r, center=True)}
 
 
+def _row_reduceat(ufunc, values: np.ndarray, indptr: np.ndarray, empty: float) -> np.ndarray:
+    """``ufunc.reduceat`` of each CSR row's stored ``values``; ``empty`` for a row storing nothing."""
+    out = np.full(len(indptr) - 1, empty)
+    full = np.diff(indptr) > 0
+    if values.size:
+        out[full] = ufunc.reduceat(values, indptr[:-1][full])
+    return out
+
+
+def _torch_row_max(values, rows, n: int):
+    """Each row's largest stored value (``rows``: the row of every entry), 0 for an empty row."""
+    return _torch().zeros(n, dtype=values.dtype).scatter_reduce(0, rows, values, "amax", include_self=False)
+
+
 def _np_attention(s):
     """:data:`ATTENTION` in numpy: sampled dots in blocks, the row maxima by
     ``maximum.reduceat``, scipy's SpMM, rows without entries 0."""
     b, rows = s["B"], s["rows"]
     scores = b.data * _sampled_dots(rows, b.indices, s["Q"], s["K"]) / 8.0
-    counts = np.diff(b.indptr)
-    m = np.zeros(b.shape[0])
-    full = counts > 0
-    if scores.size:
-        m[full] = np.maximum.reduceat(scores, b.indptr[:-1][full])
+    m = _row_reduceat(np.maximum, scores, b.indptr, 0.0)
     e = b.data * np.exp(scores - m[rows])
     weights = _on_pattern(b, e)
     total = weights.sum(axis=1)
@@ -437,7 +447,7 @@ def _torch_attention(t):
     crow = b.crow_indices()
     rows = torch.repeat_interleave(torch.arange(b.shape[0]), crow[1:] - crow[:-1])
     scores = b.values() * _torch_sampled(b, t["Q"], t["K"].T).values() / 8.0
-    m = torch.zeros(b.shape[0], dtype=scores.dtype).scatter_reduce(0, rows, scores, "amax", include_self=False)
+    m = _torch_row_max(scores, rows, b.shape[0])
     e = b.values() * torch.exp(scores - m[rows])
     total = torch.zeros(b.shape[0], dtype=e.dtype).index_add_(0, rows, e)
     out = _torch_csr_like(b, e) @ t["V"]
@@ -453,15 +463,8 @@ PATTERN_SOFTMAX = ("m[i] = max(j in A[i,j], A[i,j]); E[i,j] = A[i,j] / A[i,j] * 
 def _np_pattern_softmax(s):
     """:data:`PATTERN_SOFTMAX` in numpy: ``maximum.reduceat`` and ``add.reduceat`` over the rows."""
     a, rows = s["A"], s["rows"]
-    starts = a.indptr[:-1][np.diff(a.indptr) > 0]
-    m = np.zeros(a.shape[0])
-    total = np.ones(a.shape[0])
-    e = np.empty(0)
-    if a.nnz:
-        m[rows[starts]] = np.maximum.reduceat(a.data, starts)
-        e = np.exp(a.data - m[rows])
-        total[rows[starts]] = np.add.reduceat(e, starts)
-    return _on_pattern(a, e / total[rows])
+    e = np.exp(a.data - _row_reduceat(np.maximum, a.data, a.indptr, 0.0)[rows])
+    return _on_pattern(a, e / _row_reduceat(np.add, e, a.indptr, 1.0)[rows])
 
 
 def _torch_pattern_softmax(t):
@@ -471,8 +474,7 @@ def _torch_pattern_softmax(t):
     crow = a.crow_indices()
     rows = torch.repeat_interleave(torch.arange(a.shape[0]), crow[1:] - crow[:-1])
     v = a.values()
-    m = torch.zeros(a.shape[0], dtype=v.dtype).scatter_reduce(0, rows, v, "amax", include_self=False)
-    e = torch.exp(v - m[rows])
+    e = torch.exp(v - _torch_row_max(v, rows, a.shape[0])[rows])
     total = torch.zeros(a.shape[0], dtype=e.dtype).index_add_(0, rows, e)
     return _torch_csr_like(a, e / total[rows])
 
