@@ -25,6 +25,7 @@ tensor([[1., 1., 1.],
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -128,15 +129,47 @@ class _CSRArrays:
         self.shape = (int(shape[0]), int(shape[1]))
 
 
+#: torch CSR tensors converted lately: id -> (weak reference, version, Tensor)
+_converted: dict[int, tuple[Any, int, Tensor]] = {}
+#: how many conversions :data:`_converted` keeps (the operands of a few models)
+MAX_CONVERTED = 32
+
+
 def _csr_tensor(t: Any) -> Tensor | None:
     """A canonical torch CSR tensor as an spfuse Tensor, zero-copy, after the
     one-pass index scan (no scipy object on the way: the per-call path of a
-    training loop); None when anything is unusual (the general path decides)."""
-    if t.requires_grad:
-        t = t.detach()
-    if t.ndim != 2:
+    training loop); None when anything is unusual (the general path decides).
+
+    A training loop passes the same adjacency every step, so the Tensor is
+    remembered per tensor object and handed out again while the tensor's
+    version counter is unchanged.  torch bumps that counter on every
+    in-place change of the tensor, its values or its indices (as autograd
+    relies on for saved tensors), so a changed pattern is scanned again; the
+    Tensor's values are views of the tensor's own memory either way.  Like
+    torch's, this cannot see writes made through a NumPy view of the index
+    arrays (``t.col_indices().numpy()[0] = ...``).
+
+    >>> import torch
+    >>> a = torch.eye(3, dtype=torch.float64).to_sparse_csr()
+    >>> _csr_tensor(a) is _csr_tensor(a)
+    True
+    >>> b = _csr_tensor(a); _ = a.values().mul_(2); _csr_tensor(a) is b
+    False
+    """
+    key = id(t)
+    found = _converted.get(key)
+    version = t._version
+    if found is not None and found[0]() is t and found[1] == version:
+        return found[2]
+    source = t.detach() if t.requires_grad else t
+    if source.ndim != 2:
         return None
-    return Tensor._fast_compressed(_CSRArrays(t), "sparray")
+    tensor = Tensor._fast_compressed(_CSRArrays(source), "sparray")
+    if tensor is not None:
+        if len(_converted) >= MAX_CONVERTED:
+            _converted.pop(next(iter(_converted)))
+        _converted[key] = (weakref.ref(t, lambda _, key=key: _converted.pop(key, None)), version, tensor)
+    return tensor
 
 
 class _Input:

@@ -94,6 +94,27 @@ def test_unsorted_csr_input_keeps_its_own_index_order():
     np.testing.assert_allclose(A.grad.values().numpy(), [30.0, 10.0, 2 * 20.0])
 
 
+def test_a_csr_input_changed_in_place_between_calls_is_read_again():
+    """The converted CSR operand is remembered per tensor and version: a
+    value or an index changed in place is seen by the next call, and an
+    index made out of range is an error, not a read past the operand."""
+    f = sft.function("y[i] = A[i,j] * x[j]")
+    A = sparse_pattern((4, 5), seed=12).to_sparse_csr()
+    x = torch.arange(1.0, 6.0, dtype=torch.float64)
+    np.testing.assert_allclose(f(A, x).numpy(), (A.to_dense() @ x).numpy())
+    A.values().mul_(3.0)
+    np.testing.assert_allclose(f(A, x).numpy(), (A.to_dense() @ x).numpy())
+    A.col_indices()[0] = 4 - int(A.col_indices()[0])   # (another column, still in range)
+    np.testing.assert_allclose(f(A, x).numpy(), (A.to_dense() @ x).numpy())
+    sddmm = sft.function("S[i,j] = A[i,j] * (C[i,k] * D[k,j])")   # (a kernel that trusts its indices)
+    C, D = dense((4, 3), 13, False), dense((3, 5), 14, False)
+    assert sddmm(A, C, D).layout == torch.sparse_csr
+    A.col_indices()[0] = 99
+    for g, args in ((f, (A, x)), (sddmm, (A, C, D))):
+        with pytest.raises(ValueError, match="A"):
+            g(*args)
+
+
 @pytest.mark.parametrize("temporaries", ["auto", "keep", "recompute"])
 def test_two_layer_program_with_temporaries(temporaries):
     text = "H[i,h] = relu(A[i,j] * X[j,f] * W1[f,h]); Z[i,c] = A[i,j] * H[j,h] * W2[h,c]"
