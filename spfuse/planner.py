@@ -25,6 +25,7 @@ from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, iter_nodes
 from spfuse.memo import attached_dict
 from spfuse.passes.build_trees import build_trees, op_extents
+from spfuse.passes.common_subexpressions import eliminate_common_subexpressions
 from spfuse.passes.decompose import decompose
 from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
@@ -163,6 +164,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         # auto keeps an n-term sum as one n-way union.
         ops = decompose(program, nary=fusion != "none")
         if fusion == "auto":
+            # (the library approach computes what is written, repeats included)
+            ops = eliminate_common_subexpressions(ops, {st.target.name for st in program.statements})
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.
             def margin() -> float:
