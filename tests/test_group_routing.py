@@ -728,3 +728,29 @@ def test_one_copy_of_values_reached_two_ways():
         np.testing.assert_allclose(spfuse.evaluate(program, **ops), dense_reference(program, ops),
                                    rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(Y.T, yt.todense())   # operands untouched
+
+
+#: an SDDMM-SpMM-GEMM gradient (the adjoint's shared-contractions form): two
+#: sampled products on B, one of them of ``grad_A·Wᵀ``, a dense product
+SAMPLED_AFTER_GEMM = ("A_r[i,j] = sum(k, B[i,j] * C[i,k] * D[j,k]); "
+                      "P[i,j] = sum(l, sum(m, G[i,m] * W[l,m]) * F[j,l]) * B[i,j]; "
+                      "gC[i,k] = sum(j, P[i,j] * D[j,k]); gD[j,k] = sum(i, P[i,j] * C[i,k]); "
+                      "gA[j,m] = sum(i, G[i,m] * A_r[i,j])")
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_dense_product_is_split_off_first_and_the_sampled_products_run_in_one_pass(seed):
+    """The dense product heads the groups, the two sampled products and the
+    row axpy run as one pattern program (not an ``sddmm_t`` pass, then the
+    product, then the program), and the answers are numpy's."""
+    rng = np.random.default_rng(seed)
+    n, m, k = 40, 30, 6
+    B = sp.random_array((n, m), density=0.2, format="csr", rng=rng)
+    ops = {"B": B, "C": rng.standard_normal((n, k)), "D": rng.standard_normal((m, k)),
+           "G": rng.standard_normal((n, k)), "W": rng.standard_normal((k, k)), "F": rng.standard_normal((m, k))}
+    plan = spfuse.compile(SAMPLED_AFTER_GEMM).plans(**ops)["auto"]
+    kernels = [g.kernel for g in split_groups(plan)]
+    assert kernels[:2] == ["gemm", "pattern"] and "sddmm_t" not in kernels
+    got, want = spfuse.evaluate(SAMPLED_AFTER_GEMM, **ops), dense_reference(SAMPLED_AFTER_GEMM, ops)
+    for name in ("gC", "gD", "gA"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-10, atol=1e-10)

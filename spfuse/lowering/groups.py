@@ -603,8 +603,15 @@ def _template_head(plan, ops, available) -> tuple[list, list] | None:
     (GCN's ``relu(A·(X·W))``, ``sigmoid(X·W + b)``, a normalising division,
     ``P ∘ (H·Wd - X)``): the template computes the einsum's temporary, whole
     or on the pattern that restricts it, the generic executor the rest.
-    None when no such split exists."""
+    None when no such split exists.
+
+    A dense product (a BLAS head, reading no operand of the group) is taken
+    before a sparse one, wherever it stands: what it leaves may be one
+    pattern program, where taking the sparse head first leaves the product
+    between two pieces (an SDDMM-SpMM-GEMM gradient's ``grad_A·Wᵀ`` split
+    its sampled products over an ``sddmm_t`` pass and a pattern program)."""
     produced = {op.out for op in ops}
+    first = None
     for op in ops:
         t = op.out
         if t in plan.results or not any(r.name == t for o in ops if o is not op for r in o.refs):
@@ -624,8 +631,11 @@ def _template_head(plan, ops, available) -> tuple[list, list] | None:
         # (merged factors and X/X patterns may fall back to the generic executor, which a head has no tree for)
         checked = route.merged or any(_checked_pattern(route, f) for f, _ in found[0][3])
         if (route.kernel in _DENSE_RESULT or route.pattern) and not checked:
-            return [o for o in ops if o in head], tail
-    return None
+            split = [o for o in ops if o in head], tail
+            if route.kernel == "gemm":
+                return split
+            first = first or split
+    return first
 
 
 #: Below this many multiply-adds a contraction stays fused with the
