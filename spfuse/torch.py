@@ -166,8 +166,8 @@ def _csr_tensor(t: Any) -> Tensor | None:
         return None
     tensor = Tensor._fast_compressed(_CSRArrays(source), "sparray")
     if tensor is not None:
-        if len(_converted) >= MAX_CONVERTED:
-            _converted.pop(next(iter(_converted)))
+        if len(_converted) >= MAX_CONVERTED:   # (another thread may drop the same entry first)
+            _converted.pop(next(iter(_converted), None), None)
         _converted[key] = (weakref.ref(t, lambda _, key=key: _converted.pop(key, None)), version, tensor)
     return tensor
 

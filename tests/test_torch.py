@@ -115,6 +115,18 @@ def test_a_csr_input_changed_in_place_between_calls_is_read_again():
             g(*args)
 
 
+def test_remembered_csr_conversions_are_bounded_and_leave_with_their_tensors():
+    import gc
+    sft._converted.clear()
+    tensors = [sparse_pattern((3, 3), seed=s).to_sparse_csr() for s in range(sft.MAX_CONVERTED + 8)]
+    for t in tensors:
+        assert sft._csr_tensor(t) is not None
+    assert len(sft._converted) == sft.MAX_CONVERTED
+    del t, tensors
+    gc.collect()
+    assert not sft._converted
+
+
 @pytest.mark.parametrize("temporaries", ["auto", "keep", "recompute"])
 def test_two_layer_program_with_temporaries(temporaries):
     text = "H[i,h] = relu(A[i,j] * X[j,f] * W1[f,h]); Z[i,c] = A[i,j] * H[j,h] * W2[h,c]"
