@@ -399,3 +399,25 @@ def test_shared_patterns_compares_whole_patterns_within_a_fingerprint():
           "E": sp.csr_array((near.data, near.indices.copy(), near.indptr.copy()), shape=A.shape)}
     tensors = {name: spfuse.Tensor._fast_compressed(m, "sparray", scan=False) for name, m in ts.items()}
     assert spfuse.tensor.shared_patterns(tensors) == (("D", "A"), ("E", "B"))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_row_extrema_with_nans_and_infinities_give_the_generic_executors_bits(op, monkeypatch):
+    """A row's maximum or minimum in a pattern program: a NaN anywhere in
+    the row (first, inside, last, alone, several) makes it NaN, infinities
+    and the implicit zeros take part, as on the generic executor."""
+    nan, inf = np.nan, np.inf
+    rows = [[nan, 1.0, 2.0], [1.0, nan, 3.0], [-1.0, -2.0, nan], [nan], [nan, nan, -1.0],
+            [inf, -inf, 1.0], [-inf, -3.0], [-5.0, -4.0, -6.0], [4.0, 2.0], [], [-0.5]]
+    data = [v for r in rows for v in r]
+    indptr = np.cumsum([0] + [len(r) for r in rows])
+    indices = np.concatenate([np.arange(len(r)) * 2 for r in rows]).astype(np.int32)
+    ops = {"A": sp.csr_array((np.array(data), indices, indptr), shape=(len(rows), 7)),
+           "S": np.ones((len(rows), 7))}
+    program = f"m[i] = {op}(j, A[i,j] * S[i,j]) + {op}(j, A[i,j] / S[i,j])"
+    assert "pattern" in _kernels(program, ops)
+    got = spfuse.evaluate(program, **ops)
+    np.testing.assert_array_equal(got, _generic(program, ops, monkeypatch))
+    want = dense_reference(program, ops)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want)

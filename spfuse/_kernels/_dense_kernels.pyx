@@ -556,11 +556,27 @@ cdef inline double _reduce(int sub, const double* a, Py_ssize_t n, Py_ssize_t nc
         for e in range(1, n):
             r = r + a[e]
         return r
-    for e in range(1, n):
-        if r != r or a[e] != a[e]:
-            r = r + a[e]
-        elif (sub == 1 and a[e] > r) or (sub == 2 and a[e] < r):
-            r = a[e]
+    cdef bint nan = r != r
+    cdef double v
+    # (one select per entry and no branch: the NaN test is an or; the rare
+    # row holding a NaN is reduced again the branchy way, for its bits)
+    if sub == 1:
+        for e in range(1, n):
+            v = a[e]
+            nan = nan | (v != v)
+            r = v if v > r else r
+    else:
+        for e in range(1, n):
+            v = a[e]
+            nan = nan | (v != v)
+            r = v if v < r else r
+    if nan:
+        r = a[0]
+        for e in range(1, n):
+            if r != r or a[e] != a[e]:
+                r = r + a[e]
+            elif (sub == 1 and a[e] > r) or (sub == 2 and a[e] < r):
+                r = a[e]
     if n < ncols and r == r and ((sub == 1 and r < 0.0) or (sub == 2 and r > 0.0)):
         r = 0.0   # the row's implicit zeros take part
     return r
