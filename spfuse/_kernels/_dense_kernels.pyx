@@ -32,7 +32,7 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
     UNARY_TANH, index_t,
 )
-from spfuse._kernels._leaves cimport _dot, _prefetch_row, spfuse_exp
+from spfuse._kernels._leaves cimport _dot, _prefetch_row, spfuse_exp, spfuse_sigmoid
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 from spfuse._kernels._workspace cimport padded_stride
 
@@ -228,9 +228,7 @@ cdef inline double _unary(int op, double x) noexcept nogil:
     if op == UNARY_RELU:
         return x if x > 0.0 else (x if x != x else 0.0)   # NaN propagates like np.maximum
     elif op == UNARY_SIGMOID:
-        if x >= 0.0:
-            return 1.0 / (1.0 + spfuse_exp(-x))
-        return spfuse_exp(x) / (1.0 + spfuse_exp(x))
+        return spfuse_sigmoid(x)
     elif op == UNARY_TANH:
         return tanh(x)
     elif op == UNARY_EXP:

@@ -165,3 +165,14 @@ cdef extern from *:
     """
     # exp within 1 ulp of libm's, vectorisable (see above); the same bits on every build
     double spfuse_exp(double x) noexcept nogil
+
+
+cdef inline double spfuse_sigmoid(double x) noexcept nogil:
+    """``1 / (1 + e^-x)`` in the form that never overflows (``e^x / (1 +
+    e^x)`` below 0), with :func:`spfuse_exp`: the one sigmoid of the
+    templates and the generic executor, so both give the same bits."""
+    cdef double y
+    if x >= 0.0:
+        return 1.0 / (1.0 + spfuse_exp(-x))
+    y = spfuse_exp(x)
+    return y / (1.0 + y)

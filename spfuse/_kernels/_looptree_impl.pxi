@@ -9,7 +9,7 @@ from cpython.pycapsule cimport PyCapsule_Destructor, PyCapsule_GetPointer, PyCap
 import numpy as np
 
 from spfuse._kernels._bitmap cimport _bitmap_readback
-from spfuse._kernels._leaves cimport _dot, _gather_dot4, _prefetch_row, _sum4, spfuse_exp
+from spfuse._kernels._leaves cimport _dot, _gather_dot4, _prefetch_row, _sum4, spfuse_exp, spfuse_sigmoid
 from spfuse._kernels._interrupt cimport (
     PyErr_CheckSignals, spfuse_chunk_work, spfuse_set_chunk_work,
 )
@@ -316,7 +316,6 @@ cdef inline double _binary(int64_t op, double x, double y) noexcept nogil:
 
 cdef inline double _unary(int64_t op, double x) noexcept nogil:
     """One unary op code on a scalar."""
-    cdef double y
     if op == OP_NEG:
         return -x
     if op == OP_ABS:
@@ -330,10 +329,7 @@ cdef inline double _unary(int64_t op, double x) noexcept nogil:
     if op == OP_TANH:
         return tanh(x)
     if op == OP_SIGMOID:
-        if x >= 0:
-            return 1.0 / (1.0 + spfuse_exp(-x))
-        y = spfuse_exp(x)
-        return y / (1.0 + y)
+        return spfuse_sigmoid(x)
     return x if x > 0.0 else 0.0     # OP_RELU
 
 
