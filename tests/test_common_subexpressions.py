@@ -85,6 +85,6 @@ def test_a_statement_written_twice_over_matches_the_oracle(case, seed):
     merged = eliminate_common_subexpressions(written, {s.target.name for s in parsed.statements})
     # every repeat merges when nothing is reduced (a reduction's body runs
     # under its own, renamed index: kept apart); a bare access has no repeat
-    ops = decompose(program)
+    ops = decompose(parse_program("; ".join(to_text(s) for s in program.statements)))   # (implicit sums explicit)
     element_wise = all(op.reduction is None for op in ops) and any(op.operator is not None for op in ops)
     assert len(merged) < len(written) if element_wise else len(merged) <= len(written)

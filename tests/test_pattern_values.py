@@ -50,6 +50,8 @@ PROGRAMS = [
     # one operand, reduced twice: a softmax over each row's stored entries
     "m[i] = max(j in A[i,j], A[i,j]); E[i,j] = A[i,j] / A[i,j] * exp(A[i,j] - m[i]); s[i] = sum(j, E[i,j]);"
     " Y[i,j] = E[i,j] / s[i]",
+    # a minimum over the stored entries of an affine body (its terms and the bound in one sum)
+    "m[i] = min(j in A[i,j], 2.0 * S[i,j] + 1.0); Y[i,j] = A[i,j] * exp(S[i,j] - m[i])",
     # several operands known (per call) to store one pattern: a cotangent and its operand
     "Y[i,f] = sum(j, G[i,j] * exp(A[i,j]) * R[j,f])",
     "H[j,f] = -sum(i, G[i,j] * S[i,j] / A[i,j] / A[i,j] * P[i,f])",
@@ -421,3 +423,69 @@ def test_row_extrema_with_nans_and_infinities_give_the_generic_executors_bits(op
     want = dense_reference(program, ops)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want)
+
+
+#: reductions over the stored entries, each found by ``_stored_extrema`` (one instruction)
+STORED_EXTREMA = [p for p in PROGRAMS if " in A[i,j]" in p] + [
+    "m[i] = max(j in A[i,j], S[i,j])",
+    "m[i] = min(j in A[i,j], S[i,j] * G[i,j]); y[i] = m[i] * 3.0 + sum(j, A[i,j])",
+    "m[i] = max(j in A[i,j], S[i,j] - 2.0 * G[i,j] - 1.0); Y[i,j] = G[i,j] * exp(S[i,j] - m[i])",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(k=st.integers(0, len(STORED_EXTREMA) - 1), n=st.integers(1, 12), m=st.integers(1, 12),
+       density=st.sampled_from([0.0, 0.2, 0.6, 1.0]), full_rows=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_stored_extremum_is_one_instruction_with_the_bits_of_its_five(monkeypatch, k, n, m, density, full_rows,
+                                                                       seed):
+    """``max(j in A[i,j], e)`` lowers to five operations (a bound, a shift,
+    two products reduced, a sum); the compiled program runs them as one
+    ``stored_extremum`` instruction, which must give their bits."""
+    from spfuse.lowering import pattern_values
+    program = STORED_EXTREMA[k]
+    ops = _operands(np.random.default_rng(seed), n, m, density, full_rows=full_rows)
+    ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
+    found = []
+    real = pattern_values._stored_extrema
+    spfuse.clear_cache()
+    with monkeypatch.context() as mp:
+        mp.setattr(pattern_values, "_stored_extrema", lambda pg: found.append(real(pg)[0]) or real(pg))
+        fused = _dense(spfuse.evaluate(program, **ops))
+    assert any(found), "the stored extremum was not recognised"
+    spfuse.clear_cache()
+    with monkeypatch.context() as mp:
+        mp.setattr(pattern_values, "_stored_extrema", lambda pg: ({}, frozenset()))
+        apart = _dense(spfuse.evaluate(program, **ops))
+    spfuse.clear_cache()
+    np.testing.assert_array_equal(fused.view(np.int64), apart.view(np.int64))
+    np.testing.assert_allclose(fused, dense_reference(program, ops), rtol=1e-10, atol=1e-10)
+
+
+def test_a_stored_extremum_read_elsewhere_is_left_in_its_parts():
+    """The bound ``c`` read by a third operation too: the five operations stay."""
+    from spfuse.lowering.pattern_values import _stored_extrema, pattern_group
+    c = "min(j_{0}, A[i,j_{0}] / A[i,j_{0}] * S[i,j_{0}])"
+    program = f"m[i] = (max(j, A[i,j] / A[i,j] * (S[i,j] - {c.format(1)})) + {c.format(2)}) * {c.format(3)}"
+    ops = _operands(np.random.default_rng(0), 9, 7, 0.4)
+    ops = {name: ops[name] for name in ("A", "S")}
+    plan = spfuse.compile(program).plans(**ops)["auto"]
+    (g,) = [g for g in split_groups(plan) if g.on_pattern is not None]
+    assert _stored_extrema(pattern_group(plan, g.ops, g.outputs)) == ({}, frozenset())
+    np.testing.assert_allclose(spfuse.evaluate(program, **ops), dense_reference(program, ops), rtol=1e-12)
+
+
+def test_a_pattern_indicator_has_the_divisions_bits():
+    """``A / A`` in a pattern program (a subtraction, not a division): 1,
+    +0 where A is +-0, NaN (with a NaN's payload) where A is not finite."""
+    from spfuse._kernels._dense_kernels import PATTERN_ARGS, PATTERN_OPS, pattern_program
+    payload = np.array([0x7FF8000000000123], dtype=np.int64).view(np.float64)[0]
+    values = np.array([2.5, -0.0, 0.0, np.inf, -np.inf, np.nan, payload, -7.0, 1e-310, 5e300])
+    out = np.full(values.size, 9.0)
+    pattern = PATTERN_ARGS["pattern"]
+    code = np.array([[PATTERN_OPS["/"], 0, 0, 0, 2, 0, 0, pattern, 0, pattern, 0]], dtype=np.int64)
+    indptr, cols = np.array([0, 4, values.size], dtype=np.int64), np.r_[0:4, 0:6].astype(np.int64)
+    pattern_program(indptr, cols, 6, code, np.zeros(1), [values, out], np.zeros(2, dtype=np.int64), 1, 0,
+                    np.array([[0, 0, 1]], dtype=np.int64))
+    with np.errstate(invalid="ignore"):
+        want = np.where(values == 0, 0.0, values / np.where(values == 0, 1.0, values))
+    np.testing.assert_array_equal(out.view(np.int64), want.view(np.int64))

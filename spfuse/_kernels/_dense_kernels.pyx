@@ -356,6 +356,10 @@ cdef enum:
     PAT_ENTRY_DOT = 9  # per entry, the dot of the row's dense row and the column's (SDDMM's leaf): args dense_row, col_row
     PAT_ROW_AXPY = 10  # a dense matrix row: sum over the entries of a value times the column's dense row
                        # (SpMM's leaf): args (a value laid out over the entries, col_row); dst: the output array
+    PAT_STORED_EXTREMUM = 11  # sub 1 max / 2 min: a row's ``max(P*(e - c)) + c``, ``c = min(P*e)`` (min: the
+                              # other way round), args (P, e): a reduction over a pattern's stored entries as
+                              # the front end writes it (spfuse.frontend.patterns): the arithmetic, and bits,
+                              # of its five instructions in one pass over each row's entries
 
 cdef enum:
     ARG_CONST = 0      # consts[index]
@@ -380,7 +384,7 @@ cdef enum:
 
 PATTERN_OPS = {"copy": PAT_COPY, "+": PAT_ADD, "-": PAT_SUB, "*": PAT_MUL, "/": PAT_DIV, "where": PAT_WHERE,
                "unary": PAT_UNARY, "reduce": PAT_REDUCE, "row_dot": PAT_ROW_DOT, "entry_dot": PAT_ENTRY_DOT,
-               "row_axpy": PAT_ROW_AXPY}
+               "row_axpy": PAT_ROW_AXPY, "stored_extremum": PAT_STORED_EXTREMUM}
 PATTERN_ARGS = {"const": ARG_CONST, "entry": ARG_ENTRY, "row": ARG_ROW, "pattern": ARG_PATTERN,
                 "rowvec": ARG_ROWVEC, "colvec": ARG_COLVEC, "matrix": ARG_MATRIX, "scalar": ARG_SCALAR,
                 "dense_row": ARG_DENSE_ROW, "dense_e": ARG_DENSE_E, "col_row": ARG_COL_ROW}
@@ -616,7 +620,7 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
                 p = ip[i0 + r]
                 _row_axpy(ins, i0 + r, p, ip[i0 + r + 1] - p, cols, nnz, a + (p - P0), arrays, strides)
             continue
-        if ins[2] == 1 and op != PAT_REDUCE:   # a row-wise result
+        if ins[2] == 1 and op != PAT_REDUCE and op != PAT_STORED_EXTREMUM:   # a row-wise result
             for r in range(nr):
                 rr = rows + r * nrs
                 v = _row_dot(ins, i0 + r, consts, rr, arrays, strides) if op == PAT_ROW_DOT else \
@@ -631,6 +635,20 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
             for r in range(nr):
                 p = ip[i0 + r]
                 rows[r * nrs + ins[3]] = _reduce(sub, a + (p - P0), ip[i0 + r + 1] - p, ncols)
+            continue
+        if op == PAT_STORED_EXTREMUM:
+            b = _block_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i0, nr, ip, cols, consts, rows, nrs,
+                           arrays, strides, entries, bw, scratch + bw)
+            dst = scratch + 2 * bw
+            for e in range(N):
+                dst[e] = a[e] * b[e]
+            for r in range(nr):
+                p = ip[i0 + r] - P0
+                k = ip[i0 + r + 1] - P0 - p
+                v = _reduce(3 - sub, dst + p, k, ncols)   # the bound c, from the other side
+                for e in range(p, p + k):
+                    dst[e] = a[e] * (b[e] - v)
+                rows[r * nrs + ins[3]] = _reduce(sub, dst + p, k, ncols) + v
             continue
         dst = entries + ins[3] * bw
         if op == PAT_COPY:
@@ -671,6 +689,12 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
                                    consts, rows, nrs, arrays, strides, entries, bw, scratch + bw)
                     for e in range(N):
                         dst[e] = dst[e] * b[e]
+        elif op == PAT_DIV and ins[PAT_HEADER] == ins[PAT_HEADER + 2] and ins[PAT_HEADER + 1] == ins[PAT_HEADER + 3]:
+            for e in range(N):
+                # a / a, a pattern's indicator: 1, 0 where a is 0, NaN where a is not finite -- the
+                # division's bits by a subtraction (a - a is 0 or NaN), at a fraction of its cost
+                v = a[e]
+                dst[e] = (v - v) + 1.0 if v != 0.0 else 0.0
         elif op == PAT_DIV:
             b = _block_arg(<int>ins[PAT_HEADER + 2], ins[PAT_HEADER + 3], i0, nr, ip, cols, consts, rows, nrs,
                            arrays, strides, entries, bw, scratch + bw)

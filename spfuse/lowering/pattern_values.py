@@ -62,6 +62,7 @@ from spfuse.testing import _UNARY_NP
 __all__ = ["PatternGroup", "pattern_group", "run_pattern_group"]
 
 _REDUCE = {"sum": None, "max": np.maximum, "min": np.minimum}
+_OTHER = {"max": "min", "min": "max"}
 _F64 = np.dtype(np.float64)
 
 
@@ -333,6 +334,101 @@ def _repeats(ops, op_cols, rows: str, row_restricted, leaves) -> tuple[str | Non
     return tuple(out)
 
 
+
+def _stored_extrema(pg: PatternGroup) -> tuple[dict[int, tuple], frozenset]:
+    """The ops of ``pg`` forming the front end's max/min over a pattern's
+    stored entries (:mod:`spfuse.frontend.patterns`)::
+
+        c[r] = min(c1, P[r,c1] * e[r,c1]);  d[r,c] = e[r,c] - c[r]
+        x[r] = max(c, P[r,c] * d[r,c]);     m[r] = x[r] + c[r]
+
+    (min: the other way round; ``P`` and ``e`` the same operands in both
+    products, repeats found by :func:`_repeats`; ``d`` may be ``e``'s own
+    terms and ``- c[r]`` in one sum, as the planner merges them): ``({index
+    of m: (1 max / 2 min, P, e, the column index)}, indices of the ops it
+    replaces)``, for one ``stored_extremum`` instruction doing the same
+    arithmetic in one pass over each row.  Only where ``c``, ``d`` and
+    ``x`` are read by nothing else."""
+    ops, rows = pg.ops, pg.rows
+    alias = {op.out: same for op, same in zip(ops, pg.same_as, strict=True) if same is not None}
+    made = {op.out: k for k, op in enumerate(ops) if op.out not in alias}
+    readers: dict[str, set] = {}
+    for k, op in enumerate(ops):
+        for a in op.refs:
+            readers.setdefault(alias.get(a.name, a.name), set()).add(k)
+
+    def key(a) -> str:
+        return alias.get(a.name, a.name)
+
+    def producer(a) -> int | None:
+        return made.get(key(a)) if isinstance(a, Ref) else None
+
+    def read(a, k: int) -> tuple:   # an argument as ``_repeats`` compares it (column names by position)
+        if isinstance(a, Const):
+            return ("const", a.value)
+        return key(a), tuple("r" if ix == rows else "c" if ix == pg.op_cols[k] else ix for ix in a.indices)
+
+    def only_read_by(a, *ks: int) -> bool:
+        return readers.get(key(a)) == set(ks) and a.name not in pg.outputs and key(a) not in pg.outputs
+
+    def entrywise(k: int) -> bool:
+        return ops[k].reduction is None and (not pg.leaves or pg.leaves[k] is None)
+
+    def product(k: int, reduction: str) -> bool:
+        op = ops[k]
+        return (op.reduction == reduction and op.operator == "*" and len(op.args) == 2
+                and (not pg.leaves or pg.leaves[k] is None))
+
+    def shifted_value(idn: int, ic: int, ix: int):
+        """``e`` when op ``idn`` is ``e - c`` (``c`` op ``ic``'s result),
+        read where op ``ix`` reads it; else None."""
+        d = ops[idn]
+        *terms, bound = d.args
+        *coefs, bound_coef = d.coefficients
+        if not entrywise(idn) or (d.operator, bound_coef) not in (("+", -1.0), ("-", 1.0)) \
+                or producer(bound) != ic or tuple(bound.indices) != (rows,):
+            return None
+        if len(terms) == 1 and coefs == [1.0]:
+            return terms[0] if read(terms[0], idn)[1] == ("r", "c") else None
+        for a in ops[ic].args:   # e's terms merged into d: e is the op of those terms
+            ie = producer(a)
+            if ie is not None and entrywise(ie) and ops[ie].operator == d.operator \
+                    and list(ops[ie].coefficients) == coefs \
+                    and [read(t, ie) for t in ops[ie].args] == [read(t, idn) for t in terms]:
+                return Ref(ops[ie].out, (rows, pg.op_cols[ix]))
+        return None
+
+    fused: dict[int, tuple] = {}
+    replaced: set[int] = set()
+    for k, op in enumerate(ops):
+        if pg.op_cols[k] is not None or not entrywise(k) or op.out in alias or op.operator != "+" \
+                or len(op.args) != 2 or op.coefficients != (1.0, 1.0) \
+                or not all(isinstance(a, Ref) and tuple(a.indices) == (rows,) for a in op.args):
+            continue
+        for x_ref, c_ref in (op.args, op.args[::-1]):
+            ix, ic = producer(x_ref), producer(c_ref)
+            if ix is None or ic is None or {ix, ic} & replaced or not only_read_by(x_ref, k):
+                continue
+            x, c = ops[ix], ops[ic]
+            if x.reduction not in _OTHER or not product(ix, x.reduction) or not product(ic, _OTHER[x.reduction]):
+                continue
+            for p, d_ref in (x.args, x.args[::-1]):
+                idn = producer(d_ref)
+                if idn is None or read(p, ix)[1] != ("r", "c") or read(d_ref, ix)[1] != ("r", "c") \
+                        or pg.op_cols[idn] != pg.op_cols[ix] or not only_read_by(d_ref, ix):
+                    continue
+                e = shifted_value(idn, ic, ix)
+                if e is None or not only_read_by(c_ref, idn, k) \
+                        or sorted(read(a, ic) for a in c.args) != sorted((read(p, ix), read(e, ix))):
+                    continue
+                fused[k] = (1 if x.reduction == "max" else 2, p, e, pg.op_cols[ix])
+                replaced.update({ix, ic, idn})
+                break
+            if k in fused:
+                break
+    replaced.update(j for j, op in enumerate(ops) if op.out in alias and made.get(alias[op.out]) in replaced)
+    return fused, frozenset(replaced)
+
 #: entries evaluated per block: numpy's temporaries then stay in cache (and
 #: below malloc's mmap threshold -- a fresh 18k-entry temporary per operation
 #: cost page faults, 100+ µs each, more than the arithmetic).  Each operation
@@ -507,7 +603,17 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
         stored = a.indices[0] == other
         return PATTERN_ARGS[kind], source(kind if stored else kind + "_t", a.name)
 
-    for op, c, same, leaf in zip(pg.ops, pg.op_cols, pg.same_as, pg.leaves or (None,) * len(pg.ops), strict=True):
+    fused, skipped = _stored_extrema(pg)
+    for k, (op, c, same, leaf) in enumerate(zip(pg.ops, pg.op_cols, pg.same_as, pg.leaves or (None,) * len(pg.ops),
+                                                strict=True)):
+        if k in skipped:
+            continue
+        if k in fused:
+            sub, p, e, along = fused[k]
+            row[op.out] = register(1)
+            table.append([PATTERN_OPS["stored_extremum"], sub, 1, row[op.out], 2, 0, 0, *arg(p, along),
+                          *arg(e, along)])
+            continue
         if leaf == "dot":
             left = next(a for a in op.args if rows_ix in a.indices)
             right = next(a for a in op.args if a is not left)
@@ -543,14 +649,18 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
             row[op.out] = register(1)
             emit(op, args, 1, row[op.out], 1 if op.out in pg.row_restricted else 0)
             continue
-        e = register(0)
-        emit(op, args, 0, e)
         if op.reduction is None:
-            entry[op.out] = e
+            entry[op.out] = register(0)
+            emit(op, args, 0, entry[op.out])
+            continue
+        if op.operator is None:   # a reduction of one argument: of it as it is laid out, no copy first
+            summed = args[0]
         else:   # the entries' values, then their sum / max / min per row
-            row[op.out] = register(1)
-            table.append([PATTERN_OPS["reduce"], ("sum", "max", "min").index(op.reduction), 1, row[op.out], 1, 0, 0,
-                          PATTERN_ARGS["entry"], e])
+            summed = (PATTERN_ARGS["entry"], register(0))
+            emit(op, args, 0, summed[1])
+        row[op.out] = register(1)
+        table.append([PATTERN_OPS["reduce"], ("sum", "max", "min").index(op.reduction), 1, row[op.out], 1, 0, 0,
+                      *summed])
     outputs = []
     for name in pg.outputs:
         if any(name == w for w, _ in written):
