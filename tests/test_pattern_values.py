@@ -189,6 +189,29 @@ def test_a_non_finite_result_falls_back_to_the_generic_executor(monkeypatch):
     np.testing.assert_array_equal(_dense(got), _dense(_generic(program, ops, monkeypatch)))
 
 
+@pytest.mark.parametrize("program", [
+    "E[i,j] = A[i,j] * exp(S[i,j] - m[i])",               # an infinity among the entries
+    "g2[i] = -sum(j, G[i,j] * exp(S[i,j] - m[i]))",       # ... in a row's value
+    "Y[i,f] = sum(j, G[i,j] * exp(S[i,j] - m[i]) * R[j,f])",   # ... in a row an SpMM leaf writes
+])
+def test_each_kind_of_non_finite_output_hands_the_call_back(program, monkeypatch):
+    """The compiled program counts the infinities and NaNs it writes, in
+    every kind of output; any makes the route hand the call back."""
+    ops = _operands(np.random.default_rng(6), 8, 8, 0.5, full_rows=True)
+    ops = {name: ops[name] for name in spfuse.compile(program).program.inputs}
+    ops["m"][3] = -np.inf   # exp(S - m) = inf on row 3
+    handed = []
+    real = groups.run_pattern_group
+    monkeypatch.setattr(groups, "run_pattern_group", lambda *a: handed.append(real(*a)) or handed[-1])
+    got = spfuse.evaluate(program, **ops)
+    assert handed == [None]
+    np.testing.assert_array_equal(_dense(got), _dense(_generic(program, ops, monkeypatch)))
+    ops["m"][3] = 0.0
+    handed.clear()
+    spfuse.evaluate(program, **ops)
+    assert len(handed) == 1 and handed[0] is not None
+
+
 def test_not_restricted_to_the_pattern_stays_generic():
     """``exp(S - m)`` without a factor on the pattern has values off it (a
     dense result): no pattern route."""
@@ -484,8 +507,9 @@ def test_a_pattern_indicator_has_the_divisions_bits():
     pattern = PATTERN_ARGS["pattern"]
     code = np.array([[PATTERN_OPS["/"], 0, 0, 0, 2, 0, 0, pattern, 0, pattern, 0]], dtype=np.int64)
     indptr, cols = np.array([0, 4, values.size], dtype=np.int64), np.r_[0:4, 0:6].astype(np.int64)
-    pattern_program(indptr, cols, 6, code, np.zeros(1), [values, out], np.zeros(2, dtype=np.int64), 1, 0,
-                    np.array([[0, 0, 1]], dtype=np.int64))
+    nonfinite = pattern_program(indptr, cols, 6, code, np.zeros(1), [values, out], np.zeros(2, dtype=np.int64), 1,
+                                0, np.array([[0, 0, 1]], dtype=np.int64))
+    assert nonfinite == 4   # (the NaNs of +-inf / +-inf and of the NaNs, counted as written)
     with np.errstate(invalid="ignore"):
         want = np.where(values == 0, 0.0, values / np.where(values == 0, 1.0, values))
     np.testing.assert_array_equal(out.view(np.int64), want.view(np.int64))

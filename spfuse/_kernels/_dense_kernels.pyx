@@ -584,15 +584,17 @@ cdef inline double _reduce(int sub, const double* a, Py_ssize_t n, Py_ssize_t nc
     return r
 
 
-cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i0, Py_ssize_t nr,
-                         const index_t* ip, Py_ssize_t ncols, const index_t* cols, const double* consts,
-                         double* rows, Py_ssize_t nrs, double** arrays, const int64_t* strides,
-                         double* entries, Py_ssize_t bw, double* scratch, Py_ssize_t nnz) noexcept nogil:
+cdef Py_ssize_t _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t stride, Py_ssize_t i0,
+                               Py_ssize_t nr, const index_t* ip, Py_ssize_t ncols, const index_t* cols,
+                               const double* consts, double* rows, Py_ssize_t nrs, double** arrays,
+                               const int64_t* strides, double* entries, Py_ssize_t bw, double* scratch,
+                               Py_ssize_t nnz) noexcept nogil:
     """Every instruction on the block of rows ``[i0, i0 + nr)`` (of a pattern
     of ``nnz`` entries): the element-wise ones in one loop over the block's
     entries, the row-wise ones and the leaves row by row.  Each entry's and
     each row's arithmetic is the same whatever the block, so results do not
-    depend on how rows are grouped."""
+    depend on how rows are grouped.  Returns how many values the ``row_axpy``
+    leaves wrote that are not finite."""
     cdef Py_ssize_t P0 = ip[i0], N = ip[i0 + nr] - P0, t, e, k, r, p, nargs
     cdef const int64_t* ins
     cdef int op, sub
@@ -602,6 +604,7 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
     cdef const double* b
     cdef const double* c
     cdef double coef, v
+    cdef Py_ssize_t nonfinite = 0
     for t in range(n_ins):
         ins = code + t * stride
         op = <int>ins[0]
@@ -619,6 +622,8 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
             for r in range(nr):
                 p = ip[i0 + r]
                 _row_axpy(ins, i0 + r, p, ip[i0 + r + 1] - p, cols, nnz, a + (p - P0), arrays, strides)
+            nonfinite = nonfinite + _nonfinite(arrays[ins[3]] + i0 * strides[ins[PAT_HEADER + 3]],
+                                               nr * strides[ins[PAT_HEADER + 3]])
             continue
         if ins[2] == 1 and op != PAT_REDUCE and op != PAT_STORED_EXTREMUM:   # a row-wise result
             for r in range(nr):
@@ -713,6 +718,15 @@ cdef void _pattern_block(const int64_t* code, Py_ssize_t n_ins, Py_ssize_t strid
                            arrays, strides, entries, bw, scratch + 2 * bw)
             for e in range(N):
                 dst[e] = b[e] if a[e] != 0.0 else c[e]
+    return nonfinite
+
+
+cdef inline Py_ssize_t _nonfinite(const double* a, Py_ssize_t n) noexcept nogil:
+    """How many of ``a[:n]`` are infinite or NaN (``x - x`` is 0 for a finite x only)."""
+    cdef Py_ssize_t e, count = 0
+    for e in range(n):
+        count = count + (a[e] - a[e] != 0.0)
+    return count
 
 
 def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize_t ncols,
@@ -732,8 +746,10 @@ def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize
     itself).  Each row is computed alone, in the instructions' order, so results do
     not depend on ``num_threads`` (or on the blocks of rows the rows are run in).  Preconditions (the caller's): column
     indices in ``[0, ncols)``, every array long enough for what reads it.
+    Returns how many output values are infinite or NaN (counted as they are
+    written: the caller needs no pass of its own over them).
     """
-    cdef Py_ssize_t m = indptr.shape[0] - 1, i, j, width = 1, n_ins = code.shape[0]
+    cdef Py_ssize_t m = indptr.shape[0] - 1, i, j, width = 1, n_ins = code.shape[0], nonfinite = 0
     cdef Py_ssize_t stride = code.shape[1], n_out = outputs.shape[0], n_arrays = len(arrays)
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* cp = &cols[0] if cols.shape[0] > 0 else NULL
@@ -749,7 +765,7 @@ def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize
     cdef Py_ssize_t* starts
     cdef Py_ssize_t per_thread, P0, N, o, e, r, b, nblocks = 0, i0, nr, nrs = n_row + 1
     if m <= 0 or n_ins == 0:
-        return
+        return 0
     for i in range(m):
         if ip[i + 1] - ip[i] > width:
             width = ip[i + 1] - ip[i]
@@ -787,16 +803,19 @@ def pattern_program(const index_t[::1] indptr, const index_t[::1] cols, Py_ssize
                 nr = starts[b + 1] - i0
                 P0 = ip[i0]
                 N = ip[i0 + nr] - P0
-                _pattern_block(cd, n_ins, stride, i0, nr, ip, ncols, cp, cs, rows, nrs, ptrs, st, entries, width,
-                               entries + n_entry * width, ip[m])
+                nonfinite += _pattern_block(cd, n_ins, stride, i0, nr, ip, ncols, cp, cs, rows, nrs, ptrs, st,
+                                            entries, width, entries + n_entry * width, ip[m])
                 for o in range(n_out):
                     if outs[3 * o] == 0:
                         for e in range(N):
                             ptrs[outs[3 * o + 2]][P0 + e] = entries[outs[3 * o + 1] * width + e]
+                        nonfinite += _nonfinite(ptrs[outs[3 * o + 2]] + P0, N)
                     else:
                         for r in range(nr):
                             ptrs[outs[3 * o + 2]][i0 + r] = rows[r * nrs + outs[3 * o + 1]]
+                        nonfinite += _nonfinite(ptrs[outs[3 * o + 2]] + i0, nr)
     finally:
         free(ptrs)
         free(work)
         free(starts)
+    return nonfinite

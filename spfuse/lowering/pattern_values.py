@@ -496,6 +496,8 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
     program = _program(pg, frozenset(on_pattern))
     if program is not None:
         results = _run_program(program, indptr, cols, nrows, ncols, on_pattern, dense, nt, transposed)
+        if results is None:
+            return None
     elif any(pg.leaves) or any(c is None and op.reduction is not None for op, c in zip(pg.ops, pg.op_cols,
                                                                                         strict=True)):
         return None   # a row's dot product, a dense-row leaf: no numpy block form (pattern_group makes no such group)
@@ -508,10 +510,11 @@ def run_pattern_group(pg: PatternGroup, env: dict, shapes, nt: int = 1) -> dict[
         counts = np.diff(indptr)
         for lo, hi in _row_blocks(indptr, nrows):
             _run_block(pg, lo, hi, indptr, cols, counts, ncols, on_pattern, dense, results)
+        # (inf or NaN anywhere makes a sum so; an overflow only sends it back too)
+        if not all(math.isfinite(v.sum()) for v in results.values()):
+            return None
     out: dict[str, Any] = {}
     for name, v in results.items():
-        if not math.isfinite(v.sum()):   # (inf or NaN anywhere makes the sum so; an overflow only sends it back too)
-            return None
         if v.ndim == 1 and len(v) == len(cols) and name in {o.out for o in pg.ops if len(o.out_indices) == 2}:
             out[name] = first._with_kernel_values(v)  # (float64, as the executor's; the call path casts results)
         else:
@@ -682,9 +685,10 @@ def _program(pg: PatternGroup, on_pattern: frozenset) -> _Program | None:
 
 
 def _run_program(program: _Program, indptr, cols, nrows: int, ncols: int, on_pattern, dense, nt: int,
-                 transposed=None) -> dict:
+                 transposed=None) -> dict | None:
     """The outputs of ``program`` over the pattern ``(indptr, cols)``
-    (``transposed(name)``: a dense operand's transpose, C-ordered)."""
+    (``transposed(name)``: a dense operand's transpose, C-ordered), or None
+    when one of them holds an infinity or a NaN."""
     arrays, strides = [], []
     results = {}
     widths = dict(program.written)
@@ -703,10 +707,10 @@ def _run_program(program: _Program, indptr, cols, nrows: int, ncols: int, on_pat
         outputs[k] = (kind, reg, len(arrays))
         arrays.append(results[name])
     work = len(cols) * max(1, len(program.code))
-    pattern_program(indptr, cols, ncols, program.code, program.consts, arrays,   # (indices as stored)
-                    np.array(strides + [0] * len(program.outputs), dtype=np.int64), program.n_entry, program.n_row,
-                    outputs, nt if work >= PARALLEL_MIN_WORK else 1)
-    return results
+    nonfinite = pattern_program(indptr, cols, ncols, program.code, program.consts, arrays,   # (indices as stored)
+                                np.array(strides + [0] * len(program.outputs), dtype=np.int64), program.n_entry,
+                                program.n_row, outputs, nt if work >= PARALLEL_MIN_WORK else 1)
+    return results if nonfinite == 0 else None
 
 
 _pools = threading.local()
