@@ -11,6 +11,8 @@ import hashlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spfuse import validation as V
 from spfuse.errors import InvalidOperandError, OperandTypeError, SpfuseError
@@ -288,3 +290,55 @@ def test_the_index_scan_gives_one_verdict_on_any_team(threads, dtype):
     for name, (p, c) in cases.items():
         assert scan_compressed(p, c, n, threads) == scan_compressed(p, c, n, 1), name
     assert [scan_compressed(p, c, n, threads)[0] for p, c in cases.values()] == [0, 1, 1, 3, 2]
+
+
+def _scan_reference(pos: np.ndarray, crd: np.ndarray, size: int) -> int:
+    """The scan's status by its definition, row by row: 2 pos falls, 3 a
+    coordinate out of ``[0, size)``, 1 unsorted or duplicated, 0 canonical
+    (the first of 2 and 3 met in row order wins)."""
+    status = 0
+    for s in range(len(pos) - 1):
+        if pos[s + 1] < pos[s]:
+            return 2
+        row = crd[pos[s]:pos[s + 1]]
+        bad = np.flatnonzero((row < 0) | (row >= size))
+        if bad.size:
+            return 3
+        if np.any(np.diff(row) <= 0):
+            status = 1
+    return status
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), defect=st.sampled_from(["none", "swap", "duplicate", "outside", "negative",
+                                                                "falling"]),
+       threads=st.sampled_from([1, 2, 3]), dtype=st.sampled_from([np.int32, np.int64]))
+def test_the_index_scan_over_many_chunks_matches_its_definition(seed, defect, threads, dtype):
+    """Scans walk pieces of whole rows in chunks of some 16k entries (each
+    chunk's segment starts read while its coordinates are in cache): a
+    defect anywhere -- in any chunk, at a row start, in a row longer than a
+    chunk, after empty rows -- gives the verdict of a row-by-row reading."""
+    rng = np.random.default_rng(seed)
+    n = 4000
+    lengths = rng.integers(0, 25, n)
+    lengths[rng.random(n) < 0.2] = 0                      # empty rows
+    lengths[rng.integers(0, n)] = 20000                   # a row longer than a chunk
+    size = 30000
+    crd = np.concatenate([np.sort(rng.choice(size, k, replace=False)) for k in lengths]).astype(dtype)
+    pos = np.concatenate([[0], np.cumsum(lengths)]).astype(dtype)
+    full = np.flatnonzero(lengths >= 2)
+    row = int(full[rng.integers(0, len(full))])
+    at = int(pos[row] + rng.integers(0, lengths[row] - 1))   # an entry with a next one in its row
+    if defect == "swap":
+        crd[at], crd[at + 1] = crd[at + 1], crd[at]
+    elif defect == "duplicate":
+        crd[at + 1] = crd[at]
+    elif defect == "outside":
+        crd[at] = size
+    elif defect == "negative":
+        crd[at] = -1
+    elif defect == "falling":
+        s = int(rng.integers(1, n))
+        pos[s] = pos[s + 1] + 1
+    from spfuse._kernels._validate import scan_compressed
+    assert scan_compressed(pos, crd, size, threads)[0] == _scan_reference(pos, crd, size)

@@ -87,6 +87,46 @@ cdef inline Py_ssize_t _piece(Py_ssize_t n, Py_ssize_t k, Py_ssize_t pieces) noe
     return <Py_ssize_t>((<double>n * k) / pieces) if k < pieces else n
 
 
+cdef enum:
+    _CHUNK_ENTRIES = 16384   # entries per chunk of rows (64-128 KiB of coordinates: in L2)
+
+
+cdef inline Py_ssize_t _row_holding(const index_t* pos, Py_ssize_t n, Py_ssize_t p) noexcept nogil:
+    """The first row ``s`` with ``pos[s] >= p`` (``pos`` non-decreasing, ``n`` rows)."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pos[mid] < p:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline void _scan_rows(const index_t* pos, const index_t* crd, Py_ssize_t s0, Py_ssize_t s1, long long size,
+                            Py_ssize_t last, Py_ssize_t* outliers, Py_ssize_t* descents,
+                            Py_ssize_t* allowed) noexcept nogil:
+    """Rows ``[s0, s1)`` in chunks of about :data:`_CHUNK_ENTRIES` entries:
+    their coordinates' outliers and descents, and the descents at their
+    segment starts, added to the three counts (``pos`` non-decreasing)."""
+    cdef Py_ssize_t s = s0, e, o, d
+    while s < s1:
+        e = _row_holding(pos, s1, pos[s] + _CHUNK_ENTRIES) if pos[s1] - pos[s] > _CHUNK_ENTRIES else s1
+        if e <= s:
+            e = s + 1   # (a row longer than a chunk: a chunk alone)
+        if index_t is int:
+            spfuse_outliers_int(crd, pos[s], pos[e], <int>min(size, 2147483647), &o, &d)
+            if last >= 2:
+                allowed[0] += spfuse_starts_int(pos, s, e, crd, <int>last)
+        else:
+            spfuse_outliers_spfuse_ll(crd, pos[s], pos[e], size, &o, &d)
+            if last >= 2:
+                allowed[0] += spfuse_starts_spfuse_ll(pos, s, e, crd, last)
+        outliers[0] += o
+        descents[0] += d
+        s = e
+
+
 @cython.boundscheck(False)
 @cython.wraparound(False)
 def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long size, int num_threads=1):
@@ -125,20 +165,18 @@ def scan_compressed(const index_t[::1] pos, const index_t[::1] crd, long long si
         for k in range(pieces):
             drops = drops + pd[k]
         if drops == 0 and last > 0:
+            # pieces of whole rows holding about equal numbers of entries,
+            # each walked in chunks of rows: a chunk's coordinates are
+            # checked, then its segment starts read them again while they
+            # are in cache (two passes over the whole array read it twice
+            # from memory: the second cost as much as the first)
             for k in prange(pieces, schedule="static", num_threads=pieces):
+                po[k] = 0
+                pdesc[k] = 0
                 pst[k] = 0
-                if index_t is int:
-                    spfuse_outliers_int(&crd[0], _piece(last, k, pieces), _piece(last, k + 1, pieces),
-                                        <int>min(size, 2147483647), &po[k], &pdesc[k])
-                    if last >= 2:  # pos is monotone here: 0 <= pos[s] <= last
-                        pst[k] = spfuse_starts_int(&pos[0], _piece(n, k, pieces), _piece(n, k + 1, pieces),
-                                                   &crd[0], <int>last)
-                else:
-                    spfuse_outliers_spfuse_ll(&crd[0], _piece(last, k, pieces), _piece(last, k + 1, pieces),
-                                              size, &po[k], &pdesc[k])
-                    if last >= 2:
-                        pst[k] = spfuse_starts_spfuse_ll(&pos[0], _piece(n, k, pieces),
-                                                         _piece(n, k + 1, pieces), &crd[0], last)
+                _scan_rows(&pos[0], &crd[0], _row_holding(&pos[0], n, _piece(last, k, pieces)),
+                           _row_holding(&pos[0], n, _piece(last, k + 1, pieces)) if k + 1 < pieces else n,
+                           size, last, &po[k], &pdesc[k], &pst[k])
             for k in range(pieces):
                 outliers = outliers + po[k]
                 descents = descents + pdesc[k]
