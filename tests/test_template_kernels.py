@@ -852,6 +852,7 @@ def test_map_unary_negative_domain():
 
 @dtypes
 @pytest.mark.parametrize("shape", [(0, 5), (5, 0), (1, 1), (31, 33), (33, 31), (64, 64), (200, 37), (3, 1000),
+                                   (70, 1000),    # (a wide one: written a row of the transpose at a time)
                                    (1000, 33)])   # (a tall matrix: its tiles shared in bands of columns)
 def test_transpose(shape, dt, rng):
     a = rng.standard_normal(shape).astype(dt)
