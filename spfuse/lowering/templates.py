@@ -259,6 +259,10 @@ def _dense_view(t, dtype) -> np.ndarray:
     return values.reshape(tuple(t.shape[m] for m in order)).transpose(np.argsort(order))
 
 
+#: elements from which a one-thread transposing copy is tiled whatever its row length
+_TILED_COPY_MIN = 1 << 20
+
+
 def c_ordered(view: np.ndarray, num_threads: int = 1) -> np.ndarray:
     """``view`` as a C-ordered array: itself when it is one; a C-ordered
     matrix's transpose (``D.T``, a Fortran array) copied tile by tile
@@ -274,13 +278,14 @@ def c_ordered(view: np.ndarray, num_threads: int = 1) -> np.ndarray:
     """
     if view.flags.c_contiguous:
         return view
-    # (on one thread, result rows of at most 64 elements: numpy's copy,
-    # writing them in order, runs as fast or faster -- (20000, 32) 0.26-0.64
-    # ms against 0.44-0.52 tiled, (100000, 64) 10 against 17; a (32, 20000)
-    # result 0.62-0.72 against 0.27.  Two threads share the tiles: 0.14-0.35
-    # and 8.5-9.9 ms)
-    if view.ndim == 2 and (view.shape[1] > 64 or num_threads > 1) and view.T.flags.c_contiguous \
-            and view.dtype in (_F64, _F32):
+    # (on one thread, result rows of at most 64 elements and a result in
+    # cache: numpy's copy, writing them in order, runs as fast or faster --
+    # (20000, 32) 0.40 ms against 0.51 tiled, (2000, 64) 0.07 against 0.11;
+    # past a million elements the tiles win: (100000, 64) 6.2-6.7 against
+    # 15-16 ms.  A (32, 20000) result 0.62-0.72 against 0.27.  Two threads
+    # share the tiles: 0.29 and 3.0-3.1 ms)
+    if view.ndim == 2 and (view.shape[1] > 64 or num_threads > 1 or view.size >= _TILED_COPY_MIN) \
+            and view.T.flags.c_contiguous and view.dtype in (_F64, _F32):
         out = _result(view.shape, view.dtype)
         _dense_kernels.transpose(view.T, out, num_threads)
         return out
