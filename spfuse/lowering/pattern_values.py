@@ -334,7 +334,6 @@ def _repeats(ops, op_cols, rows: str, row_restricted, leaves) -> tuple[str | Non
     return tuple(out)
 
 
-
 def _stored_extrema(pg: PatternGroup) -> tuple[dict[int, tuple], frozenset]:
     """The ops of ``pg`` forming the front end's max/min over a pattern's
     stored entries (:mod:`spfuse.frontend.patterns`)::
@@ -428,6 +427,7 @@ def _stored_extrema(pg: PatternGroup) -> tuple[dict[int, tuple], frozenset]:
                 break
     replaced.update(j for j, op in enumerate(ops) if op.out in alias and made.get(alias[op.out]) in replaced)
     return fused, frozenset(replaced)
+
 
 #: entries evaluated per block: numpy's temporaries then stay in cache (and
 #: below malloc's mmap threshold -- a fresh 18k-entry temporary per operation
