@@ -288,7 +288,7 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
     cdef Py_ssize_t t, i0, i1, j0, j1, i, j
     cdef Py_ssize_t row_tiles = (n + _TILE - 1) // _TILE, col_tiles = (m + _TILE - 1) // _TILE
     cdef bint by_rows = row_tiles >= 4 * num_threads or row_tiles >= col_tiles
-    cdef bint wide = m < n   # (the tiles' loop order: see _transpose_tiles_by_out_rows)
+    cdef bint wide = m < n   # (the tiles' loop order: see _transpose_tiles)
     cdef Py_ssize_t bands = row_tiles if by_rows else col_tiles
     cdef const floating* src
     cdef floating* dst
@@ -300,7 +300,7 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
         if wide and by_rows:   # (a loop of its own: sharing one with the other order slowed that one 2x)
             for t in prange(bands, schedule="static", num_threads=num_threads):
                 j0 = t * _TILE
-                _transpose_tiles_by_out_rows(src, dst, m, n, 0, m, j0, min(j0 + _TILE, n))
+                _transpose_tiles(src, dst, m, n, 0, m, j0, min(j0 + _TILE, n), True)
         else:
             for t in prange(bands, schedule="static", num_threads=num_threads):
                 if by_rows:   # a band of _TILE rows of ``out``, all its columns
@@ -313,37 +313,20 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
                     j1 = n
                     i0 = t * _TILE
                     i1 = min(i0 + _TILE, m)
-                _transpose_tiles(src, dst, m, n, i0, i1, j0, j1)
+                _transpose_tiles(src, dst, m, n, i0, i1, j0, j1, False)
 
 
 cdef inline void _transpose_tiles(const floating* src, floating* dst, Py_ssize_t m, Py_ssize_t n,
-                                  Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1) noexcept nogil:
-    """``dst[j, i] = src[i, j]`` over ``[i0, i1) × [j0, j1)``, tile by tile,
-    each tile read a ``src`` row at a time (for a tall ``src``)."""
+                                  Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t j0, Py_ssize_t j1,
+                                  bint by_out_rows) noexcept nogil:
+    """``dst[j, i] = src[i, j]`` over ``[i0, i1) × [j0, j1)``, tile by tile.
+    Each tile is read a ``src`` row at a time, or with ``by_out_rows``
+    written a ``dst`` row at a time, gathering down ``src``'s columns: for a
+    wide ``src`` (a K × n factor, 64 × 100k, one thread: 6.2-7.9 against
+    10.3-12.3 ms by ``src`` rows; two threads 2.6-3.1 against 4.2-4.7).
+    (Callers pass a constant: each inlined copy keeps one loop order.)"""
     cdef Py_ssize_t ti, tj, i, j, ie, je
     cdef const floating* irow
-    tj = j0
-    while tj < j1:
-        je = min(tj + _TILE, j1)
-        ti = i0
-        while ti < i1:
-            ie = min(ti + _TILE, i1)
-            for i in range(ti, ie):
-                irow = src + i * n
-                for j in range(tj, je):
-                    dst[j * m + i] = irow[j]
-            ti = ti + _TILE
-        tj = tj + _TILE
-
-
-cdef inline void _transpose_tiles_by_out_rows(const floating* src, floating* dst, Py_ssize_t m, Py_ssize_t n,
-                                              Py_ssize_t i0, Py_ssize_t i1, Py_ssize_t j0,
-                                              Py_ssize_t j1) noexcept nogil:
-    """:func:`_transpose_tiles`, each tile written a ``dst`` row at a time,
-    gathering down ``src``'s columns: for a wide ``src`` (a K × n factor,
-    64 × 100k, one thread: 6.2-7.9 against 10.3-12.3 ms by ``src`` rows;
-    two threads 2.6-3.1 against 4.2-4.7)."""
-    cdef Py_ssize_t ti, tj, i, j, ie, je
     cdef floating* jrow
     tj = j0
     while tj < j1:
@@ -351,10 +334,16 @@ cdef inline void _transpose_tiles_by_out_rows(const floating* src, floating* dst
         ti = i0
         while ti < i1:
             ie = min(ti + _TILE, i1)
-            for j in range(tj, je):
-                jrow = dst + j * m
+            if by_out_rows:
+                for j in range(tj, je):
+                    jrow = dst + j * m
+                    for i in range(ti, ie):
+                        jrow[i] = src[i * n + j]
+            else:
                 for i in range(ti, ie):
-                    jrow[i] = src[i * n + j]
+                    irow = src + i * n
+                    for j in range(tj, je):
+                        dst[j * m + i] = irow[j]
             ti = ti + _TILE
         tj = tj + _TILE
 
