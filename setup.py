@@ -91,6 +91,12 @@ def extensions():
         # (x / y where x != 0, else 0) may then be if-converted and vectorised
         # (the same IEEE results; gcc keeps such loops scalar by default)
         compile_args.append("-fno-trapping-math")
+        # Python's own CFLAGS carry -fwrapv (CPython's C relies on signed
+        # wrap-around; no kernel here does).  With it gcc must keep an int32
+        # loop index's 32-bit wrap, which costs the scatter loops ~12%
+        # (spmv_t, 1M entries: 1.75 -> 1.53 ms); meson builds of scipy and
+        # scikit-learn compile their Cython without it too.
+        compile_args.append("-fno-wrapv")
     # the AVX2 builds: x86-64 with gcc/clang, not the debug build
     avx2 = not debug and sys.platform != "win32" and platform.machine().lower() in ("x86_64", "amd64")
     # SPFUSE_ONLY=_spmm,_config builds just those modules (for developers
