@@ -13,8 +13,9 @@ For one (input, kernel) *case*:
    timed; a call slower than the size's budget is not timed either;
 3. for each thread count: ``repeat`` rounds in which every remaining peer
    is called twice in turn, the second call timed (interleaved, so drifts of
-   clock and load hit all alike; back to back, so each timed call finds its
-   own operands as warm as in a user's loop -- timing a single call would
+   clock and load hit all alike, in an order rotating from round to round;
+   back to back, so each timed call finds its own operands as warm as in a
+   user's loop -- timing a single call would
    favour whichever peer follows one that just read the same scipy arrays);
    each pair starts once the previous peer's thread pool has stopped
    spinning (:func:`settle_threads`); the median of ``time.perf_counter``
@@ -287,8 +288,15 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
             per_round = 2 * sum(first[name] for name in states)
             rounds = max(1, min(repeat, int(size.case_budget / max(per_round, 1e-9))))
         with _all_threads_for([by_name[name] for name in states], n):
-            for _ in range(rounds):
-                for name, (impl, state) in states.items():
+            order = list(states.items())
+            for r in range(rounds):
+                # each round starts one peer later: following another library's
+                # large call slows the next calls of any library for a while
+                # (caches, TLB: SpMV 20000 rows, 0.40 -> 0.54 ms for scipy and
+                # 0.52 -> 0.66 for spfuse after a 40 MB array was made and
+                # freed, the warming call in between), so no peer is always
+                # the one timed after the previous round's slowest
+                for name, (impl, state) in order[r % len(order):] + order[:r % len(order)]:
                     settle_threads()
                     impl.run(state)  # warms this peer's own operands and code
                     timed[name].append(_call(impl.run, state)[1])
