@@ -15,8 +15,8 @@ For one (input, kernel) *case*:
    is called twice in turn, the second call timed (interleaved, so drifts of
    clock and load hit all alike, in an order rotating from round to round;
    back to back, so each timed call finds its own operands as warm as in a
-   user's loop -- timing a single call would
-   favour whichever peer follows one that just read the same scipy arrays);
+   user's loop -- timing a single call would favour whichever peer follows
+   one that just read the same scipy arrays);
    each pair starts once the previous peer's thread pool has stopped
    spinning (:func:`settle_threads`); the median of ``time.perf_counter``
    deltas is reported.
@@ -292,10 +292,10 @@ def run_case(inp: Input, kernel: BenchKernel, size: Size, thread_counts: list[in
             for r in range(rounds):
                 # each round starts one peer later: following another library's
                 # large call slows the next calls of any library for a while
-                # (caches, TLB: SpMV 20000 rows, 0.40 -> 0.54 ms for scipy and
-                # 0.52 -> 0.66 for spfuse after a 40 MB array was made and
-                # freed, the warming call in between), so no peer is always
-                # the one timed after the previous round's slowest
+                # (cause not pinned down: SpMV 20000 rows, 0.40 -> 0.54 ms for
+                # scipy and 0.52 -> 0.66 for spfuse after a 40 MB array was
+                # made and freed, the warming call in between), so no peer is
+                # always the one timed after the previous round's slowest
                 for name, (impl, state) in order[r % len(order):] + order[:r % len(order)]:
                     settle_threads()
                     impl.run(state)  # warms this peer's own operands and code
