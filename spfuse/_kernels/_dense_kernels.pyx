@@ -288,7 +288,9 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
     cdef Py_ssize_t t, i0, i1, j0, j1, i, j
     cdef Py_ssize_t row_tiles = (n + _TILE - 1) // _TILE, col_tiles = (m + _TILE - 1) // _TILE
     cdef bint by_rows = row_tiles >= 4 * num_threads or row_tiles >= col_tiles
-    cdef bint wide = m < n   # (the tiles' loop order: see _transpose_tiles)
+    # (the tiles' loop order, see _transpose_tiles; a wide ``a`` has as many
+    # row tiles of ``out`` as column tiles or more: always cut by rows)
+    cdef bint wide = m < n
     cdef Py_ssize_t bands = row_tiles if by_rows else col_tiles
     cdef const floating* src
     cdef floating* dst
@@ -297,7 +299,7 @@ def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1)
     src = &a[0, 0]
     dst = &out[0, 0]
     with nogil:
-        if wide and by_rows:   # (a loop of its own: sharing one with the other order slowed that one 2x)
+        if wide:   # (a loop of its own: sharing one with the other order slowed that one 2x)
             for t in prange(bands, schedule="static", num_threads=num_threads):
                 j0 = t * _TILE
                 _transpose_tiles(src, dst, m, n, 0, m, j0, min(j0 + _TILE, n), True)
