@@ -203,7 +203,7 @@ def test_execution_choice_clock_is_cpu_time_not_wall_time():
         if split:
             time.sleep(0.02)  # no CPU time
         else:
-            sum(range(20000))  # some CPU time
+            sum(range(300000))  # milliseconds of CPU time, far above a sleep's wake-up
         return split
 
     c = ExecutionChoice()

@@ -245,8 +245,9 @@ cdef enum:
 
 cdef inline Py_ssize_t _row_in_registers(const index_t* ind, const floating* val, Py_ssize_t p0,
                                          Py_ssize_t p1, const floating* bp, floating* orow,
-                                         Py_ssize_t K, size_t n) noexcept nogil:
-    """``orow[0:K] = sum(p in p0:p1, val[p] * B[ind[p], 0:K])`` for ``K <= SMALL_K``,
+                                         Py_ssize_t K, size_t n, bint add) noexcept nogil:
+    """``orow[0:K] = sum(p in p0:p1, val[p] * B[ind[p], 0:K])`` for ``K <= SMALL_K``
+    (with ``add``: ``orow[0:K] += `` that sum, rounded to the value type first),
     the sums in registers (a workspace row for a few columns costs a
     store-reload per entry: about 2x slower at K <= 4 on cached operands).  Each output is the same
     sequential sum in double as the workspace path gives.  Returns -1, or
@@ -278,22 +279,24 @@ cdef inline Py_ssize_t _row_in_registers(const index_t* ind, const floating* val
                                 a6 += v * <double>x[6]
                                 if K > 7:
                                     a7 += v * <double>x[7]
-    orow[0] = <floating>a0
-    if K > 1:
-        orow[1] = <floating>a1
-    if K > 2:
-        orow[2] = <floating>a2
-    if K > 3:
-        orow[3] = <floating>a3
-    if K > 4:
-        orow[4] = <floating>a4
-    if K > 5:
-        orow[5] = <floating>a5
-    if K > 6:
-        orow[6] = <floating>a6
-    if K > 7:
-        orow[7] = <floating>a7
+    cdef double sums[SMALL_K]
+    sums[0] = a0; sums[1] = a1; sums[2] = a2; sums[3] = a3
+    sums[4] = a4; sums[5] = a5; sums[6] = a6; sums[7] = a7
+    _store_row(orow, sums, K, add)
     return -1
+
+
+cdef inline void _store_row(floating* orow, const double* acc, Py_ssize_t K, bint add) noexcept nogil:
+    """``orow[0:K] = acc`` in the value type, or with ``add`` ``orow[0:K] +=`` it
+    (each sum rounded to the value type before the add, as adding a
+    separately made result would)."""
+    cdef Py_ssize_t k
+    if add:
+        for k in range(K):
+            orow[k] = orow[k] + <floating>acc[k]
+    else:
+        for k in range(K):
+            orow[k] = <floating>acc[k]
 
 
 cdef inline double _sddmm_value(int op, double b, double s) noexcept nogil:
@@ -736,10 +739,15 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
 
 
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
-         const floating[:, ::1] B, floating[:, ::1] out, int num_threads, Py_ssize_t tile=K_TILE):
-    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE) -> bad
+         const floating[:, ::1] B, floating[:, ::1] out, int num_threads, Py_ssize_t tile=K_TILE,
+         bint accumulate=False):
+    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE, accumulate=False) -> bad
 
-    ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K).
+    ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K);
+    with ``accumulate``, ``out += A @ B`` (each row's sum rounded to the
+    value type, then added: what adding a separate product gives) -- a sum
+    of SpMMs accumulates term after term into one result, with no
+    temporary per term and no pass adding them.
 
     Row-axpy: for each row ``i`` and each ``p`` in it,
     ``acc += data[p] * B[indices[p], :]`` into a thread-private double
@@ -755,7 +763,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     Indices may come in any order and are checked here: the return value is
     -1, or the position of an index outside ``[0, n)`` (``out`` is then
     garbage).  ``out`` is fully
-    overwritten (empty rows become 0).  Complexity O(nnz * K + m * K);
+    overwritten (empty rows become 0; with ``accumulate`` they keep their values).  Complexity O(nnz * K + m * K);
     workspace ``8 * min(tile or K, K)`` bytes/thread.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
@@ -805,7 +813,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                 r1 = _sub(ip, c0, c1, b + 1, nb)
                 if K <= SMALL_K:
                     for i in range(r0, r1):
-                        q = _row_in_registers(ind, val, ip[i], ip[i + 1], bp, op + i * K, K, n)
+                        q = _row_in_registers(ind, val, ip[i], ip[i + 1], bp, op + i * K, K, n, accumulate)
                         if q >= 0:
                             badp[0] = q
                     continue
@@ -825,8 +833,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                             if p + 2 < annz:  # a prefetch of a wild address is harmless
                                 _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
                             _axpy(acc, <double>val[p], bp + <Py_ssize_t>c * K + k0, kw)
-                        for k in range(kw):
-                            orow[k0 + k] = <floating>acc[k]
+                        _store_row(orow + k0, acc, kw, accumulate)
                         k0 = k0 + kw
         if failed:
             raise MemoryError("spmm: cannot allocate the thread workspace")

@@ -37,7 +37,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
-from spfuse.lowering.summed_scatters import run_summed, sum_scatters
+from spfuse.lowering.summed_spmms import run_summed, sum_spmms
 from spfuse.lowering.transposes import sharing_copies
 from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
@@ -75,8 +75,9 @@ class Group:
     on_pattern: PatternGroup | None = None
     #: a generic group of element-wise work on whole dense arrays, run as numpy operations
     entrywise: EntrywiseGroup | None = None
-    #: ``spmm_t`` groups and the element-wise group adding their results, run
-    #: as one walk of their pattern (kernel ``"spmm_t_sum"``, :mod:`.summed_scatters`)
+    #: ``spmm_t`` (or ``spmm``) groups and the element-wise group adding their
+    #: results, run as one walk of their pattern (kernel ``"spmm_t_sum"``) or
+    #: one SpMM per term into one result (``"spmm_sum"``, :mod:`.summed_spmms`)
     summed: tuple[Group, ...] = ()
     #: per summed term, the factors scaling it (constants, names of 0-d operands)
     scalings: tuple[tuple[float | str, ...], ...] = ()
@@ -93,8 +94,10 @@ class Group:
             how = self.entrywise.describe()
         if self.summed:
             *parts, total = self.summed
-            return (f"template {parts[0].kernel}, {len(parts)} terms summed in one walk of one pattern "
-                    f"(checked per call) [{'; '.join(p.describe() for p in parts)}]: "
+            how = ("summed in one walk of one pattern (checked per call)" if parts[0].kernel == "spmm_t"
+                   else "accumulated one after another into one result")
+            return (f"template {parts[0].kernel}, {len(parts)} terms {how} "
+                    f"[{'; '.join(p.describe() for p in parts)}]: "
                     f"{'; '.join(map(str, total.ops))}")
         r = self.route
         if r is not None and r.merged:
@@ -1018,7 +1021,7 @@ def split_groups(plan) -> tuple[Group, ...]:
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
-    return sum_scatters(plan, tuple(groups))
+    return sum_spmms(plan, tuple(groups))
 
 
 def lower_groups(plan):

@@ -1,4 +1,4 @@
-"""Transposed SpMMs of one pattern summed into one result, run as one walk of it.
+"""SpMMs summed into one result, run as one kernel call per term into one output.
 
 A gradient that reaches a dense operand along several paths through one
 sparse pattern is a sum of transposed SpMMs.  GNN-2's adjoint has::
@@ -10,20 +10,25 @@ with ``P`` and ``Q`` on ``A``'s pattern.  Group by group that is two
 entry, then a transpose of each result and an add over the whole array.
 ``spmm_t`` takes several ``(values, dense)`` terms in one walk instead: per
 entry, the output row is read and written once for all the terms; the
-indices are read once; one transpose, no add.  (At GNN-2's medium size,
-20000 rows and K=32, the scatters and the add took 8.9 ms and take 5.9.)
+indices are read once; one transpose, no add (kernel ``spmm_t_sum``).  At
+GNN-2's medium size, 20000 rows and K=32, the scatters and the add took
+8.9 ms and take 5.9.
 
-:func:`sum_scatters` is a pure function from a plan's groups to groups: it
-replaces an element-wise group adding the results of ``spmm_t`` groups, read
-nowhere else, by one group holding them (``Group.summed``).
-:func:`run_summed` runs that group.  It checks per call that the terms store
-one pattern; when they do not, the groups run apart, as before.
+A sum of *gathers*, ``A·X + W·Z`` (of any patterns; also ``Aᵀ·X + Wᵀ·G``
+of CSC operands, SpMMs of the transposes), runs ``spmm`` once per term into
+one result, every term after the first with ``accumulate``: no temporary
+per term, no add over whole arrays (kernel ``spmm_sum``).  Measured at
+100k rows, 10 per row, K=64: 133 → 112 ms on one thread, 82.6 → 53.8 ms on
+two (the add is numpy's, single-threaded).  One walk of a shared pattern
+gathering every term per entry was measured too and did not pay (186
+against 178 ms apart): the gathered rows, not the output, are its traffic.
 
-Measured and left apart: scatters of one pattern into *different* results
-(two output rows per entry thrash the cache as two walks do: 6.8-9.0 ms
-against 6.3-6.9 ms apart), and sums of *gathers*, ``A·X + B·Z`` on one
-pattern (an ``spmm`` taking terms: 186 against 178 ms apart at 100k rows,
-K=64; the gathered rows, not the output, are the traffic).
+:func:`sum_spmms` is a pure function from a plan's groups to groups: it
+replaces an element-wise group adding the results of ``spmm_t`` groups, or
+of ``spmm`` groups, read nowhere else, by one group holding them
+(``Group.summed``).  :func:`run_summed` runs that group.  Scatter terms
+must store one pattern, checked per call; when they do not, the groups run
+apart, as before.
 """
 from __future__ import annotations
 
@@ -40,22 +45,23 @@ from spfuse.lowering import templates
 from spfuse.lowering.transposes import SharedCopies
 from spfuse.tensor import same_pattern
 
-__all__ = ["KERNEL", "sum_scatters", "run_summed"]
+__all__ = ["KERNELS", "sum_spmms", "run_summed"]
 
-#: the kernel name a summed group reports (``explain()``, ``TemplateMatch.kernel``)
-KERNEL = "spmm_t_sum"
+#: per term kernel, the kernel name a summed group reports (``explain()``, ``TemplateMatch.kernel``)
+KERNELS = {"spmm_t": "spmm_t_sum", "spmm": "spmm_sum"}
 
 
-def sum_scatters(plan, groups: tuple) -> tuple:
-    """``groups`` with each sum of ``spmm_t`` results merged into one group.
+def sum_spmms(plan, groups: tuple) -> tuple:
+    """``groups`` with each sum of ``spmm_t`` results, and each sum of
+    ``spmm`` results, merged into one group.
 
     A group qualifies when it is element-wise, one ``+`` of 2 to
     ``SUM_TERMS`` results (each maybe scaled by constants or 0-d operands),
-    each made by its own ``spmm_t`` group: a dense result, read by this sum
-    only and not a program result, all computed in the same orientation.
-    The merged group takes the sum's place: its terms' operands exist by
-    then, and nothing between reads their results.  Under ``fusion="none"``
-    groups stay as they are.
+    each made by its own group of one kernel (all ``spmm_t`` or all
+    ``spmm``): a dense result, read by this sum only and not a program
+    result, all computed in the same orientation.  The merged group takes
+    the sum's place: its terms' operands exist by then, and nothing between
+    reads their results.  Under ``fusion="none"`` groups stay as they are.
 
     >>> import numpy as np, scipy.sparse as sp, spfuse
     >>> from spfuse.lowering.groups import split_groups
@@ -64,6 +70,11 @@ def sum_scatters(plan, groups: tuple) -> tuple:
     >>> plan = spfuse.compile("Y[j,k] = sum(i, A[i,j] * X[i,k]) + sum(i, B[i,j] * G[i,k])").plans(**ops)["auto"]
     >>> [g.kernel for g in split_groups(plan)]
     ['spmm_t_sum']
+    >>> B = sp.random_array((50, 40), density=0.1, format="csr", random_state=1)   # (another pattern)
+    >>> ops = {"A": A, "B": B, "X": np.ones((40, 3)), "G": np.ones((40, 3))}
+    >>> plan = spfuse.compile("Y[i,k] = A[i,j] * X[j,k] - B[i,j] * G[j,k]").plans(**ops)["auto"]
+    >>> [g.kernel for g in split_groups(plan)]
+    ['spmm_sum']
     """
     if plan.fusion == "none":
         return groups
@@ -80,8 +91,8 @@ def sum_scatters(plan, groups: tuple) -> tuple:
         terms = _terms(plan, g, n, groups, producer, readers)
         if terms is not None:
             parts = tuple(groups[m] for m, _ in terms)
-            merged[n] = type(g)(g.node, tuple(op for p in parts for op in p.ops) + g.ops, g.outputs, KERNEL,
-                                summed=(*parts, g), scalings=tuple(f for _, f in terms))
+            merged[n] = type(g)(g.node, tuple(op for p in parts for op in p.ops) + g.ops, g.outputs,
+                                KERNELS[parts[0].kernel], summed=(*parts, g), scalings=tuple(f for _, f in terms))
             dropped.update(m for m, _ in terms)
     return tuple(merged.get(n, g) for n, g in enumerate(groups) if n not in dropped)
 
@@ -89,7 +100,7 @@ def sum_scatters(plan, groups: tuple) -> tuple:
 def _terms(plan, g, n: int, groups, producer: Mapping[str, int],
            readers: Mapping[str, set]) -> list[tuple[int, tuple]] | None:
     """Per term of the sum group ``n`` makes, the position of the ``spmm_t``
-    group computing it and the factors scaling it on the way (constants and
+    (or ``spmm``) group computing it and the factors scaling it on the way (constants and
     0-d operands: ``s * T``, ``neg(T)``, factored out of the reductions by
     the planner), or None when the group is anything else."""
     if g.entrywise is None or g.outputs != (g.ops[-1].out,):
@@ -117,10 +128,10 @@ def _terms(plan, g, n: int, groups, producer: Mapping[str, int],
             return None
         part = groups[m]
         r = part.route
-        if part.kernel != "spmm_t" or r is None or r.pattern is not None or part.outputs != (a.name,):
+        if part.kernel not in KERNELS or r is None or r.pattern is not None or part.outputs != (a.name,):
             return None
         terms.append((m, factors))
-    if scaled or len({groups[m].route.out_swapped for m, _ in terms}) != 1:
+    if scaled or len({(groups[m].kernel, groups[m].route.out_swapped) for m, _ in terms}) != 1:
         return None
     return terms
 
@@ -155,10 +166,11 @@ def _scaling(plan, op) -> tuple[Ref, float | str] | None:
 
 
 def run_summed(plan, g, env: dict, nt: int) -> dict:
-    """A summed group's result: one ``spmm_t`` walk of the first term's
-    pattern scattering every term (each with its coefficient and its
+    """A summed group's result.  Scatters: one ``spmm_t`` walk of the first
+    term's pattern scattering every term (each with its coefficient and its
     route's 0-d factors), or the groups apart when the terms' operands turn
-    out not to store one pattern (checked per call, as merged factors are)."""
+    out not to store one pattern (checked per call, as merged factors are).
+    Gathers: ``spmm`` per term into one output, accumulating after the first."""
     from spfuse.lowering import groups as lowering
     *parts, total = g.summed
     operands = []
@@ -170,13 +182,13 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
         for f in factors:
             scale *= f if isinstance(f, float) else env[f].values.reshape(-1)[0].item()
         operands.append((local[part.names[0]], local[part.names[1]], scale))
+    gathers = parts[0].kernel == "spmm"
     first = operands[0][0]
-    if not all(same_pattern(first, s) for s, _, _ in operands[1:]):
+    if not gathers and not all(same_pattern(first, s) for s, _, _ in operands[1:]):
         return _run_apart(plan, g, env, nt)
     ts = [t for s, d, _ in operands for t in (s, d)]
     itype, dtype = templates._types(ts)
     nt = templates._threads(ts, nt)
-    indptr, indices, _ = templates._csr(first, itype, dtype)
     values = []
     for s, _, c in operands:
         v = templates._as(s._values, dtype)
@@ -187,9 +199,18 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
     shape = tuple(plan.shapes[name])
     swapped = parts[0].route.out_swapped
     out = _result(shape[::-1] if swapped else shape, dtype)
-    bad = csr.spmm_t(indptr, indices, values[0], dense[0], out, nt, tuple(zip(values[1:], dense[1:], strict=True)))
-    if bad >= 0:
-        raise IndexCheckFailed(parts[0].names[0], bad)
+    if gathers:
+        for t, ((s, _, _), v, d) in enumerate(zip(operands, values, dense, strict=True)):
+            indptr, indices, _ = templates._csr(s, itype, dtype)
+            bad = csr.spmm(indptr, indices, v, d, out, nt, 0, t > 0)
+            if bad >= 0:
+                raise IndexCheckFailed(parts[t].names[0], bad)
+    else:
+        indptr, indices, _ = templates._csr(first, itype, dtype)
+        bad = csr.spmm_t(indptr, indices, values[0], dense[0], out, nt,
+                         tuple(zip(values[1:], dense[1:], strict=True)))
+        if bad >= 0:
+            raise IndexCheckFailed(parts[0].names[0], bad)
     return {name: templates.c_ordered(out.T, nt) if swapped else out}
 
 

@@ -1,6 +1,6 @@
-"""Sums of transposed SpMMs of one pattern run as one walk of it
-(``spfuse.lowering.summed_scatters``), and sums of SpMMs (left apart),
-against numpy on densified operands."""
+"""Sums of transposed SpMMs of one pattern run as one walk of it, and sums
+of SpMMs as one SpMM per term accumulating into one result
+(``spfuse.lowering.summed_spmms``), against numpy on densified operands."""
 from __future__ import annotations
 
 import numpy as np
@@ -155,19 +155,49 @@ def test_random_sums_of_spmm(m, n, k, terms, density, coefs, flipped, gather, sh
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
 @pytest.mark.parametrize("shape", [(30, 20), (0, 5), (6, 0), (40, 1)])
-def test_gather_sums_stay_apart(dtype, shape, rng):
-    """``A·X + B·G`` on one pattern, and the CSC spelling of the scatter sum
-    (read as SpMMs of the transposes): SpMMs then an add, as numpy."""
-    A = _matrix(rng, *shape, dtype=dtype)
-    B = _same_pattern(A, rng)
-    X, G = (rng.standard_normal((shape[1], 5)).astype(dtype) for _ in range(2))
+@pytest.mark.parametrize("nt", [1, 2])
+def test_gather_sums_accumulate(dtype, index, shape, nt, rng):
+    """``A·X + B·G`` (one pattern or two), and the CSC spelling of the
+    scatter sum (SpMMs of the transposes): one SpMM per term into one
+    result, the later ones accumulating."""
+    A = _matrix(rng, *shape, dtype=dtype, index=index)
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else {}
-    assert "spmm_t_sum" not in _kernels(GATHER, A=A, B=B, X=X, G=G)
-    got = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G)
-    np.testing.assert_allclose(got, A.toarray().astype(np.float64) @ X + B.toarray().astype(np.float64) @ G, **tol)
+    for B in (_same_pattern(A, rng), _matrix(rng, *shape, density=0.3, dtype=dtype, index=index)):
+        X, G = (rng.standard_normal((shape[1], 5)).astype(dtype) for _ in range(2))
+        before = [x.copy() for x in (A.data, A.indices, A.indptr, B.data, B.indices, X, G)]
+        assert _kernels(GATHER, A=A, B=B, X=X, G=G) == ["spmm_sum"]
+        got = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G, num_threads=nt)
+        np.testing.assert_allclose(got, A.toarray().astype(np.float64) @ X + B.toarray().astype(np.float64) @ G,
+                                   **tol)
+        assert got.dtype == dtype
+        for a, b in zip(before, (A.data, A.indices, A.indptr, B.data, B.indices, X, G), strict=True):
+            np.testing.assert_array_equal(a, b)   # inputs untouched
     Ac = A.tocsc()
     Bc = sp.csc_array((rng.standard_normal(Ac.nnz).astype(dtype), Ac.indices, Ac.indptr), shape=Ac.shape)
     X, G = (rng.standard_normal((shape[0], 5)).astype(dtype) for _ in range(2))
     want = Ac.toarray().T.astype(np.float64) @ X + Bc.toarray().T.astype(np.float64) @ G
-    np.testing.assert_allclose(spfuse.evaluate(TWO, A=Ac, B=Bc, X=X, G=G), want, **tol)
+    np.testing.assert_allclose(spfuse.evaluate(TWO, A=Ac, B=Bc, X=X, G=G, num_threads=nt), want, **tol)
+
+
+def test_gather_sum_bit_identical_across_threads_and_to_the_add(rng):
+    """The accumulated sum is the add of the separate products, bit for bit
+    (each row's sum rounded to the value type, then added), on any team."""
+    A, B = _matrix(rng, 300, 200, density=0.05), _matrix(rng, 300, 200, density=0.08)
+    X, G = rng.standard_normal((200, 16)), rng.standard_normal((200, 16))
+    one = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G, num_threads=1)
+    two = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G, num_threads=2)
+    apart = spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G, fusion="none")
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_array_equal(one, apart)
+
+
+def test_gather_sum_bad_index_is_found(rng):
+    """A wrong index in the second term's operand is found by its kernel:
+    the call takes the validating path, which words the error."""
+    A, B = _matrix(rng, 30, 20), _matrix(rng, 30, 20)
+    B.indices[-1] = 25
+    X, G = rng.standard_normal((20, 4)), rng.standard_normal((20, 4))
+    with pytest.raises(ValueError, match="B"):
+        spfuse.evaluate(GATHER, A=A, B=B, X=X, G=G)
