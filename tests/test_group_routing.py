@@ -30,7 +30,7 @@ def _relu(x):
 #: (program, route expected in split_groups: (kernel, transposed, out_swapped, scalars, merged, then generic tail),
 #:  numpy oracle on dense operands)
 CASES = {
-    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", ("spmm", "generic"),
+    "relu_after_spmm": ("Y[i,h] = relu(A[i,j] * X[j,h])", ("spmm+epilogue",),
                         lambda A, B, X, W, Q, b, s, D: _relu(A @ X)),
     "sigmoid_bias": ("Y[i,h] = sigmoid(A[i,j] * X[j,h] + b[h])", ("spmm", "generic"),
                      lambda A, B, X, W, Q, b, s, D: _sigmoid(A @ X + b)),

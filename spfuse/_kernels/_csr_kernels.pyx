@@ -52,7 +52,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, fabs, sqrt
 from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
@@ -738,16 +738,141 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
             out[j] = <floating>acc
 
 
+# Row epilogues (see :func:`spmm`'s ``epilogue``): element-wise operations
+# applied to each output row segment while it is in cache.
+cdef enum:
+    EPI_COPY, EPI_ADD, EPI_SUB, EPI_MUL, EPI_DIV, EPI_RELU, EPI_NEG, EPI_ABS, EPI_SQRT, EPI_ROUND
+cdef enum:   # argument kinds
+    EPI_REG, EPI_CONST, EPI_ROW, EPI_COL, EPI_MATRIX
+
+#: the epilogue opcodes by operator name (``None``: a copy; ``round``: to float32)
+EPILOGUE_OPS = {None: EPI_COPY, "+": EPI_ADD, "-": EPI_SUB, "*": EPI_MUL, "/": EPI_DIV, "relu": EPI_RELU,
+                "neg": EPI_NEG, "abs": EPI_ABS, "sqrt": EPI_SQRT, "round": EPI_ROUND}
+#: the epilogue argument kinds: a register, a constant, ``v[i]`` (the row's),
+#: ``v[k]`` (the column's), ``M[i, k]`` (a C-ordered matrix of the output's shape)
+EPILOGUE_ARGS = {"register": EPI_REG, "constant": EPI_CONST, "row": EPI_ROW, "column": EPI_COL,
+                 "matrix": EPI_MATRIX}
+
+
+cdef struct _Epilogue:
+    Py_ssize_t n_ops       # instructions: (opcode, destination register, first argument, argument count)
+    Py_ssize_t n_regs      # registers, each one row segment; register 0 starts as the product's
+    const int64_t* code
+    const int64_t* kinds   # per argument: EPI_REG .. EPI_MATRIX
+    const int64_t* refs    # per argument: a register number, or the address of a float64 array
+    const double* consts   # per argument: the constant, or the argument's coefficient
+    Py_ssize_t out_reg
+
+
+cdef object _epilogue_from(object epilogue, _Epilogue* e):
+    """Fill ``e`` from ``(code, kinds, refs, consts, n_regs, out_reg)`` (int64,
+    int64, int64, float64 arrays); returns what keeps the arrays alive."""
+    code, kinds, refs, consts, n_regs, out_reg = epilogue
+    cdef const int64_t[::1] c = code
+    cdef const int64_t[::1] k = kinds
+    cdef const int64_t[::1] r = refs
+    cdef const double[::1] v = consts
+    if c.shape[0] % 4 or k.shape[0] != r.shape[0] or k.shape[0] != v.shape[0] or not 0 <= out_reg < n_regs:
+        raise ValueError("epilogue: malformed program")
+    e.n_ops = c.shape[0] // 4
+    e.n_regs = n_regs
+    e.code = &c[0] if c.shape[0] else NULL
+    e.kinds = &k[0] if k.shape[0] else NULL
+    e.refs = &r[0] if r.shape[0] else NULL
+    e.consts = &v[0] if v.shape[0] else NULL
+    e.out_reg = out_reg
+    return (c, k, r, v)
+
+
+cdef inline double _epi_arg(const _Epilogue* e, Py_ssize_t a, const double* regs, Py_ssize_t kw,
+                            Py_ssize_t i, Py_ssize_t k0, Py_ssize_t k, Py_ssize_t K) noexcept nogil:
+    cdef int64_t kind = e.kinds[a]
+    if kind == EPI_REG:
+        return regs[e.refs[a] * kw + k]
+    if kind == EPI_CONST:
+        return e.consts[a]
+    if kind == EPI_ROW:
+        return (<const double*><size_t>e.refs[a])[i]
+    if kind == EPI_COL:
+        return (<const double*><size_t>e.refs[a])[k0 + k]
+    return (<const double*><size_t>e.refs[a])[i * K + k0 + k]
+
+
+cdef void _run_epilogue(const _Epilogue* e, double* regs, Py_ssize_t kw, Py_ssize_t i, Py_ssize_t k0,
+                        Py_ssize_t K) noexcept nogil:
+    """The epilogue over one segment ``[k0, k0 + kw)`` of row ``i`` (``K``
+    columns): ``regs`` holds ``n_regs`` rows of ``kw`` doubles, register 0
+    the product's segment.  The arithmetic is numpy's on float64 arrays,
+    operation by operation (a linear combination ``c0*x0 + x1 + c2*x2``
+    left to right; ``a / b`` is 0 where ``a`` is; ``relu`` is ``x`` where
+    ``x > 0``, else +0.0)."""
+    cdef Py_ssize_t t, a, a0, na, k
+    cdef int64_t op
+    cdef double* dst
+    cdef double x, c
+    for t in range(e.n_ops):
+        op = e.code[4 * t]
+        dst = regs + e.code[4 * t + 1] * kw
+        a0 = e.code[4 * t + 2]
+        na = e.code[4 * t + 3]
+        if op == EPI_ADD or op == EPI_SUB:
+            for k in range(kw):
+                x = _epi_arg(e, a0, regs, kw, i, k0, k, K) * e.consts[a0] if e.kinds[a0] != EPI_CONST \
+                    else e.consts[a0]
+                dst[k] = x
+            for a in range(a0 + 1, a0 + na):
+                c = e.consts[a]
+                for k in range(kw):
+                    x = _epi_arg(e, a, regs, kw, i, k0, k, K)
+                    if e.kinds[a] != EPI_CONST and c != 1.0:
+                        x = x * c
+                    dst[k] = dst[k] - x if op == EPI_SUB else dst[k] + x
+        elif op == EPI_MUL:
+            for k in range(kw):
+                x = _epi_arg(e, a0, regs, kw, i, k0, k, K)
+                for a in range(a0 + 1, a0 + na):
+                    x = x * _epi_arg(e, a, regs, kw, i, k0, k, K)
+                dst[k] = x
+        elif op == EPI_DIV:
+            for k in range(kw):
+                x = _epi_arg(e, a0, regs, kw, i, k0, k, K)
+                dst[k] = 0.0 if x == 0.0 else x / _epi_arg(e, a0 + 1, regs, kw, i, k0, k, K)
+        else:
+            for k in range(kw):
+                x = _epi_arg(e, a0, regs, kw, i, k0, k, K)
+                if op == EPI_RELU:
+                    x = (x if x > 0.0 else 0.0)
+                elif op == EPI_NEG:
+                    x = -x
+                elif op == EPI_ABS:
+                    x = fabs(x)
+                elif op == EPI_SQRT:
+                    x = sqrt(x)
+                elif op == EPI_ROUND:
+                    x = <double><float>x
+                dst[k] = x
+
+
 def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[:, ::1] B, floating[:, ::1] out, int num_threads, Py_ssize_t tile=K_TILE,
-         bint accumulate=False):
-    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE, accumulate=False) -> bad
+         bint accumulate=False, object epilogue=None):
+    """spmm(indptr, indices, data, B, out, num_threads, tile=SPMM_K_TILE, accumulate=False, epilogue=None) -> bad
 
     ``out = A @ B`` for CSR ``A`` (m x n) and dense C-contiguous ``B`` (n x K);
     with ``accumulate``, ``out += A @ B`` (each row's sum rounded to the
     value type, then added: what adding a separate product gives) -- a sum
     of SpMMs accumulates term after term into one result, with no
     temporary per term and no pass adding them.
+
+    ``epilogue``: element-wise operations applied to each output row as it
+    is stored (``relu(A @ B + b)``, ``c * (A @ B)``), a small register
+    program ``(code, kinds, refs, consts, n_regs, out_reg)``: the row
+    segment (rounded to the value type) is register 0, each instruction
+    ``(opcode, destination, first argument, argument count)`` of
+    ``EPI_COPY``..``EPI_ROUND`` works on the segment in float64 over
+    arguments ``EPI_REG``..``EPI_MATRIX`` (float64 arrays by address: the
+    caller keeps them alive and of the right lengths), and register
+    ``out_reg`` is stored.  Not with ``accumulate``.
 
     Row-axpy: for each row ``i`` and each ``p`` in it,
     ``acc += data[p] * B[indices[p], :]`` into a thread-private double
@@ -782,8 +907,17 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef Py_ssize_t bad = -1
     cdef Py_ssize_t* badp = &bad  # written by any thread that finds one
     cdef index_t c
+    cdef _Epilogue epi
+    cdef bint has_epi = epilogue is not None
+    cdef double* regs
     if tile < 0:
         raise ValueError(f"spmm: tile must be >= 0 (0 = untiled), got {tile}")
+    if has_epi:
+        if accumulate:
+            raise ValueError("spmm: an epilogue does not accumulate")
+        keep = _epilogue_from(epilogue, &epi)
+    else:
+        epi.n_regs = 0
     if m == 0:
         return -1
     if K == 0:  # nothing is gathered, but an index is still wrong when it is
@@ -804,14 +938,14 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
         c1 = _split(ip, m, ch + 1, nch)
         nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
         with nogil, parallel(num_threads=num_threads):
-            acc = <double*>ws_get(wsp, 1, 0, tile * sizeof(double))
+            acc = <double*>ws_get(wsp, 1, 0, (1 + epi.n_regs) * tile * sizeof(double))
             for b in prange(nb, schedule="dynamic", chunksize=1):
                 if acc == NULL:
                     failed += 1
                     continue
                 r0 = _sub(ip, c0, c1, b, nb)
                 r1 = _sub(ip, c0, c1, b + 1, nb)
-                if K <= SMALL_K:
+                if K <= SMALL_K and not has_epi:
                     for i in range(r0, r1):
                         q = _row_in_registers(ind, val, ip[i], ip[i + 1], bp, op + i * K, K, n, accumulate)
                         if q >= 0:
@@ -833,7 +967,14 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                             if p + 2 < annz:  # a prefetch of a wild address is harmless
                                 _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
                             _axpy(acc, <double>val[p], bp + <Py_ssize_t>c * K + k0, kw)
-                        _store_row(orow + k0, acc, kw, accumulate)
+                        if has_epi:
+                            regs = acc + tile
+                            for k in range(kw):
+                                regs[k] = <double><floating>acc[k]
+                            _run_epilogue(&epi, regs, kw, i, k0, K)
+                            _store_row(orow + k0, regs + epi.out_reg * kw, kw, False)
+                        else:
+                            _store_row(orow + k0, acc, kw, accumulate)
                         k0 = k0 + kw
         if failed:
             raise MemoryError("spmm: cannot allocate the thread workspace")

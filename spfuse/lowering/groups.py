@@ -35,6 +35,7 @@ from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
+from spfuse.lowering.epilogues import fuse_epilogues, run_epilogue
 from spfuse.lowering.looptree import UnrealizableMask, lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
 from spfuse.lowering.summed_spmms import run_summed, sum_spmms
@@ -81,6 +82,9 @@ class Group:
     summed: tuple[Group, ...] = ()
     #: per summed term, the factors scaling it (constants, names of 0-d operands)
     scalings: tuple[tuple[float | str, ...], ...] = ()
+    #: ``(spmm group, element-wise group, program)``: the element-wise tail run
+    #: in the SpMM kernel as each row is stored (:mod:`.epilogues`)
+    epilogue: tuple = ()
 
     def describe(self) -> str:
         what = "; ".join(str(op) for op in self.ops)
@@ -92,6 +96,10 @@ class Group:
             how = self.on_pattern.describe()
         if self.entrywise is not None:
             how = self.entrywise.describe()
+        if self.epilogue:
+            head, tail, _ = self.epilogue
+            return (f"{head.describe()}; then in the kernel, as each row is stored: "
+                    f"{'; '.join(map(str, tail.ops))}")
         if self.summed:
             *parts, total = self.summed
             how = ("summed in one walk of one pattern (checked per call)" if parts[0].kernel == "spmm_t"
@@ -988,7 +996,7 @@ def split_groups(plan) -> tuple[Group, ...]:
     ['gemm', 'spmm']
     >>> p = plan_program(parse_program("Z[i,j] = relu(A[i,k] * X[k,j])"), ins)
     >>> [g.kernel for g in split_groups(p)]
-    ['spmm', 'generic']
+    ['spmm+epilogue']
     """
     infos = dict(plan.inputs)
     pieces = _pieces(plan)
@@ -1021,7 +1029,7 @@ def split_groups(plan) -> tuple[Group, ...]:
         else:
             ein, route = found
             groups.append(Group(node, ops, outs, route.kernel, route.names, ein, route, temps))
-    return sum_spmms(plan, tuple(groups))
+    return fuse_epilogues(plan, sum_spmms(plan, tuple(groups)))
 
 
 def lower_groups(plan):
@@ -1042,7 +1050,7 @@ def lower_groups(plan):
             roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
         elif g.kernel not in ("generic", "copy"):
             from spfuse.lowering.templates import SIGNATURES
-            for part in g.summed[:-1] or (g,):
+            for part in g.summed[:-1] or g.epilogue[:1] or (g,):
                 roles.update(zip(part.names, (k for k, _ in SIGNATURES[part.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
@@ -1078,6 +1086,8 @@ def _checked_in_kernel(plan, groups) -> frozenset:
             readers.setdefault(name, []).append(g)
 
     def plain(g, name) -> bool:
+        if g.epilogue:   # (the SpMM reads it; the tail reads dense operands only)
+            g = g.epilogue[0]
         r = g.route
         if g.kernel not in CHECKS_INDICES or r is None or r.merged or r.flipped or r.pattern is not None:
             return False
@@ -1162,6 +1172,8 @@ def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
     """One group's results, its way worked out on this call."""
     if g.summed:
         return run_summed(plan, g, env, nt)
+    if g.epilogue:
+        return run_epilogue(plan, g, env, nt)
     if g.on_pattern is not None:
         values = run_pattern_group(g.on_pattern, env, plan.shapes, nt)
     elif g.entrywise is not None:
@@ -1171,6 +1183,17 @@ def _run_group(plan, g: Group, env: dict, nt: int) -> dict:
     if values is None:
         values = _run_generic(_subplan(plan, g), env, nt)
     return values
+
+
+def run_in_turn(plan, parts, env: dict, nt: int) -> dict:
+    """The last of ``parts`` (groups merged into one) after the others, one
+    after another, their results its dense operands: a merged group's way
+    when a call's operands do not fit it."""
+    local = dict(env)
+    for part in parts[:-1]:
+        for name, v in _run_group(plan, part, local, nt).items():
+            local[name] = dense_operand(v)[1]
+    return _run_group(plan, parts[-1], local, nt)
 
 
 def _bound_group(plan, g: Group, env: Mapping[str, Any]):

@@ -177,7 +177,7 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
     for part, factors in zip(parts, g.scalings, strict=True):
         found = lowering._routed_operands(plan, part, env, nt)
         if found is None:
-            return _run_apart(plan, g, env, nt)
+            return lowering.run_in_turn(plan, g.summed, env, nt)
         local, scale, _ = found
         for f in factors:
             scale *= f if isinstance(f, float) else env[f].values.reshape(-1)[0].item()
@@ -185,7 +185,7 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
     gathers = parts[0].kernel == "spmm"
     first = operands[0][0]
     if not gathers and not all(same_pattern(first, s) for s, _, _ in operands[1:]):
-        return _run_apart(plan, g, env, nt)
+        return lowering.run_in_turn(plan, g.summed, env, nt)
     ts = [t for s, d, _ in operands for t in (s, d)]
     itype, dtype = templates._types(ts)
     nt = templates._threads(ts, nt)
@@ -212,13 +212,3 @@ def run_summed(plan, g, env: dict, nt: int) -> dict:
         if bad >= 0:
             raise IndexCheckFailed(parts[0].names[0], bad)
     return {name: templates.c_ordered(out.T, nt) if swapped else out}
-
-
-def _run_apart(plan, g, env: dict, nt: int) -> dict:
-    """The summed group's groups one after another (the terms' results as dense operands of the sum)."""
-    from spfuse.lowering import groups as lowering
-    local = dict(env)
-    for part in g.summed[:-1]:
-        for name, v in lowering._run_group(plan, part, local, nt).items():
-            local[name] = lowering.dense_operand(v)[1]
-    return lowering._run_group(plan, g.summed[-1], local, nt)

@@ -1,0 +1,213 @@
+"""Element-wise tails of an SpMM run inside its kernel, as each output row is stored.
+
+``relu(A·X)``, a GCN layer's ``relu(A·(X·W) + b)``, ``c · (A·X)`` or a
+residual ``A·X + R`` are an SpMM, then element-wise work over its whole
+``m × K`` result: numpy passes that read and write the result again (at
+100k rows and K=64, 51 MB each way per pass; on one thread, numpy's).  The
+SpMM kernel takes the tail as a small register program instead
+(``spmm(..., epilogue=...)``, :mod:`spfuse._kernels._csr_kernels`): each
+output row segment, still in cache, goes through the operations before it
+is stored.  Interpretation is paid per row segment, never per element.
+
+:func:`fuse_epilogues` is a pure function from a plan's groups to groups: an
+element-wise group (:class:`~spfuse.lowering.entrywise.EntrywiseGroup`)
+whose one outside operand is the result of an ``spmm`` group, read by it
+alone, becomes one group holding both (``Group.epilogue``), when every
+operation is one the kernel runs (``+ - * /``, ``relu neg abs sqrt``, a
+copy) over the SpMM's result, the group's own temporaries, constants, 0-d
+operands, vectors along the result's rows (``b[i]``) or columns (``b[k]``)
+and dense matrices read in the result's index order.  :func:`run_epilogue`
+runs it.  The arithmetic is the element-wise group's, bit for bit: float64
+over the SpMM's result as stored (rounded to its value type), operation by
+operation, stored once in the result's value type.
+
+Measured at 100k rows, 10 per row, K=64 (``relu(A·X)``): see BENCHMARKS.md.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from spfuse._kernels import _csr_kernels as csr
+from spfuse._kernels._result_pool import empty as _result
+from spfuse.errors import IndexCheckFailed
+from spfuse.ir.ops import Const
+from spfuse.lowering import templates
+
+__all__ = ["KERNEL", "fuse_epilogues", "run_epilogue"]
+
+#: the kernel name a group with an epilogue reports (``explain()``, ``TemplateMatch.kernel``)
+KERNEL = "spmm+epilogue"
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def fuse_epilogues(plan, groups: tuple) -> tuple:
+    """``groups`` with each element-wise tail of an ``spmm`` group merged into it.
+
+    The merged group takes the tail's place (the SpMM's operands exist by
+    then; nothing else reads its result).  Under ``fusion="none"`` groups
+    stay as they are.
+
+    >>> import numpy as np, scipy.sparse as sp, spfuse
+    >>> from spfuse.lowering.groups import split_groups
+    >>> A = sp.random_array((50, 40), density=0.2, format="csr", random_state=0)
+    >>> ops = {"A": A, "X": np.ones((40, 3)), "b": np.ones(3)}
+    >>> plan = spfuse.compile("Y[i,k] = relu(A[i,j] * X[j,k] + b[k])").plans(**ops)["auto"]
+    >>> [g.kernel for g in split_groups(plan)]
+    ['spmm+epilogue']
+    """
+    if plan.fusion == "none":
+        return groups
+    producer = {out: n for n, g in enumerate(groups) for out in g.outputs}
+    readers: dict[str, set[int]] = {}
+    for n, g in enumerate(groups):
+        for op in g.ops:
+            for a in op.refs:
+                readers.setdefault(a.name, set()).add(n)
+    merged: dict[int, Any] = {}
+    dropped: set[int] = set()
+    for n, g in enumerate(groups):
+        m = _head(plan, g, n, groups, producer, readers)
+        if m is None or m in dropped or m in merged:
+            continue
+        head = groups[m]
+        program = _program(plan, g, head.outputs[0])
+        if program is not None:
+            merged[n] = type(g)(g.node, head.ops + g.ops, g.outputs, KERNEL, head.names, head.einsum,
+                                epilogue=(head, g, program))
+            dropped.add(m)
+    return tuple(merged.get(n, g) for n, g in enumerate(groups) if n not in dropped)
+
+
+def _head(plan, g, n: int, groups, producer, readers) -> int | None:
+    """The position of the ``spmm`` group whose result the element-wise
+    group ``n`` finishes, or None."""
+    if g.entrywise is None or g.outputs != (g.ops[-1].out,):
+        return None
+    made = {op.out for op in g.ops}
+    outside = {a.name for op in g.ops for a in op.refs if a.name not in made and a.name in producer}
+    if len(outside) != 1:
+        return None
+    (t,) = outside
+    m = producer[t]
+    head = groups[m]
+    r = head.route
+    if (m >= n or head.kernel != "spmm" or r is None or r.out_swapped or r.pattern is not None
+            or head.outputs != (t,) or t in plan.results or readers.get(t) != {n}):
+        return None
+    return m
+
+
+def _program(plan, g, product: str) -> tuple | None:
+    """The tail as instructions ``(opcode, destination, args)``, each
+    argument ``(kind, what, coefficient)`` -- ``what`` a register, a
+    constant or an operand's name (resolved per call) -- and the output
+    register; None when an operation or operand is not one the kernel runs."""
+    out_ix = tuple(g.ops[0].out_indices)
+    if len(out_ix) != 2:
+        return None
+    registers = {product: 0}
+    instructions = []
+    for op in g.ops:
+        opcode = csr.EPILOGUE_OPS.get(op.operator)
+        if opcode is None or op.operator == "round" or tuple(op.out_indices) != out_ix:
+            return None
+        linear = op.operator in ("+", "-")
+        if not linear and op.operator not in ("*", "/") and len(op.args) != 1:
+            return None
+        coefs = op.coefficients if linear else (1.0,) * len(op.args)
+        args = []
+        for a, c in zip(op.args, coefs, strict=True):
+            if isinstance(a, Const):
+                args.append(("constant", a.value * c if linear else a.value, 1.0))
+                continue
+            ix = tuple(a.indices)
+            if a.name in registers:
+                if ix != out_ix:
+                    return None
+                args.append(("register", registers[a.name], c))
+                continue
+            info = plan.inputs.get(a.name)
+            if info is None or info.is_sparse:
+                return None
+            kind = {(): "scalar", out_ix[:1]: "row", out_ix[1:]: "column", out_ix: "matrix"}.get(ix)
+            if kind is None:
+                return None   # (a transposed or broadcast matrix: numpy's)
+            args.append((kind, a.name, c))
+        registers[op.out] = len(registers)
+        instructions.append((op.operator, registers[op.out], tuple(args)))
+    return tuple(instructions), registers[g.ops[-1].out], len(registers)
+
+
+def _encoded(program: tuple, env, scale: float, rounded: bool):
+    """The kernel's epilogue arrays for this call (operands as float64
+    C-ordered arrays, kept alive in the returned tuple's arrays), with the
+    SpMM route's scale multiplied in first (rounded like the kernel's
+    stored result when the values are float32)."""
+    instructions, out_reg, n_regs = program
+    code: list[int] = []
+    kinds: list[int] = []
+    refs: list[int] = []
+    consts: list[float] = []
+    keep = []
+    ops = csr.EPILOGUE_OPS
+    kind_codes = csr.EPILOGUE_ARGS
+
+    def emit(operator, dst, args):
+        code.extend((ops[operator], dst, len(kinds), len(args)))
+        for kind, what, c in args:
+            ref, value = 0, c
+            if kind == "register":
+                ref = what
+            elif kind == "constant":
+                value = what
+            elif kind == "scalar":
+                kind, value = "constant", float(env[what].values.reshape(-1)[0]) * c
+            else:
+                t = env[what]
+                v = np.ascontiguousarray(t.todense() if not t.format.is_identity_order else
+                                         t.values.reshape(t.shape), dtype=_F64)
+                keep.append(v)
+                ref = v.ctypes.data
+            kinds.append(kind_codes[kind])
+            refs.append(ref)
+            consts.append(value)
+
+    if scale != 1.0:
+        emit("*", 0, (("register", 0, 1.0), ("constant", scale, 1.0)))
+        if rounded:
+            emit("round", 0, (("register", 0, 1.0),))
+    for operator, dst, args in instructions:
+        emit(operator, dst, args)
+    return (np.array(code, np.int64), np.array(kinds, np.int64), np.array(refs, np.int64),
+            np.array(consts, _F64), n_regs, out_reg), keep
+
+
+def run_epilogue(plan, g, env: dict, nt: int) -> dict:
+    """A merged group's result: its SpMM with the tail run as each row is
+    stored, or the two groups in turn when this call's operands do not fit
+    (a merged or checked route that fails per call, values of mixed types:
+    the tail's float64 arithmetic would then be stored in float32)."""
+    from spfuse.lowering import groups as lowering
+    head, tail, program = g.epilogue
+    found = lowering._routed_operands(plan, head, env, nt)
+    if found is None:
+        return lowering.run_in_turn(plan, (head, tail), env, nt)
+    local, scale, _ = found
+    S, D = local[head.names[0]], local[head.names[1]]
+    itype, dtype = templates._types([S, D])
+    if dtype != _F64 and any(t.dtype != _F32 for t in env.values()):
+        return lowering.run_in_turn(plan, (head, tail), env, nt)
+    nt = templates._threads([S, D], nt)
+    indptr, indices, values = templates._csr(S, itype, dtype)
+    dense = templates._dense(D, dtype, nt)
+    epilogue, keep = _encoded(program, env, scale, dtype == _F32)
+    name = g.outputs[0]
+    out = _result(tuple(plan.shapes[name]), dtype)
+    bad = csr.spmm(indptr, indices, values, dense, out, nt, 0, False, epilogue)
+    del keep   # (the kernel has returned: the operands' float64 copies may go)
+    if bad >= 0:
+        raise IndexCheckFailed(head.names[0], bad)
+    return {name: out}

@@ -1,0 +1,152 @@
+"""Element-wise tails of SpMM run in the kernel as each row is stored
+(``spfuse.lowering.epilogues``), against numpy on densified operands and,
+bit for bit, against the same program run group by group."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse.lowering.groups import split_groups
+
+
+def _kernels(program, fusion="auto", **ops):
+    return [g.kernel for g in split_groups(spfuse.compile(program, fusion=fusion).plans(**ops)[fusion])]
+
+
+def _matrix(rng, m, n, density=0.2, dtype=np.float64, index=np.int32):
+    a = sp.random_array((m, n), density=density, format="csr", random_state=rng, dtype=dtype)
+    a.indices, a.indptr = a.indices.astype(index), a.indptr.astype(index)
+    return a
+
+
+CASES = [
+    ("Y[i,k] = relu(A[i,j] * X[j,k])", lambda P, o: np.maximum(P, 0)),
+    ("Y[i,k] = relu(A[i,j] * X[j,k] + b[k])", lambda P, o: np.maximum(P + o["b"], 0)),
+    ("Y[i,k] = (A[i,j] * X[j,k] - R[i,k]) / r[i]",
+     lambda P, o: np.where(P - o["R"] == 0, 0, (P - o["R"]) / o["r"][:, None])),
+    ("Y[i,k] = sqrt(abs(A[i,j] * X[j,k])) * r[i] + 2 * b[k]",
+     lambda P, o: np.sqrt(np.abs(P)) * o["r"][:, None] + 2 * o["b"]),
+    ("Y[i,k] = s * (A[i,j] * X[j,k]) - b[k] - 1.5", lambda P, o: o["s"] * P - o["b"] - 1.5),
+    ("Y[i,k] = -(A[i,j] * X[j,k]) * R[i,k]", lambda P, o: -P * o["R"]),
+]
+
+
+@pytest.mark.parametrize("program,oracle", CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+@pytest.mark.parametrize("shape", [(40, 30), (0, 5), (6, 0), (50, 1)])
+def test_tails_run_in_the_kernel(program, oracle, dtype, index, shape, rng):
+    m, n = shape
+    A = _matrix(rng, m, n, dtype=dtype, index=index)
+    K = 5
+    ops = {"A": A, "X": rng.standard_normal((n, K)).astype(dtype), "b": rng.standard_normal(K).astype(dtype),
+           "r": (rng.standard_normal(m) + 3).astype(dtype), "R": rng.standard_normal((m, K)).astype(dtype),
+           "s": np.array(0.75, dtype)}
+    ops = {k: v for k, v in ops.items() if f"{k}[" in program or (k == "s" and "s *" in program)}
+    before = {k: (v.copy() if isinstance(v, np.ndarray) else v.data.copy()) for k, v in ops.items()}
+    if m > 2 and n > 2:   # (an empty or tiny reduction is planned otherwise)
+        assert _kernels(program, **ops) == ["spmm+epilogue"]
+    got = spfuse.evaluate(program, **ops)
+    assert got.dtype == dtype and got.shape == (m, K)
+    dense = {k: (v.toarray() if sp.issparse(v) else v).astype(np.float64) for k, v in ops.items()}
+    P = dense["A"] @ dense["X"]
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, oracle(P, dense), **tol)
+    # float64: the arithmetic of the statements run one by one, bit for bit
+    # (float32: theirs may round a temporary to float32 where the tail keeps float64)
+    apart = spfuse.evaluate(program, fusion="none", **ops)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got, apart)
+    np.testing.assert_allclose(got, apart, rtol=2e-7, atol=1e-7)
+    np.testing.assert_array_equal(got, spfuse.evaluate(program, num_threads=2, **ops))   # any team
+    for k, v in ops.items():   # inputs untouched
+        np.testing.assert_array_equal(before[k], v if isinstance(v, np.ndarray) else v.data)
+
+
+def test_what_stays_apart(rng):
+    A = _matrix(rng, 30, 20)
+    X, b = rng.standard_normal((20, 4)), rng.standard_normal(4)
+    # exp is the executor's formula, not the kernel's: numpy's group
+    assert "spmm+epilogue" not in _kernels("Y[i,k] = exp(A[i,j] * X[j,k])", A=A, X=X)
+    # the product read elsewhere too: a temporary the tail does not own
+    program = "T[i,k] = A[i,j] * X[j,k]; Y[i,k] = relu(T[i,k]); Z[i,k] = T[i,k] * 2"
+    assert "spmm+epilogue" not in _kernels(program, A=A, X=X)
+    got = spfuse.evaluate(program, A=A, X=X)
+    np.testing.assert_allclose(got["Y"], np.maximum(A @ X, 0))
+    # the library approach fuses nothing
+    assert "spmm+epilogue" not in _kernels("Y[i,k] = relu(A[i,j] * X[j,k] + b[k])", fusion="none", A=A, X=X, b=b)
+
+
+def test_mixed_value_types_run_apart(rng):
+    """float32 SpMM operands with a float64 bias: the result is float64, as the groups give it."""
+    A = _matrix(rng, 30, 20, dtype=np.float32)
+    X, b = rng.standard_normal((20, 4)).astype(np.float32), rng.standard_normal(4)
+    program = "Y[i,k] = relu(A[i,j] * X[j,k] + b[k])"
+    got = spfuse.evaluate(program, A=A, X=X, b=b)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, spfuse.evaluate(program, fusion="none", A=A, X=X, b=b))
+
+
+def test_bad_index_is_found(rng):
+    A = _matrix(rng, 30, 20)
+    A.indices[-1] = 20
+    X, b = rng.standard_normal((20, 4)), rng.standard_normal(4)
+    with pytest.raises(ValueError, match="A"):
+        spfuse.evaluate("Y[i,k] = relu(A[i,j] * X[j,k] + b[k])", A=A, X=X, b=b)
+
+
+def test_explain_shows_the_tail(rng):
+    A = _matrix(rng, 30, 20)
+    text = spfuse.compile("Y[i,k] = relu(A[i,j] * X[j,k] + b[k])").explain(A=A, X=np.ones((20, 3)), b=np.ones(3))
+    assert "spmm+epilogue" in text and "in the kernel, as each row is stored" in text
+
+
+_TAIL_OPS = ["relu", "abs", "neg", "sqrt", "+b", "-R", "*r", "/r", "*2", "+1"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(0, 14), n=st.integers(0, 9), k=st.integers(1, 20), density=st.floats(0.0, 1.0),
+       tail=st.lists(st.sampled_from(_TAIL_OPS), min_size=1, max_size=4), f32=st.booleans(),
+       nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_random_tails(m, n, k, density, tail, f32, nt, seed):
+    """Random chains of element-wise operations after an SpMM (operands
+    along rows, columns or whole, constants; empty shapes and rows): numpy's
+    values, and the group-by-group run's bits."""
+    rng = np.random.default_rng(seed)
+    dtype = np.float32 if f32 else np.float64
+    A = _matrix(rng, m, n, density=density, dtype=dtype)
+    ops = {"A": A, "X": rng.standard_normal((n, k)).astype(dtype), "b": rng.standard_normal(k).astype(dtype),
+           "R": rng.standard_normal((m, k)).astype(dtype), "r": (rng.random(m) + 0.5).astype(dtype)}
+    expr, want = "A[i,j] * X[j,k]", ops["A"].toarray().astype(np.float64) @ ops["X"].astype(np.float64)
+    with np.errstate(all="ignore"):
+        for t in tail:
+            if t in ("relu", "abs", "neg", "sqrt"):
+                expr = f"{t}({expr})"
+                want = {"relu": lambda x: np.where(x > 0, x, 0.0), "abs": np.abs, "neg": np.negative,
+                        "sqrt": np.sqrt}[t](want)
+            elif t == "+b":
+                expr, want = f"({expr}) + b[k]", want + ops["b"]
+            elif t == "-R":
+                expr, want = f"({expr}) - R[i,k]", want - ops["R"]
+            elif t == "*r":
+                expr, want = f"({expr}) * r[i]", want * ops["r"][:, None]
+            elif t == "/r":
+                expr, want = f"({expr}) / r[i]", np.where(want == 0, 0.0, want / ops["r"][:, None])
+            elif t == "*2":
+                expr, want = f"2 * ({expr})", 2 * want
+            else:
+                expr, want = f"({expr}) + 1", want + 1
+    program = f"Y[i,k] = {expr}"
+    used = {name: v for name, v in ops.items() if f"{name}[" in program}
+    got = spfuse.evaluate(program, num_threads=nt, **used)
+    np.testing.assert_allclose(got, want, **(dict(rtol=1e-3, atol=1e-3) if f32 else dict(rtol=1e-10, atol=1e-10)),
+                               equal_nan=True)
+    apart = spfuse.evaluate(program, fusion="none", **used)
+    if f32:
+        np.testing.assert_allclose(got, apart, rtol=1e-6, atol=1e-6, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, apart)
