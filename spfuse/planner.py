@@ -165,7 +165,8 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         ops = decompose(program, nary=fusion != "none")
         if fusion == "auto":
             # (the library approach computes what is written, repeats included)
-            ops = eliminate_common_subexpressions(ops, {st.target.name for st in program.statements})
+            ops = eliminate_common_subexpressions(ops, {st.target.name for st in program.statements},
+                                                  {n for n, info in inputs.items() if not info.is_sparse})
             # The library approach ("none") runs the text as written; auto
             # picks the cheapest association of every contraction chain.
             def margin() -> float:

@@ -292,6 +292,9 @@ def test_zero_size_and_empty_rows(rng):
 @given(seed=st.integers(0, 2**32 - 1), zero_size=st.booleans(), density=st.sampled_from([0.0, 0.3, 0.8]))
 # a hoisted min(m, where(A[m], 3.0, 0.25)) whose every use simplified away
 @example(seed=764443205, zero_size=True, density=0.0)
+# one dense-only product in two statements, the first a result (shared across
+# statements, it must stay a temporary: a later group cannot read a result)
+@example(seed=13289, zero_size=True, density=0.0)
 # a dense operand read across a sparse pattern (C[j,i] beside D[j]) in a pattern-route group
 @example(seed=90, zero_size=False, density=0.3)
 # min(k, 0.25 * B[j,k]) over one column: the extremum kernel dropped the 0.25 of the kept min

@@ -1,4 +1,4 @@
-"""Element-wise tails of SpMM run in the kernel as each row is stored
+"""Element-wise tails of SpMM and SpMV run in the kernel as each row is stored
 (``spfuse.lowering.epilogues``), against numpy on densified operands and,
 bit for bit, against the same program run group by group."""
 from __future__ import annotations
@@ -67,6 +67,41 @@ def test_tails_run_in_the_kernel(program, oracle, dtype, index, shape, rng):
         np.testing.assert_array_equal(before[k], v if isinstance(v, np.ndarray) else v.data)
 
 
+SPMV_CASES = [
+    ("y[i] = 2.5 * A[i,j] * x[j]", lambda p, o: 2.5 * p),
+    ("y[i] = relu(A[i,j] * x[j]) * r[i]", lambda p, o: np.maximum(p, 0) * o["r"]),
+    ("y[i] = abs(A[i,j] * x[j] - r[i]) / s", lambda p, o: np.abs(p - o["r"]) / o["s"]),
+    ("Y[i,k] = s * A[i,j] * X[j,k]", None),
+]
+
+
+@pytest.mark.parametrize("program,oracle", SPMV_CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("m,n", [(700, 300), (0, 5), (6, 0)])
+def test_spmv_tails_and_scaled_products(program, oracle, dtype, m, n, rng):
+    """SpMV's tails run over segments of rows (700 rows: several segments
+    of 256); a product scaled by a 0-d operand or a constant takes the
+    factor in its kernel."""
+    A = _matrix(rng, m, n, density=0.05, dtype=dtype)
+    ops = {"A": A, "x": rng.standard_normal(n).astype(dtype), "r": rng.standard_normal(m).astype(dtype),
+           "s": np.array(1.25, dtype), "X": rng.standard_normal((n, 3)).astype(dtype)}
+    ops = {k: v for k, v in ops.items() if f"{k}[" in program or (k == "s" and " s" in program)}
+    if m > 2 and n > 2:
+        assert _kernels(program, **ops)[0] in ("spmv+epilogue", "spmm+epilogue")
+    got = spfuse.evaluate(program, **ops)
+    assert got.dtype == dtype
+    dense = {k: (v.toarray() if sp.issparse(v) else v).astype(np.float64) for k, v in ops.items()}
+    if oracle is None:
+        want = dense["s"] * (dense["A"] @ dense["X"])
+    else:
+        want = oracle(dense["A"] @ dense["x"], dense)
+    np.testing.assert_allclose(got, want, **(dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else {}))
+    apart = spfuse.evaluate(program, fusion="none", **ops)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(got, apart)
+    np.testing.assert_array_equal(got, spfuse.evaluate(program, num_threads=2, **ops))
+
+
 def test_what_stays_apart(rng):
     A = _matrix(rng, 30, 20)
     X, b = rng.standard_normal((20, 4)), rng.standard_normal(4)
@@ -111,17 +146,20 @@ _TAIL_OPS = ["relu", "abs", "neg", "sqrt", "+b", "-R", "*r", "/r", "*2", "+1"]
 @settings(max_examples=60, deadline=None)
 @given(m=st.integers(0, 14), n=st.integers(0, 9), k=st.integers(1, 20), density=st.floats(0.0, 1.0),
        tail=st.lists(st.sampled_from(_TAIL_OPS), min_size=1, max_size=4), f32=st.booleans(),
-       nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-def test_random_tails(m, n, k, density, tail, f32, nt, seed):
-    """Random chains of element-wise operations after an SpMM (operands
-    along rows, columns or whole, constants; empty shapes and rows): numpy's
-    values, and the group-by-group run's bits."""
+       vector=st.booleans(), nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed):
+    """Random chains of element-wise operations after an SpMM or an SpMV
+    (operands along rows, columns or whole, constants; empty shapes and
+    rows): numpy's values, and the group-by-group run's bits."""
     rng = np.random.default_rng(seed)
     dtype = np.float32 if f32 else np.float64
     A = _matrix(rng, m, n, density=density, dtype=dtype)
     ops = {"A": A, "X": rng.standard_normal((n, k)).astype(dtype), "b": rng.standard_normal(k).astype(dtype),
            "R": rng.standard_normal((m, k)).astype(dtype), "r": (rng.random(m) + 0.5).astype(dtype)}
+    if vector:   # y[i]: the tail's operands along the rows only
+        ops.update(X=ops["X"][:, 0].copy(), b=ops["r"], R=rng.standard_normal(m).astype(dtype))
     expr, want = "A[i,j] * X[j,k]", ops["A"].toarray().astype(np.float64) @ ops["X"].astype(np.float64)
+    rows = ops["r"] if vector else ops["r"][:, None]
     with np.errstate(all="ignore"):
         for t in tail:
             if t in ("relu", "abs", "neg", "sqrt"):
@@ -133,14 +171,17 @@ def test_random_tails(m, n, k, density, tail, f32, nt, seed):
             elif t == "-R":
                 expr, want = f"({expr}) - R[i,k]", want - ops["R"]
             elif t == "*r":
-                expr, want = f"({expr}) * r[i]", want * ops["r"][:, None]
+                expr, want = f"({expr}) * r[i]", want * rows
             elif t == "/r":
-                expr, want = f"({expr}) / r[i]", np.where(want == 0, 0.0, want / ops["r"][:, None])
+                expr, want = f"({expr}) / r[i]", np.where(want == 0, 0.0, want / rows)
             elif t == "*2":
                 expr, want = f"2 * ({expr})", 2 * want
             else:
                 expr, want = f"({expr}) + 1", want + 1
-    program = f"Y[i,k] = {expr}"
+    if vector:
+        for old, new in (("X[j,k]", "X[j]"), ("b[k]", "b[i]"), ("R[i,k]", "R[i]")):
+            expr = expr.replace(old, new)
+    program = f"Y[i] = {expr}" if vector else f"Y[i,k] = {expr}"
     used = {name: v for name, v in ops.items() if f"{name}[" in program}
     got = spfuse.evaluate(program, num_threads=nt, **used)
     np.testing.assert_allclose(got, want, **(dict(rtol=1e-3, atol=1e-3) if f32 else dict(rtol=1e-10, atol=1e-10)),

@@ -38,7 +38,7 @@ CASES = {
                               lambda A, B, X, W, Q, b, s, D: A @ W.T),
     "scatter_over_rows": ("Y[h,j] = sum(i, A[i,j] * Q[i,h])", ("spmm_t",),
                           lambda A, B, X, W, Q, b, s, D: Q.T @ A),
-    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm",),
+    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm+epilogue",),
                           lambda A, B, X, W, Q, b, s, D: (A * B * s) @ X),
     "pattern_product": ("Y[i,j] = A[i,j] * B[i,j] * s", ("values",),
                         lambda A, B, X, W, Q, b, s, D: A * B * s),
@@ -312,7 +312,7 @@ def test_spmv_and_spmm_groups_check_their_operand_in_kernel(monkeypatch):
     x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
     Q = rng.standard_normal((300, 4))
     assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
-    assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv → numpy", frozenset({"A"}))
+    assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv+epilogue", frozenset({"A"}))
     assert _checks("Y[i,k] = relu(A[i,j] * X[j,k])", A=A, X=X)[1] == frozenset({"A"})
     # summed over its rows into a small output: scattered by spmm_t, which checks A's indices too
     assert _checks("Y[h,j] = relu(sum(i, A[i,j] * Q[i,h]))", A=A, Q=Q) == ("spmm_t → numpy", frozenset({"A"}))

@@ -356,14 +356,18 @@ def _set_chunk_work(double units):
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1,
-         const floating[::1] add=None):
-    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1, add=None) -> bad
+         const floating[::1] add=None, object epilogue=None):
+    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1, add=None, epilogue=None) -> bad
 
     ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot);
     with ``add`` (length m), ``out[i] = dot + add[i]`` (``A·x + b`` in one
     pass, the sum in double).
     ``x`` None: all ones, so ``out`` holds the row sums of the ``m x n_cols``
     matrix (its indices checked against ``n_cols``).
+    ``epilogue``: element-wise operations on the results as they are
+    stored, as :func:`spmm`'s, over segments of consecutive rows (an
+    argument along the rows is an ``EPI_COL`` one here: ``v[i]``); not with
+    ``add``.
 
     Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``, ``indptr``
     non-decreasing, ``indptr[m] <= len(indices)``), ``len(x) == n``,
@@ -388,6 +392,19 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     n = <size_t>(n_cols if x is None else x.shape[0])
     cdef Py_ssize_t bad = -1
     cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
+    cdef _Epilogue epi
+    cdef bint has_epi = epilogue is not None
+    cdef Workspaces ws
+    cdef void** wsp = NULL
+    cdef double* regs
+    cdef Py_ssize_t s0, s1, k
+    cdef int failed = 0
+    if has_epi:
+        if add is not None:
+            raise ValueError("spmv: an epilogue does not take add")
+        keep = _epilogue_from(epilogue, &epi)
+        ws = Workspaces(num_threads, 1)
+        wsp = ws.ptr
     # work: a random gather per entry (~2 units)
     cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
     for ch in range(nch):
@@ -400,12 +417,28 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
             for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
                 r0 = _sub(ip, c0, c1, b, nb)
                 r1 = _sub(ip, c0, c1, b + 1, nb)
-                if bp == NULL:
+                if has_epi:   # segments of rows through the epilogue, each in cache
+                    regs = <double*>ws_get(wsp, 1, 0, epi.n_regs * EPILOGUE_ROWS * sizeof(double))
+                    if regs == NULL:
+                        failed += 1
+                        continue
+                    s0 = r0
+                    while s0 < r1:
+                        s1 = min(s0 + EPILOGUE_ROWS, r1)
+                        for i in range(s0, s1):
+                            regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                        _run_epilogue(&epi, regs, s1 - s0, 0, s0, 0)
+                        for k in range(s1 - s0):
+                            op[s0 + k] = <floating>regs[epi.out_reg * (s1 - s0) + k]
+                        s0 = s1
+                elif bp == NULL:
                     for i in range(r0, r1):
                         op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
                 else:
                     for i in range(r0, r1):
                         op[i] = <floating>(_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp) + <double>bp[i])
+        if failed:
+            raise MemoryError("spmv: cannot allocate the thread workspace")
         if bad >= 0:
             break
     return bad
@@ -752,6 +785,10 @@ EPILOGUE_OPS = {None: EPI_COPY, "+": EPI_ADD, "-": EPI_SUB, "*": EPI_MUL, "/": E
 #: ``v[k]`` (the column's), ``M[i, k]`` (a C-ordered matrix of the output's shape)
 EPILOGUE_ARGS = {"register": EPI_REG, "constant": EPI_CONST, "row": EPI_ROW, "column": EPI_COL,
                  "matrix": EPI_MATRIX}
+
+
+cdef enum:
+    EPILOGUE_ROWS = 256   # rows an SpMV epilogue works on at a time (in cache, interpretation amortised)
 
 
 cdef struct _Epilogue:

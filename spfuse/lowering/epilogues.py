@@ -1,4 +1,4 @@
-"""Element-wise tails of an SpMM run inside its kernel, as each output row is stored.
+"""Element-wise tails of an SpMM or SpMV run inside its kernel, as each output row is stored.
 
 ``relu(A·X)``, a GCN layer's ``relu(A·(X·W) + b)``, ``c · (A·X)`` or a
 residual ``A·X + R`` are an SpMM, then element-wise work over its whole
@@ -35,10 +35,10 @@ from spfuse.errors import IndexCheckFailed
 from spfuse.ir.ops import Const
 from spfuse.lowering import templates
 
-__all__ = ["KERNEL", "fuse_epilogues", "run_epilogue"]
+__all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
 
-#: the kernel name a group with an epilogue reports (``explain()``, ``TemplateMatch.kernel``)
-KERNEL = "spmm+epilogue"
+#: per product kernel, the name a group with an epilogue reports (``explain()``, ``TemplateMatch.kernel``)
+KERNELS = {"spmm": "spmm+epilogue", "spmv": "spmv+epilogue"}
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -73,12 +73,23 @@ def fuse_epilogues(plan, groups: tuple) -> tuple:
         if m is None or m in dropped or m in merged:
             continue
         head = groups[m]
-        program = _program(plan, g, head.outputs[0])
+        program = _program(plan, g, head.outputs[0], len(plan.shapes[head.outputs[0]]))
         if program is not None:
-            merged[n] = type(g)(g.node, head.ops + g.ops, g.outputs, KERNEL, head.names, head.einsum,
-                                epilogue=(head, g, program))
+            merged[n] = type(g)(g.node, head.ops + g.ops, g.outputs, KERNELS[head.kernel], head.names,
+                                head.einsum, epilogue=(head, g, program))
             dropped.add(m)
+    for n, g in enumerate(groups):   # a product scaled by its route (``2.5 * A·x``): the scale as the tail
+        if n not in merged and n not in dropped and _routed(g) and g.route.scalars and len(g.outputs) == 1:
+            merged[n] = type(g)(g.node, g.ops, g.outputs, KERNELS[g.kernel], g.names, g.einsum, g.route,
+                                epilogue=(g, None, ((), 0, 1)))
     return tuple(merged.get(n, g) for n, g in enumerate(groups) if n not in dropped)
+
+
+def _routed(head) -> bool:
+    """Is ``head`` an SpMM or SpMV group whose kernel can store its result itself
+    (not transposed, not kept on a pattern)?"""
+    r = head.route
+    return head.kernel in KERNELS and r is not None and not r.out_swapped and r.pattern is None
 
 
 def _head(plan, g, n: int, groups, producer, readers) -> int | None:
@@ -93,21 +104,23 @@ def _head(plan, g, n: int, groups, producer, readers) -> int | None:
     (t,) = outside
     m = producer[t]
     head = groups[m]
-    r = head.route
-    if (m >= n or head.kernel != "spmm" or r is None or r.out_swapped or r.pattern is not None
-            or head.outputs != (t,) or t in plan.results or readers.get(t) != {n}):
+    if m >= n or not _routed(head) or head.outputs != (t,) or t in plan.results or readers.get(t) != {n}:
         return None
     return m
 
 
-def _program(plan, g, product: str) -> tuple | None:
+def _program(plan, g, product: str, ndim: int) -> tuple | None:
     """The tail as instructions ``(opcode, destination, args)``, each
     argument ``(kind, what, coefficient)`` -- ``what`` a register, a
     constant or an operand's name (resolved per call) -- and the output
-    register; None when an operation or operand is not one the kernel runs."""
+    register; None when an operation or operand is not one the kernel runs.
+    ``ndim``: the product's (2: SpMM's rows; 1: SpMV's, whose kernel takes a
+    vector along its rows as one along its segment, a "column")."""
     out_ix = tuple(g.ops[0].out_indices)
-    if len(out_ix) != 2:
+    if len(out_ix) != ndim:
         return None
+    kinds = ({(): "scalar", out_ix: "column"} if ndim == 1 else
+             {(): "scalar", out_ix[:1]: "row", out_ix[1:]: "column", out_ix: "matrix"})
     registers = {product: 0}
     instructions = []
     for op in g.ops:
@@ -132,7 +145,7 @@ def _program(plan, g, product: str) -> tuple | None:
             info = plan.inputs.get(a.name)
             if info is None or info.is_sparse:
                 return None
-            kind = {(): "scalar", out_ix[:1]: "row", out_ix[1:]: "column", out_ix: "matrix"}.get(ix)
+            kind = kinds.get(ix)
             if kind is None:
                 return None   # (a transposed or broadcast matrix: numpy's)
             args.append((kind, a.name, c))
@@ -192,21 +205,25 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     the tail's float64 arithmetic would then be stored in float32)."""
     from spfuse.lowering import groups as lowering
     head, tail, program = g.epilogue
+    parts = (head,) if tail is None else (head, tail)
     found = lowering._routed_operands(plan, head, env, nt)
     if found is None:
-        return lowering.run_in_turn(plan, (head, tail), env, nt)
+        return lowering.run_in_turn(plan, parts, env, nt)
     local, scale, _ = found
     S, D = local[head.names[0]], local[head.names[1]]
     itype, dtype = templates._types([S, D])
     if dtype != _F64 and any(t.dtype != _F32 for t in env.values()):
-        return lowering.run_in_turn(plan, (head, tail), env, nt)
+        return lowering.run_in_turn(plan, parts, env, nt)
     nt = templates._threads([S, D], nt)
     indptr, indices, values = templates._csr(S, itype, dtype)
     dense = templates._dense(D, dtype, nt)
     epilogue, keep = _encoded(program, env, scale, dtype == _F32)
     name = g.outputs[0]
     out = _result(tuple(plan.shapes[name]), dtype)
-    bad = csr.spmm(indptr, indices, values, dense, out, nt, 0, False, epilogue)
+    if head.kernel == "spmv":
+        bad = csr.spmv(indptr, indices, values, dense, out, nt, S.shape[1], None, epilogue)
+    else:
+        bad = csr.spmm(indptr, indices, values, dense, out, nt, 0, False, epilogue)
     del keep   # (the kernel has returned: the operands' float64 copies may go)
     if bad >= 0:
         raise IndexCheckFailed(head.names[0], bad)

@@ -98,6 +98,8 @@ class Group:
             how = self.entrywise.describe()
         if self.epilogue:
             head, tail, _ = self.epilogue
+            if tail is None:
+                return f"{head.describe()} (the factor applied in the kernel, as each row is stored)"
             return (f"{head.describe()}; then in the kernel, as each row is stored: "
                     f"{'; '.join(map(str, tail.ops))}")
         if self.summed:
@@ -1201,6 +1203,8 @@ def _bound_group(plan, g: Group, env: Mapping[str, Any]):
     of this call): a plain template or gemm group calls its kernel straight
     (:func:`~spfuse.lowering.templates.bind_einsum`, :func:`_bind_gemm`);
     any other group works out its way per call as before."""
+    if g.epilogue or g.summed:   # (merged groups: their own runs, whatever route they show)
+        return functools.partial(_run_group, plan, g)
     if g.entrywise is not None:
         bound = bind_entrywise(g.entrywise, env)
         if bound is not None:

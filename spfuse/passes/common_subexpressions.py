@@ -17,7 +17,11 @@ product and ``S[i,j_1] - m[i]`` under a ``sum(j_1, ...)`` are visited on
 different sets of positions -- shared, one temporary would be computed on
 the union of both, densely (measured: a pattern program fell back to the
 generic executor that way).  Only the planner's own temporaries go: a
-named statement target stays, and so does anything assigned twice.  The
+named statement target stays, and so does anything assigned twice.  An
+operation reading only dense inputs is shared across statements too: it
+is visited on every position of its indices wherever it stands (a
+gradient's ``grad_A·Wᵀ``, written in two adjoint statements, was two BLAS
+calls).  The
 two arguments of a ``*`` or a ``+`` may come in either order (both commute
 exactly in floating point); longer sums keep their order, which fixes their
 rounding.
@@ -35,10 +39,12 @@ __all__ = ["eliminate_common_subexpressions"]
 _COMMUTATIVE = frozenset({"*", "+"})
 
 
-def eliminate_common_subexpressions(ops: Iterable[UnitOp], kept: Collection[str]) -> tuple[UnitOp, ...]:
+def eliminate_common_subexpressions(ops: Iterable[UnitOp], kept: Collection[str],
+                                    dense_inputs: Collection[str] = ()) -> tuple[UnitOp, ...]:
     """``ops`` without the repeats of an earlier operation, numbered again
     in order; ``kept``: names that must stay computed (statement targets,
-    results).
+    results); ``dense_inputs``: the program's dense operands (an operation
+    reading only these is shared across statements).
 
     >>> from spfuse.frontend.parser import parse_program
     >>> from spfuse.passes.decompose import decompose
@@ -50,6 +56,12 @@ def eliminate_common_subexpressions(ops: Iterable[UnitOp], kept: Collection[str]
     >>> for op in eliminate_common_subexpressions(decompose(p), {"y"}): print(op)
     T0[i] = sum(j, A[i,j] * x[j])
     y[i] = T0[i] * T0[i]
+    >>> p = parse_program("y[i] = sum(j, A[i,j] * sum(k, G[i,k] * W[j,k])); "
+    ...                   "z[j] = sum(i, B[i,j] * sum(k, G[i,k] * W[j,k]))")
+    >>> for op in eliminate_common_subexpressions(decompose(p), {"y", "z"}, {"G", "W"}): print(op)
+    T0[i,j] = sum(k, G[i,k] * W[j,k])
+    y[i] = sum(j, A[i,j] * T0[i,j])
+    z[j] = sum(i, B[i,j] * T0[i,j])
     """
     ops = tuple(ops)
     assigned: dict[str, int] = {}
@@ -62,13 +74,17 @@ def eliminate_common_subexpressions(ops: Iterable[UnitOp], kept: Collection[str]
         args = tuple(Ref(renamed.get(a.name, a.name), a.indices) if isinstance(a, Ref) else a for a in op.args)
         if args != op.args or op.id != len(out):   # (ids stay positions: later passes index by them)
             op = replace(op, id=len(out), args=args)
-        key = (op.statement, _canonical(op))
+        # (shared across statements: a temporary only -- a kept name read
+        # by a later statement would be a result read back)
+        shared = all(a.name in dense_inputs for a in op.refs)
+        key = (None if shared else op.statement, _canonical(op))
         if assigned[op.out] == 1 and not any(a.name == op.out for a in op.refs):
             earlier = first.get(key)
             if earlier is not None and op.out not in kept:
                 renamed[op.out] = earlier
                 continue
-            first.setdefault(key, op.out)
+            if not (shared and op.out in kept):
+                first.setdefault(key, op.out)
         out.append(op)
     return tuple(out)
 
