@@ -34,6 +34,7 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.errors import IndexCheckFailed
 from spfuse.ir.ops import Const
 from spfuse.lowering import templates
+from spfuse.lowering.group_flow import producers_and_readers
 
 __all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
 
@@ -60,12 +61,7 @@ def fuse_epilogues(plan, groups: tuple) -> tuple:
     """
     if plan.fusion == "none":
         return groups
-    producer = {out: n for n, g in enumerate(groups) for out in g.outputs}
-    readers: dict[str, set[int]] = {}
-    for n, g in enumerate(groups):
-        for op in g.ops:
-            for a in op.refs:
-                readers.setdefault(a.name, set()).add(n)
+    producer, readers = producers_and_readers(groups)
     merged: dict[int, Any] = {}
     dropped: set[int] = set()
     for n, g in enumerate(groups):

@@ -42,6 +42,7 @@ from spfuse._kernels._result_pool import empty as _result
 from spfuse.errors import IndexCheckFailed
 from spfuse.ir.ops import Const, Ref
 from spfuse.lowering import templates
+from spfuse.lowering.group_flow import producers_and_readers
 from spfuse.lowering.transposes import SharedCopies
 from spfuse.tensor import same_pattern
 
@@ -78,13 +79,7 @@ def sum_spmms(plan, groups: tuple) -> tuple:
     """
     if plan.fusion == "none":
         return groups
-    producer = {out: n for n, g in enumerate(groups) for out in g.outputs}
-    readers: dict[str, set[int]] = {}
-    for n, g in enumerate(groups):
-        for op in g.ops:
-            for a in op.args:
-                if isinstance(a, Ref):
-                    readers.setdefault(a.name, set()).add(n)
+    producer, readers = producers_and_readers(groups)
     merged: dict[int, Any] = {}
     dropped: set[int] = set()
     for n, g in enumerate(groups):
