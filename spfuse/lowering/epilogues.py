@@ -217,7 +217,7 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     name = g.outputs[0]
     out = _result(tuple(plan.shapes[name]), dtype)
     if head.kernel == "spmv":
-        bad = csr.spmv(indptr, indices, values, dense, out, nt, S.shape[1], epilogue)
+        bad = csr.spmv(indptr, indices, values, dense, out, nt, S.shape[1], None, epilogue)
     else:
         bad = csr.spmm(indptr, indices, values, dense, out, nt, 0, False, epilogue)
     del keep   # (the kernel has returned: the operands' float64 copies may go)
