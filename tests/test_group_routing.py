@@ -38,7 +38,7 @@ CASES = {
                               lambda A, B, X, W, Q, b, s, D: A @ W.T),
     "scatter_over_rows": ("Y[h,j] = sum(i, A[i,j] * Q[i,h])", ("spmm_t",),
                           lambda A, B, X, W, Q, b, s, D: Q.T @ A),
-    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm+epilogue",),
+    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm",),
                           lambda A, B, X, W, Q, b, s, D: (A * B * s) @ X),
     "pattern_product": ("Y[i,j] = A[i,j] * B[i,j] * s", ("values",),
                         lambda A, B, X, W, Q, b, s, D: A * B * s),
