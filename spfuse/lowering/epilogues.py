@@ -45,7 +45,7 @@ _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def fuse_epilogues(plan, groups: tuple) -> tuple:
-    """``groups`` with each element-wise tail of an ``spmm`` group merged into it.
+    """``groups`` with each element-wise tail of an ``spmm`` or ``spmv`` group merged into it.
 
     The merged group takes the tail's place (the SpMM's operands exist by
     then; nothing else reads its result).  Under ``fusion="none"`` groups
@@ -85,8 +85,8 @@ def _routed(head) -> bool:
 
 
 def _head(plan, g, n: int, groups, producer, readers) -> int | None:
-    """The position of the ``spmm`` group whose result the element-wise
-    group ``n`` finishes, or None."""
+    """The position of the ``spmm`` or ``spmv`` group whose result the
+    element-wise group ``n`` finishes, or None."""
     if g.entrywise is None or g.outputs != (g.ops[-1].out,):
         return None
     made = {op.out for op in g.ops}
