@@ -185,3 +185,21 @@ def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed):
         np.testing.assert_allclose(got, apart, rtol=1e-6, atol=1e-6, equal_nan=True)
     else:
         np.testing.assert_array_equal(got, apart)
+
+
+@pytest.mark.parametrize("code,kinds,refs,n_regs", [
+    ([1, 1, 0, 2], [0, 0], [0, 1], 2),     # r1 = r0 + r1: the destination is a later argument
+    ([1, 2, 0, 2], [0, 1], [0, 0], 2),     # destination register 2 of 2
+    ([5, 1, 0, 1], [0], [3], 2),           # argument register 3 of 2
+    ([1, 1, 1, 2], [0, 1], [0, 0], 2),     # arguments past the table
+    ([1, 1, 0], [0], [0], 2),              # a partial instruction
+])
+def test_malformed_programs_are_refused(code, kinds, refs, n_regs):
+    from spfuse._kernels import _csr_kernels as csr
+    A = sp.csr_array(np.eye(3))
+    program = (np.array(code, np.int64), np.array(kinds, np.int64), np.array(refs, np.int64),
+               np.zeros(len(kinds)), n_regs, 0)
+    out = np.full((3, 2), 7.0)
+    with pytest.raises(ValueError, match="epilogue"):
+        csr.spmm(A.indptr, A.indices, A.data, np.ones((3, 2)), out, 1, 0, False, program)
+    assert (out == 7.0).all()
