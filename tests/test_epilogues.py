@@ -68,8 +68,10 @@ def test_tails_run_in_the_kernel(program, oracle, dtype, index, shape, rng):
 
 
 SPMV_CASES = [
+    ("y[i] = 2.5 * A[i,j] * x[j]", lambda p, o: 2.5 * p),
     ("y[i] = relu(A[i,j] * x[j]) * r[i]", lambda p, o: np.maximum(p, 0) * o["r"]),
     ("y[i] = abs(A[i,j] * x[j] - r[i]) / s", lambda p, o: np.abs(p - o["r"]) / o["s"]),
+    ("Y[i,k] = s * A[i,j] * X[j,k]", None),
 ]
 
 
@@ -78,17 +80,21 @@ SPMV_CASES = [
 @pytest.mark.parametrize("m,n", [(700, 300), (0, 5), (6, 0)])
 def test_spmv_tails_and_scaled_products(program, oracle, dtype, m, n, rng):
     """SpMV's tails run over segments of rows (700 rows: several segments
-    of 256)."""
+    of 256); a product scaled by a 0-d operand or a constant takes the
+    factor in its kernel."""
     A = _matrix(rng, m, n, density=0.05, dtype=dtype)
     ops = {"A": A, "x": rng.standard_normal(n).astype(dtype), "r": rng.standard_normal(m).astype(dtype),
-           "s": np.array(1.25, dtype)}
+           "s": np.array(1.25, dtype), "X": rng.standard_normal((n, 3)).astype(dtype)}
     ops = {k: v for k, v in ops.items() if f"{k}[" in program or (k == "s" and " s" in program)}
     if m > 2 and n > 2:
-        assert _kernels(program, **ops)[0] == "spmv+epilogue"
+        assert _kernels(program, **ops)[0] in ("spmv+epilogue", "spmm+epilogue")
     got = spfuse.evaluate(program, **ops)
     assert got.dtype == dtype
     dense = {k: (v.toarray() if sp.issparse(v) else v).astype(np.float64) for k, v in ops.items()}
-    want = oracle(dense["A"] @ dense["x"], dense)
+    if oracle is None:
+        want = dense["s"] * (dense["A"] @ dense["X"])
+    else:
+        want = oracle(dense["A"] @ dense["x"], dense)
     np.testing.assert_allclose(got, want, **(dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else {}))
     apart = spfuse.evaluate(program, fusion="none", **ops)
     if dtype == np.float64:

@@ -38,7 +38,7 @@ CASES = {
                               lambda A, B, X, W, Q, b, s, D: A @ W.T),
     "scatter_over_rows": ("Y[h,j] = sum(i, A[i,j] * Q[i,h])", ("spmm_t",),
                           lambda A, B, X, W, Q, b, s, D: Q.T @ A),
-    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm",),
+    "merged_and_scaled": ("Y[i,h] = sum(j, A[i,j] * s * X[j,h] * B[i,j])", ("spmm+epilogue",),
                           lambda A, B, X, W, Q, b, s, D: (A * B * s) @ X),
     "pattern_product": ("Y[i,j] = A[i,j] * B[i,j] * s", ("values",),
                         lambda A, B, X, W, Q, b, s, D: A * B * s),
@@ -311,7 +311,7 @@ def test_spmv_and_spmm_groups_check_their_operand_in_kernel(monkeypatch):
     A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
     x, b, X = rng.standard_normal(200), rng.standard_normal(300), rng.standard_normal((200, 4))
     Q = rng.standard_normal((300, 4))
-    assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
+    assert _checks("y[i] = A[i,j] * x[j] + b[i]", A=A, x=x, b=b) == ("spmv+epilogue", frozenset({"A"}))
     assert _checks("y[i] = relu(A[i,j] * x[j]) + b[i]", A=A, x=x, b=b) == ("spmv+epilogue", frozenset({"A"}))
     assert _checks("Y[i,k] = relu(A[i,j] * X[j,k])", A=A, X=X)[1] == frozenset({"A"})
     # summed over its rows into a small output: scattered by spmm_t, which checks A's indices too
@@ -562,7 +562,7 @@ def test_spmv_plus_a_vector_adds_it_as_each_row_is_stored(program, n, m, density
     tol = 1e-4 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got[0], A.toarray().astype(np.float64) @ x + b, rtol=tol, atol=tol)
     if n >= 300 and m >= 40:
-        assert _checks(program, A=A, x=x, b=b) == ("spmv+add", frozenset({"A"}))
+        assert _checks(program, A=A, x=x, b=b) == ("spmv+epilogue", frozenset({"A"}))
         if A.nnz:
             bad = A.copy()
             bad.indices[0] = m

@@ -356,18 +356,16 @@ def _set_chunk_work(double units):
 # --------------------------------------------------------------------------
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1,
-         const floating[::1] add=None, object epilogue=None):
-    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1, add=None, epilogue=None) -> bad
+         object epilogue=None):
+    """spmv(indptr, indices, data, x, out, num_threads, n_cols=-1, epilogue=None) -> bad
 
-    ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot);
-    with ``add`` (length m), ``out[i] = dot + add[i]`` (``A·x + b`` in one
-    pass, the sum in double).
+    ``out[i] = sum_p data[p] * x[indices[p]]`` for each row (gather-dot).
     ``x`` None: all ones, so ``out`` holds the row sums of the ``m x n_cols``
     matrix (its indices checked against ``n_cols``).
     ``epilogue``: element-wise operations on the results as they are
     stored, as :func:`spmm`'s, over segments of consecutive rows (an
-    argument along the rows is an ``EPI_COL`` one here: ``v[i]``); not with
-    ``add``.
+    argument along the rows is an ``EPI_COL`` one here: ``v[i]``): ``A·x + b``
+    in one pass.
 
     Preconditions: A is ``m x n`` CSR (``len(indptr) == m + 1``, ``indptr``
     non-decreasing, ``indptr[m] <= len(indices)``), ``len(x) == n``,
@@ -384,7 +382,6 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = NULL if x is None else _fptr(x)
-    cdef const floating* bp = NULL if add is None else _fptr(add)
     cdef floating* op = &out[0] if m > 0 else NULL
     cdef size_t n
     if x is None and n_cols < 0:
@@ -400,8 +397,6 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef Py_ssize_t s0, s1, k
     cdef int failed = 0
     if has_epi:
-        if add is not None:
-            raise ValueError("spmv: an epilogue does not take add")
         keep = _epilogue_from(epilogue, &epi)
         ws = Workspaces(num_threads, 1)
         wsp = ws.ptr
@@ -431,12 +426,9 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                         for k in range(s1 - s0):
                             op[s0 + k] = <floating>regs[epi.out_reg * (s1 - s0) + k]
                         s0 = s1
-                elif bp == NULL:
-                    for i in range(r0, r1):
-                        op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
                 else:
                     for i in range(r0, r1):
-                        op[i] = <floating>(_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp) + <double>bp[i])
+                        op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
         if failed:
             raise MemoryError("spmv: cannot allocate the thread workspace")
         if bad >= 0:

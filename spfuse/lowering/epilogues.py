@@ -1,6 +1,6 @@
 """Element-wise tails of an SpMM or SpMV run inside its kernel, as each output row is stored.
 
-``relu(A·X)``, a GCN layer's ``relu(A·(X·W) + b)``, ``(A·X - R) / r[i]`` or a
+``relu(A·X)``, a GCN layer's ``relu(A·(X·W) + b)``, ``c · (A·X)`` or a
 residual ``A·X + R`` are an SpMM, then element-wise work over its whole
 ``m × K`` result: numpy passes that read and write the result again (at
 100k rows and K=64, 51 MB each way per pass; on one thread, numpy's).  The
@@ -74,6 +74,10 @@ def fuse_epilogues(plan, groups: tuple) -> tuple:
             merged[n] = type(g)(g.node, head.ops + g.ops, g.outputs, KERNELS[head.kernel], head.names,
                                 head.einsum, epilogue=(head, g, program))
             dropped.add(m)
+    for n, g in enumerate(groups):   # a product scaled by its route (``2.5 * A·x``): the scale as the tail
+        if n not in merged and n not in dropped and _routed(g) and g.route.scalars and len(g.outputs) == 1:
+            merged[n] = type(g)(g.node, g.ops, g.outputs, KERNELS[g.kernel], g.names, g.einsum, g.route,
+                                epilogue=(g, None, ((), 0, 1)))
     return tuple(merged.get(n, g) for n, g in enumerate(groups) if n not in dropped)
 
 
@@ -197,7 +201,7 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     the tail's float64 arithmetic would then be stored in float32)."""
     from spfuse.lowering import groups as lowering
     head, tail, program = g.epilogue
-    parts = (head, tail)
+    parts = (head,) if tail is None else (head, tail)
     found = lowering._routed_operands(plan, head, env, nt)
     if found is None:
         return lowering.run_in_turn(plan, parts, env, nt)
@@ -213,7 +217,7 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     name = g.outputs[0]
     out = _result(tuple(plan.shapes[name]), dtype)
     if head.kernel == "spmv":
-        bad = csr.spmv(indptr, indices, values, dense, out, nt, S.shape[1], None, epilogue)
+        bad = csr.spmv(indptr, indices, values, dense, out, nt, S.shape[1], epilogue)
     else:
         bad = csr.spmm(indptr, indices, values, dense, out, nt, 0, False, epilogue)
     del keep   # (the kernel has returned: the operands' float64 copies may go)

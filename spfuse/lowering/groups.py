@@ -98,6 +98,8 @@ class Group:
             how = self.entrywise.describe()
         if self.epilogue:
             head, tail, _ = self.epilogue
+            if tail is None:
+                return f"{head.describe()} (the factor applied in the kernel, as each row is stored)"
             return (f"{head.describe()}; then in the kernel, as each row is stored: "
                     f"{'; '.join(map(str, tail.ops))}")
         if self.summed:

@@ -784,39 +784,6 @@ def _match_spadd(plan, infos):
     return [r.name for r in refs], np.array(op.coefficients, dtype=np.float64)
 
 
-def _match_spmv_add(plan, infos):
-    """``(A, x, b)`` when the plan is ``T[i] = sum(j, A[i,j] * x[j])`` then
-    ``y[i] = T[i] + b[i]`` (either order) with CSR A and dense x, b."""
-    if len(plan.ops) != 2:
-        return None
-    t, y = plan.ops
-    if (t.reduction != "sum" or t.operator != "*" or y.operator != "+" or y.reduction is not None
-            or len(y.args) != 2 or set(y.coefficients) != {1.0} or t.out in plan.results):
-        return None
-    refs = [a for a in y.args if isinstance(a, Ref)]
-    if len(refs) != 2 or not any(r.name == t.out and r.indices == t.out_indices for r in refs):
-        return None
-    (b,) = [r for r in refs if r.name != t.out]
-    if (b.name not in infos or _kind(infos[b.name]) != "dense" or b.indices != y.out_indices
-            or y.out_indices != t.out_indices):
-        return None
-    if not all(isinstance(a, Ref) and a.name in infos for a in t.args):
-        return None
-    names = _unify(SIGNATURES["spmv"], t.out_indices, t.reduced, [(a.name, a.indices) for a in t.args], infos)
-    return None if names is None else (names[0], names[1], b.name)
-
-
-def _run_spmv_add(tensors, a, x, b, out_shape, nt) -> np.ndarray:
-    ts = [tensors[a], tensors[x], tensors[b]]
-    itype, dtype = _types(ts)
-    ip, ix, vals = _csr(ts[0], itype, dtype)
-    out = _result(out_shape, dtype)
-    bad = csr.spmv(ip, ix, vals, _dense(ts[1], dtype), out, _threads(ts, nt), ts[0].shape[1], _dense(ts[2], dtype))
-    if bad >= 0:
-        raise IndexCheckFailed(a, bad)
-    return out
-
-
 def _match_extremum(plan, infos):
     """``(name, along_rows, is_min)`` when the plan is one max/min over one
     index of a CSR or CSC input, the other index the result's:
@@ -955,13 +922,6 @@ def _match(plan) -> TemplateMatch | None:
                             out_name: _run_einsum(k, names, out_name, out_shape, tensors, nt, tile)},
                         frozenset({checked_operand(kernel, names)}) if kernel in CHECKS_INDICES else frozenset(),
                         bind=functools.partial(BoundEinsum, kernel, names, out_name, out_shape, tile))
-    affine = _match_spmv_add(plan, infos)
-    if affine is not None and None not in out_shape:
-        a, x, b = affine
-        return TemplateMatch("spmv+add", {a: "csr", x: "dense", b: "dense"},
-                             "gather-dot per row, the vector added as each row is stored",
-                             lambda tensors, nt: {result: _run_spmv_add(tensors, a, x, b, out_shape, nt)},
-                             frozenset({a}))
     ext = _match_extremum(plan, infos)
     if ext is not None and None not in out_shape:
         name, along_rows, is_min = ext
