@@ -382,12 +382,15 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
         chain = _Chain(op, producers, internal)
         if len(chain.factors) < 3:
             continue
+        as_written = _text(chain.written, [f.name for f in chain.factors])
+        reordered = _in_canonical_order(chain, inputs)
         factors = chain.factors
         labels = [f.name for f in factors]
         decision = _decide(chain, factors, labels, inputs, dense_temps, shapes,
-                           CONCORDANT_MARGIN if concordant_margin is None else concordant_margin)
+                           CONCORDANT_MARGIN if concordant_margin is None else concordant_margin,
+                           as_written if reordered else None)
         decisions.append(decision)
-        if decision.changed:
+        if decision.changed or reordered:
             keep = _keeper(factors, op.out_indices)
             emitted: list[UnitOp] = []
             temp_names = [p.out for p in chain.internal_ops]
@@ -404,30 +407,85 @@ def reassociate(ops, inputs: Mapping[str, TensorInfo], results, shapes: Mapping[
     return tuple(replace(op, id=n) for n, op in enumerate(out)), tuple(decisions)
 
 
-def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Association:
+def _in_canonical_order(chain: _Chain, inputs: Mapping[str, TensorInfo]) -> bool:
+    """Take a chain written as a plain product ``f0·f1·f2·…`` (a left fold
+    of contractions) in an order that does not depend on how the factors
+    were written: the first sparse input, then at each step a factor sharing
+    an index with those taken (a sparse one first, else the one sharing the
+    inner stored level of a sparse matrix taken, else the first written).
+    ``W[h,j]·X[k,h]·A[i,k]`` is then ``(A·X)·W``, as ``A[i,k]·X[k,h]·W[h,j]``
+    is, so a near-tie keeps one tree for both spellings (and the temporary
+    is ``A·X[i,h]``, in the rows' order, not ``(W·X)[j,k]``).  Parenthesised
+    chains, chains through products that sum nothing and chains of dense
+    factors keep the written order.  Returns whether the order changed."""
+    factors, n = chain.factors, len(chain.factors)
+    left_fold = chain.written
+    for f in range(n - 1, 0, -1):   # ((0, 1), 2), ... the tree of the text without parentheses
+        left_fold = left_fold[0] if isinstance(left_fold, tuple) and left_fold[1] == f else None
+        if left_fold is None:
+            return False
+    sparse = {f for f in range(n) if (info := inputs.get(factors[f].name)) is not None and info.is_sparse}
+    if left_fold != 0 or chain.through_products or not sparse:
+        return False
+    order = [min(sparse)]
+    held = set(factors[order[0]].indices)
+    levels: list[str] = []   # the indices of the sparse matrices taken, by storage level
+    while True:
+        taken = order[-1]
+        if taken in sparse and len(factors[taken].indices) == 2:
+            levels.extend(ix for ix, _ in _storage(factors[taken], inputs) or ())
+        if len(order) == n:
+            break
+        rest = [f for f in range(n) if f not in order]
+        near = [f for f in rest if held & set(factors[f].indices)] or rest
+        # a sparse factor first; then the one summing a sparse matrix's inner
+        # stored level (CSR A[i,j]: x[j] before x[i], the rows' own gather;
+        # a tensor's factors stay in the written order, the MTTKRP kernels'
+        # trees)
+        pick = min(near, key=lambda f: (f not in sparse,
+                                        -max((levels.index(ix) for ix in factors[f].indices if ix in levels),
+                                             default=-1), f))
+        order.append(pick)
+        held |= set(factors[pick].indices)
+    if order == list(range(n)):
+        return False
+    chain.factors = [factors[f] for f in order]
+    tree: object = 0
+    for f in range(1, n):
+        tree = (tree, f)
+    chain.written = tree
+    return True
+
+
+def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin, as_written: str | None = None) -> Association:
+    """``as_written``: the chain as the text has it, when
+    :func:`_in_canonical_order` took its factors in another order (the
+    association then reports it as written and takes the canonical order
+    where it would keep the written one)."""
     root = chain.root
-    written = _text(chain.written, labels)
+    canonical = _text(chain.written, labels)
+    written = as_written or canonical
     unknown = [f.name for f in factors if _density(f, inputs, dense_temps) is None]
     if unknown:
         why = (f"nnz of {', '.join(dict.fromkeys(unknown))} unknown at planning time"
                if all(f in inputs for f in unknown) else "a factor is a sparse temporary")
-        return _association(root, labels, written, written, None, None, why, chain.written)
+        return _association(root, labels, written, canonical, None, None, why, chain.written)
     extents: dict[str, int | None] = {}
     for f in factors:
         for ix, n in zip(f.indices, shapes.get(f.name, (None,) * len(f.indices)), strict=True):
             extents[ix] = n if extents.get(ix) is None else extents[ix]
     if any(v is None for v in extents.values()):
-        return _association(root, labels, written, written, None, None, "an extent is unknown",
+        return _association(root, labels, written, canonical, None, None, "an extent is unknown",
                             chain.written)
     if any(f.indices.count(ix) > 1 for f in factors for ix in f.indices):
-        return _association(root, labels, written, written, None, None, "a factor repeats an index",
+        return _association(root, labels, written, canonical, None, None, "a factor repeats an index",
                             chain.written)
     density = [_density(f, inputs, dense_temps) for f in factors]
     storage = [_storage(f, inputs) for f in factors]
     w_cost = chain_cost(chain.written, factors, root.out_indices, extents, density, storage)
     best = _best_tree(factors, root.out_indices, extents, density, storage)
     if w_cost is None or best is None:
-        return _association(root, labels, written, written, None, None, "no cheaper valid tree",
+        return _association(root, labels, written, canonical, None, None, "no cheaper valid tree",
                             chain.written)
     b_cost, b_tree, _ = best
     keep = _keeper(factors, root.out_indices)
@@ -448,7 +506,7 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
                         + (" for a statement a fused template kernel runs" if margin == TEMPLATE_MARGIN else "")
                         + " but keeps a dense workspace over a summed sparse level")
             b_cost, b_tree = conc[0], conc[1]
-            if written_projected and _text(b_tree, labels) != written:
+            if written_projected and _text(b_tree, labels) != canonical:
                 return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
                                     "the written order sums an outer sparse level first (a dense "
                                     "workspace per outer coordinate)" + note, b_tree)
@@ -464,10 +522,12 @@ def _decide(chain, factors, labels, inputs, dense_temps, shapes, margin) -> Asso
         return _association(root, labels, written, _text(b_tree, labels), w_cost, b_cost,
                             (f"cheaper by {w_cost / b_cost:.2f}×" if b_cost else "cheaper") + note, b_tree)
     why = (("cheapest" if not note else "cheapest without a projected temporary")
-           if _text(b_tree, labels) == written else
+           if _text(b_tree, labels) == canonical else
            f"best alternative {_text(b_tree, labels)} = {b_cost:.4g} is within the "
            f"{change_margin:g}× margin")
-    return _association(root, labels, written, written, w_cost, w_cost, why + note, chain.written)
+    if as_written is not None:
+        why += f"; {canonical}: the factors taken sparse first, not in the order written"
+    return _association(root, labels, written, canonical, w_cost, w_cost, why + note, chain.written)
 
 
 def _storage(ref: Ref, inputs) -> list | None:
