@@ -32,6 +32,7 @@ from spfuse._kernels._kernel_common cimport (
     UNARY_ABS, UNARY_EXP, UNARY_LOG, UNARY_NEG, UNARY_RELU, UNARY_SIGMOID, UNARY_SQRT,
     UNARY_TANH, index_t,
 )
+from spfuse._kernels._epilogue cimport _Epilogue, _epilogue_from, _run_epilogue
 from spfuse._kernels._leaves cimport _dot, _prefetch_row, spfuse_exp, spfuse_sigmoid
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 from spfuse._kernels._workspace cimport padded_stride
@@ -119,9 +120,22 @@ cdef inline void _gemm_block(char* ta, char* tb, int m0, int mb, int n0, int nb,
         sgemm(tb, ta, &nb, &mb, &k, &one, <float*>b, &ldb, <float*>a, &lda, &zero, o, &ldo)
 
 
+cdef void _epilogue_rows(const _Epilogue* e, floating* out, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n,
+                         double* regs) noexcept nogil:
+    """Rows ``[lo, hi)`` of the C-ordered ``out`` (``n`` columns) through
+    the epilogue, in place (``regs``: ``e.n_regs * n`` doubles)."""
+    cdef Py_ssize_t r, c
+    for r in range(lo, hi):
+        for c in range(n):
+            regs[c] = <double>out[r * n + c]
+        _run_epilogue(e, regs, n, r, 0, n)
+        for c in range(n):
+            out[r * n + c] = <floating>regs[e.out_reg * n + c]
+
+
 def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] out,
-         num_threads=None, bint trans_a=False, bint trans_b=False):
-    """gemm(A, B, out, num_threads=None, trans_a=False, trans_b=False)
+         num_threads=None, bint trans_a=False, bint trans_b=False, object epilogue=None):
+    """gemm(A, B, out, num_threads=None, trans_a=False, trans_b=False, epilogue=None)
 
     ``out = op(A) @ op(B)`` for C-contiguous A, B, out (m, n), where
     ``op(X)`` is ``X.T`` when its ``trans_`` flag is set, else ``X``: op(A)
@@ -151,6 +165,12 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
     The blocks depend on the shapes only, never on ``num_threads``: each
     element of out is one BLAS dot over the whole ``k``, or over the same
     fixed pieces of it, so results do not depend on the team size.
+
+    ``epilogue``: element-wise operations applied to each row of out right
+    after its block's BLAS call, while the block is in cache (``relu(H @ W +
+    b)``): a register program as :func:`spfuse._kernels._csr_kernels.spmm`
+    takes (``_epilogue.pxd``), register 0 the row as stored.  The blocks are
+    then always row blocks (never pieces of ``k``).
     """
     cdef int m = A.shape[1] if trans_a else A.shape[0]
     cdef int k = A.shape[0] if trans_a else A.shape[1]
@@ -164,10 +184,6 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
         raise ValueError("gemm: shapes do not match")
     if m == 0 or n == 0:
         return
-    if k == 0:
-        with nogil:
-            memset(&out[0, 0], 0, <size_t>m * n * sizeof(floating))
-        return
     cdef Py_ssize_t work = <Py_ssize_t>m * n * k
     cdef Py_ssize_t nblocks = 1, blk, side = m, i, size = <Py_ssize_t>m * n
     cdef bint by_rows = True
@@ -177,14 +193,31 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
     cdef int team = num_threads if num_threads is not None and num_threads > 0 else 1
     cdef bint hold = _blas_set_threads != NULL and work > BLAS_SERIAL_MNK
     cdef int before = 1
+    cdef _Epilogue epi
+    cdef bint has_epi = epilogue is not None
+    cdef double* regs
+    cdef int failed = 0
+    if has_epi:
+        keep = _epilogue_from(epilogue, &epi)
+    if k == 0:
+        with nogil:
+            memset(&out[0, 0], 0, <size_t>m * n * sizeof(floating))
+        if has_epi:   # (no BLAS call: the zero rows go through the epilogue)
+            regs = <double*>malloc(epi.n_regs * n * sizeof(double))
+            if regs == NULL:
+                raise MemoryError("gemm: cannot allocate the epilogue's registers")
+            with nogil:
+                _epilogue_rows(&epi, &out[0, 0], 0, m, n, regs)
+            free(regs)
+        return
     if <Py_ssize_t>n * k <= THIN_NK:
         nblocks = (m + BLAS_SERIAL_MNK // (<Py_ssize_t>n * k) - 1) // (BLAS_SERIAL_MNK // (<Py_ssize_t>n * k))
     elif hold:
-        by_rows = m >= n
+        by_rows = m >= n or has_epi
         side = m if by_rows else n
         nblocks = max(1, min(<Py_ssize_t>GEMM_MAX_BLOCKS, side // GEMM_MIN_SIDE))
     cdef Py_ssize_t depth_blocks = 1
-    if hold and nblocks == 1 and <Py_ssize_t>n * k > THIN_NK:
+    if hold and nblocks == 1 and <Py_ssize_t>n * k > THIN_NK and not has_epi:
         depth_blocks = max(1, min(<Py_ssize_t>GEMM_MAX_DEPTH_BLOCKS, k // GEMM_MIN_DEPTH))
     cdef Py_ssize_t blocks = depth_blocks if depth_blocks > 1 else nblocks
     cdef const floating* a0 = &A[0, 0]
@@ -210,6 +243,13 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
                 hi = <int>((blk + 1) * side // blocks)
                 if by_rows:
                     _gemm_block(&ta, &tb, lo, hi - lo, 0, n, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
+                    if has_epi:   # the block's rows through the epilogue, still in cache
+                        regs = <double*>malloc(epi.n_regs * n * sizeof(double))
+                        if regs == NULL:
+                            failed += 1
+                            continue
+                        _epilogue_rows(&epi, o0, lo, hi, n, regs)
+                        free(regs)
                 else:
                     _gemm_block(&ta, &tb, 0, m, lo, hi - lo, k, a0, lda, b0, ldb, o0, n, trans_a, trans_b)
         if hold and before != 1:
@@ -222,6 +262,8 @@ def gemm(const floating[:, ::1] A, const floating[:, ::1] B, floating[:, ::1] ou
                 o0[i] = <floating>total
     if depth_blocks > 1:
         free(p0)
+    if failed:
+        raise MemoryError("gemm: cannot allocate the epilogue's registers")
 
 
 cdef inline double _unary(int op, double x) noexcept nogil:

@@ -1,4 +1,4 @@
-"""Element-wise tails of an SpMM or SpMV run inside its kernel, as each output row is stored.
+"""Element-wise tails of an SpMM, SpMV or gemm run inside its kernel, as each output row is stored.
 
 ``relu(A·X)``, a GCN layer's ``relu(A·(X·W) + b)``, ``c · (A·X)`` or a
 residual ``A·X + R`` are an SpMM, then element-wise work over its whole
@@ -21,6 +21,10 @@ runs it.  The arithmetic is the element-wise group's, bit for bit: float64
 over the SpMM's result as stored (rounded to its value type), operation by
 operation, stored once in the result's value type.
 
+A dense product (``gemm``) takes its tail the same way: BLAS runs in row
+blocks of a few dozen rows, and each block goes through the tail before the
+next (``relu(b + A·X·W)``, whose chain runs ``(A·X)·W``, finishes in gemm).
+
 Measured at 100k rows, 10 per row, K=64 (``relu(A·X)``): see BENCHMARKS.md.
 """
 from __future__ import annotations
@@ -39,13 +43,13 @@ from spfuse.lowering.group_flow import producers_and_readers
 __all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
 
 #: per product kernel, the name a group with an epilogue reports (``explain()``, ``TemplateMatch.kernel``)
-KERNELS = {"spmm": "spmm+epilogue", "spmv": "spmv+epilogue"}
+KERNELS = {"spmm": "spmm+epilogue", "spmv": "spmv+epilogue", "gemm": "gemm+epilogue"}
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
 
 def fuse_epilogues(plan, groups: tuple) -> tuple:
-    """``groups`` with each element-wise tail of an ``spmm`` or ``spmv`` group merged into it.
+    """``groups`` with each element-wise tail of an ``spmm``, ``spmv`` or ``gemm`` group merged into it.
 
     The merged group takes the tail's place (the SpMM's operands exist by
     then; nothing else reads its result).  Under ``fusion="none"`` groups
@@ -82,14 +86,16 @@ def fuse_epilogues(plan, groups: tuple) -> tuple:
 
 
 def _routed(head) -> bool:
-    """Is ``head`` an SpMM or SpMV group whose kernel can store its result itself
-    (not transposed, not kept on a pattern)?"""
+    """Is ``head`` an SpMM, SpMV or gemm group whose kernel can store its result
+    itself (not transposed, not kept on a pattern)?"""
     r = head.route
+    if head.kernel == "gemm":
+        return r is not None and not r.names[4]   # (gemm's roles: the result not written transposed)
     return head.kernel in KERNELS and r is not None and not r.out_swapped and r.pattern is None
 
 
 def _head(plan, g, n: int, groups, producer, readers) -> int | None:
-    """The position of the ``spmm`` or ``spmv`` group whose result the
+    """The position of the ``spmm``, ``spmv`` or ``gemm`` group whose result the
     element-wise group ``n`` finishes, or None."""
     if g.entrywise is None or g.outputs != (g.ops[-1].out,):
         return None
@@ -202,6 +208,8 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     from spfuse.lowering import groups as lowering
     head, tail, program = g.epilogue
     parts = (head,) if tail is None else (head, tail)
+    if head.kernel == "gemm":
+        return _run_gemm_epilogue(plan, g, env, nt)
     found = lowering._routed_operands(plan, head, env, nt)
     if found is None:
         return lowering.run_in_turn(plan, parts, env, nt)
@@ -223,4 +231,26 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     del keep   # (the kernel has returned: the operands' float64 copies may go)
     if bad >= 0:
         raise IndexCheckFailed(head.names[0], bad)
+    return {name: out}
+
+
+def _run_gemm_epilogue(plan, g, env: dict, nt: int) -> dict:
+    """A merged gemm group's result: BLAS in row blocks, each block's rows
+    through the tail while in cache (``_dense_kernels.gemm``'s epilogue)."""
+    from spfuse._kernels import _dense_kernels
+    from spfuse.lowering import groups as lowering
+    from spfuse.runtime.blas_pool import hold_blas_once
+    head, tail, program = g.epilogue
+    x, y, xt, yt, _ = head.names
+    _, dtype = templates._types([env[x], env[y]])
+    if dtype != _F64 and any(t.dtype != _F32 for t in env.values()):
+        return lowering.run_in_turn(plan, (head, tail), env, nt)
+    X, xt = lowering._blas_operand(env[x], xt, dtype)
+    Y, yt = lowering._blas_operand(env[y], yt, dtype)
+    epilogue, keep = _encoded(program, env, 1.0, False)
+    name = g.outputs[0]
+    out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
+    hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
+    _dense_kernels.gemm(X, Y, out, nt, xt, yt, epilogue)
+    del keep
     return {name: out}

@@ -1042,18 +1042,17 @@ def lower_groups(plan):
     groups = split_groups(plan)
     if all(g.kernel in ("generic", "copy") and g.entrywise is None for g in groups):
         return None  # the whole-plan generic executor: one call, copies in its loops
+    from spfuse.lowering.templates import SIGNATURES
     roles = {}
-    for g in groups:
-        if g.kernel == "gemm":
-            roles.update({g.names[0]: "dense", g.names[1]: "dense"})
-        elif g.kernel == "values":
-            roles[g.names[0]] = "csr"
-        elif g.on_pattern is not None:
-            roles.update(dict.fromkeys(g.on_pattern.sparse, "csr"))
-        elif g.kernel not in ("generic", "copy"):
-            from spfuse.lowering.templates import SIGNATURES
-            for part in g.summed[:-1] or g.epilogue[:1] or (g,):
-                roles.update(zip(part.names, (k for k, _ in SIGNATURES[part.kernel][1]), strict=True))
+    for part in (p for g in groups for p in g.summed[:-1] or g.epilogue[:1] or (g,)):
+        if part.kernel == "gemm":
+            roles.update({part.names[0]: "dense", part.names[1]: "dense"})
+        elif part.kernel == "values":
+            roles[part.names[0]] = "csr"
+        elif part.on_pattern is not None:
+            roles.update(dict.fromkeys(part.on_pattern.sparse, "csr"))
+        elif part.kernel not in ("generic", "copy"):
+            roles.update(zip(part.names, (k for k, _ in SIGNATURES[part.kernel][1]), strict=True))
     why = "; then ".join(g.describe() for g in groups)
     kernel = " → ".join("numpy" if g.entrywise is not None else g.kernel for g in groups)
     interpreted = any(g.kernel == "generic" and g.on_pattern is None and g.entrywise is None
