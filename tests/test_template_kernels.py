@@ -309,6 +309,30 @@ def test_spmv_and_spmm_return_the_position_of_an_out_of_range_index(kernel, bad,
         assert K.spmm_t(ip, ind, val, dense, np.empty((0, 2))) in (0, 1)
 
 
+@itypes
+@pytest.mark.parametrize("bad", [-1, 50, 2**31 - 1, 2**33])
+@pytest.mark.parametrize("at", [0, 1700, 2999])
+@pytest.mark.parametrize("nt", [1, 2])
+def test_runs_of_checked_rows_find_the_bad_index(bad, at, nt, it):
+    """SpMV, row sums and the bilinear form check a run of rows' indices in
+    one pass before they read through them: the position of a bad one in any
+    run (the first, a middle one, the last entry), never a read out of bounds."""
+    if bad >= 2**31 and it == np.int32:
+        pytest.skip("not an int32 index")
+    m, n = 1000, 50
+    ip = np.arange(0, 3 * m + 1, 3, dtype=it)
+    ind = (np.arange(3 * m) % n).astype(it)
+    val, x = np.ones(3 * m), np.ones(n)
+    assert K.spmv(ip, ind, val, x, np.empty(m), nt) == -1
+    ind[at] = bad
+    assert K.spmv(ip, ind, val, x, np.empty(m), nt) == at
+    assert K.spmv(ip, ind, val, None, np.empty(m), nt, n) == at
+    assert K.bilinear(ip, ind, val, np.ones(m), x, 3, nt)[1] == at
+    copy = (np.array([K.EPILOGUE_OPS[None], 1, 0, 1], np.int64), np.array([K.EPILOGUE_ARGS["register"]], np.int64),
+            np.zeros(1, np.int64), np.ones(1), 2, 1)
+    assert K.spmv(ip, ind, val, x, np.empty(m), nt, -1, copy) == at
+
+
 @dtypes
 @itypes
 @cases

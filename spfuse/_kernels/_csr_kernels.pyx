@@ -50,7 +50,7 @@ Conventions shared by every routine of this module
 cimport cython
 from cython cimport floating
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.math cimport INFINITY, fabs, sqrt
 from libc.string cimport memcpy, memmove, memset
@@ -194,34 +194,48 @@ cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
     return lo
 
 
-cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
-                               Py_ssize_t start, Py_ssize_t end, size_t n,
-                               Py_ssize_t* bad) noexcept nogil:
-    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order
-    (``x`` NULL: all ones, the sum of the values).
+cdef enum:
+    CHECKED_ROWS = 256   # rows whose indices a kernel checks in one pass before it reads through them
 
-    Each ``ind[p]`` is checked against ``[0, n)`` before ``x`` is read (one
-    unsigned compare, never taken on valid input): an out-of-range one is
-    stored in ``bad[0]`` and the row stops (its sum is then meaningless).
+
+cdef inline Py_ssize_t _first_out_of_range(const index_t* ind, Py_ssize_t start, Py_ssize_t end,
+                                           Py_ssize_t n) noexcept nogil:
+    """The first position in ``[start, end)`` whose index is outside ``[0, n)``,
+    or -1 (one branch-free pass over the run, so it vectorises)."""
+    cdef Py_ssize_t p
+    cdef int viol = 0
+    cdef uint32_t n32
+    if index_t is int32_t and n <= 0x7fffffff:   # (compared in 32 bits: 8 indices per AVX2 compare)
+        n32 = <uint32_t>n
+        for p in range(start, end):
+            viol = viol | (<uint32_t>ind[p] >= n32)
+    else:
+        for p in range(start, end):
+            viol = viol | (<size_t>ind[p] >= <size_t>n)
+    if not viol:
+        return -1
+    for p in range(start, end):
+        if <size_t>ind[p] >= <size_t>n:
+            return p
+    return -1
+
+
+cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
+                               Py_ssize_t start, Py_ssize_t end) noexcept nogil:
+    """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order
+    (``x`` NULL: all ones, the sum of the values).  The indices must have
+    been checked (:func:`_first_out_of_range` over a run of rows).
     One chain (rows are short: splitting into chains measured slower at
     ~10 nnz/row); the order is the sequential one, as scipy's csr_matvec.
     """
     cdef double s0 = 0.0
     cdef Py_ssize_t p
-    cdef index_t c
-    if x == NULL:   # x all ones: the row's sum, its indices still checked
+    if x == NULL:   # x all ones: the row's sum
         for p in range(start, end):
-            if <size_t>ind[p] >= n:
-                bad[0] = p
-                break
             s0 += <double>val[p]
         return s0
     for p in range(start, end):
-        c = ind[p]
-        if <size_t>c >= n:
-            bad[0] = p
-            break
-        s0 += <double>val[p] * <double>x[c]
+        s0 += <double>val[p] * <double>x[ind[p]]
     return s0
 
 
@@ -398,7 +412,7 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef Workspaces ws
     cdef void** wsp = NULL
     cdef double* regs
-    cdef Py_ssize_t s0, s1, k
+    cdef Py_ssize_t s0, s1, k, q
     cdef int failed = 0
     if has_epi:
         keep = _epilogue_from(epilogue, &epi)
@@ -424,15 +438,27 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                     s0 = r0
                     while s0 < r1:
                         s1 = min(s0 + EPILOGUE_ROWS, r1)
+                        q = _first_out_of_range(ind, ip[s0], ip[s1], n)
+                        if q >= 0:
+                            badp[0] = q
+                            break
                         for i in range(s0, s1):
-                            regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                            regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
                         _run_epilogue(&epi, regs, s1 - s0, 0, s0, 0)
                         for k in range(s1 - s0):
                             op[s0 + k] = <floating>regs[epi.out_reg * (s1 - s0) + k]
                         s0 = s1
                 else:
-                    for i in range(r0, r1):
-                        op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                    s0 = r0
+                    while s0 < r1:   # runs of rows: their indices checked in one pass, then read
+                        s1 = min(s0 + CHECKED_ROWS, r1)
+                        q = _first_out_of_range(ind, ip[s0], ip[s1], n)
+                        if q >= 0:
+                            badp[0] = q
+                            break
+                        for i in range(s0, s1):
+                            op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+                        s0 = s1
         if failed:
             raise MemoryError("spmv: cannot allocate the thread workspace")
         if bad >= 0:
@@ -540,7 +566,7 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
     Preconditions: ``len(w) == m``, ``len(x) == n``, ``nblocks >= 1``.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nch, ch, b, i, r0, r1, nb = nblocks
+    cdef Py_ssize_t nch, ch, b, i, r0, r1, s0, s1, q, nb = nblocks
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
@@ -570,8 +596,16 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
                 r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
                 # summed in a private variable, stored once: the blocks' sums share a cache line
                 acc = 0.0
-                for i in range(r0, r1):
-                    acc = acc + <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1], n, badp)
+                s0 = r0
+                while s0 < r1:   # runs of rows: their indices checked in one pass, then read
+                    s1 = min(s0 + CHECKED_ROWS, r1)
+                    q = _first_out_of_range(ind, ip[s0], ip[s1], n)
+                    if q >= 0:
+                        badp[0] = q
+                        break
+                    for i in range(s0, s1):
+                        acc = acc + <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1])
+                    s0 = s1
                 sp[b] = sp[b] + acc
         if bad >= 0:
             return 0.0, bad
