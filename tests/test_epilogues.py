@@ -261,3 +261,66 @@ def test_gemm_with_mixed_value_types_runs_apart(rng):
     got = spfuse.evaluate("Z[i,j] = relu(X[i,h] * W[h,j] + b[j])", X=X, W=W, b=b)
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, np.maximum(X.astype(np.float64) @ W + b, 0), rtol=1e-6, atol=1e-6)
+
+
+ROWS_CASES = [
+    ("Y[i,h] = relu(T[i,h] * 2 - b[h]) + sqrt(abs(T[i,h])) / r[i]",
+     lambda o: np.maximum(o["T"] * 2 - o["b"], 0) + np.sqrt(np.abs(o["T"])) / o["r"][:, None]),
+    ("Y[i,h] = (T[i,h] - R[i,h]) / r[i]",
+     lambda o: np.where(o["T"] - o["R"] == 0, 0, (o["T"] - o["R"]) / o["r"][:, None])),
+    ("y[i] = (r[i] - 3) / s[i] + r[i] * s[i]", lambda o: (o["r"] - 3) / o["s"] + o["r"] * o["s"]),
+]
+
+
+@pytest.mark.parametrize("program,oracle", ROWS_CASES)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_element_wise_programs_of_their_own_run_in_one_parallel_pass(program, oracle, dtype, rng):
+    from spfuse.lowering.epilogues import ROWS_MIN_ELEMENTS
+    m = ROWS_MIN_ELEMENTS + 7 if program.startswith("y[i]") else 700
+    ops = {"T": rng.standard_normal((m, 100)), "R": rng.standard_normal((m, 100)), "b": rng.standard_normal(100),
+           "r": rng.random(m) + 0.5, "s": rng.random(m) + 0.5}
+    ops = {k: v.astype(dtype) for k, v in ops.items() if f"{k}[" in program}
+    ops["T" if "T[" in program else "r"].reshape(-1)[:3] = 0.0   # (0 / x, sqrt(0), relu(-0))
+    assert _kernels(program, **ops) == ["rows+epilogue"]
+    got = [spfuse.evaluate(program, num_threads=t, **ops) for t in (1, 2)]
+    assert got[0].tobytes() == got[1].tobytes()
+    np.testing.assert_array_equal(got[0], spfuse.evaluate(program, fusion="none", **ops))
+    want = oracle({k: v.astype(np.float64) for k, v in ops.items()})
+    np.testing.assert_allclose(got[0], want, **(dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else
+                                                dict(rtol=1e-12, atol=1e-12)))
+
+
+def test_small_element_wise_programs_stay_numpy_passes(rng):
+    ops = {"T": rng.standard_normal((30, 20)), "r": rng.random(30) + 0.5}
+    assert _kernels("Y[i,h] = T[i,h] / r[i]", **ops) == ["generic"]
+
+
+def test_an_attention_layer_divides_in_one_parallel_pass(rng):
+    # the pattern program's SpMM rows and row sums, then Y = T / s[i] over the rows
+    A = _matrix(rng, 3000, 3000, density=0.003)
+    ops = {"B": A, "Q": rng.standard_normal((3000, 8)), "K": rng.standard_normal((3000, 8)),
+           "V": rng.standard_normal((3000, 64))}
+    program = ("S[i,j] = B[i,j] * Q[i,k] * K[j,k]; E[i,j] = B[i,j] * exp(S[i,j]); "
+               "Y[i,h] = E[i,j] * V[j,h] / sum(j, E[i,j])")
+    assert _kernels(program, **ops)[-1] == "rows+epilogue"
+    got = spfuse.evaluate(program, **ops)
+    S = A.toarray() * (ops["Q"] @ ops["K"].T)
+    E = A.toarray() * np.exp(S)
+    sums = E.sum(1)
+    want = np.where(sums[:, None] == 0, 0, (E @ ops["V"]) / np.where(sums == 0, 1, sums)[:, None])
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("program", ["Z[A,b] = X[a,A] * Y[a,b] * s", "Z[A,b] = relu(X[a,A] * Y[a,b] * s + c[b])"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (5, 3, 4)])
+def test_a_scaled_gemm_keeps_its_scale(program, shape, rng):
+    # (a gemm scaled by its route runs as before; its scale was once dropped
+    # on the way into the epilogue: einsum('aA,ab,', x, y, 0.0) gave x*y)
+    a, A, b = shape
+    ops = {"X": rng.standard_normal((a, A)), "Y": rng.standard_normal((a, b)), "c": rng.standard_normal(b)}
+    used = {k: v for k, v in ops.items() if f"{k}[" in program}
+    for s in (0.0, 2.5):
+        want = s * (ops["X"].T @ ops["Y"])
+        if "relu" in program:
+            want = np.maximum(want + ops["c"], 0)
+        np.testing.assert_allclose(spfuse.evaluate(program, s=np.float64(s), **used), want, rtol=1e-12, atol=1e-12)

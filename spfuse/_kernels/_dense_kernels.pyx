@@ -21,7 +21,7 @@
 """
 cimport cython
 from cython cimport floating
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.math cimport fabs, log, sqrt, tanh
 from libc.stdint cimport int64_t
 from libc.stdlib cimport free, malloc
@@ -282,6 +282,50 @@ cdef inline double _unary(int op, double x) noexcept nogil:
     elif op == UNARY_SQRT:
         return sqrt(x)
     return -x
+
+
+cdef enum:
+    ROW_SEGMENT = 256   # columns of a row a standalone epilogue works on at a time
+
+
+def rows_program(object epilogue, floating[:, ::1] out, int num_threads=1):
+    """rows_program(epilogue, out, num_threads=1)
+
+    ``out`` (m x K, C-ordered) computed by a register program alone, as
+    :func:`gemm`'s epilogue but with no product (register 0 holds zeros and
+    nothing reads it): element-wise work over dense arrays
+    (``T / r[i]``, ``relu(T + b[k]) * M``) in one pass over the result,
+    segment by segment of each row while in cache, on ``num_threads``
+    threads (numpy's element-wise loops run one operation per pass, on one
+    thread).  A vector result is one row (its vectors are ``EPI_COL``
+    arguments).  Static segments: the same arithmetic on any team.
+    """
+    cdef _Epilogue epi
+    keep = _epilogue_from(epilogue, &epi)
+    cdef Py_ssize_t m = out.shape[0], K = out.shape[1]
+    if m == 0 or K == 0:
+        return
+    cdef Py_ssize_t nseg = (K + ROW_SEGMENT - 1) // ROW_SEGMENT
+    cdef Py_ssize_t tasks = m * nseg, t, i, k0, kw, c
+    cdef floating* o0 = &out[0, 0]
+    cdef double* regs
+    cdef int failed = 0
+    with nogil, parallel(num_threads=num_threads if tasks > 1 else 1):
+        regs = <double*>malloc(epi.n_regs * ROW_SEGMENT * sizeof(double))
+        for t in prange(tasks, schedule="static"):
+            if regs == NULL:
+                failed += 1
+            else:
+                i = t // nseg
+                k0 = (t % nseg) * ROW_SEGMENT
+                kw = min(<Py_ssize_t>ROW_SEGMENT, K - k0)
+                memset(regs, 0, kw * sizeof(double))
+                _run_epilogue(&epi, regs, kw, i, k0, K)
+                for c in range(kw):
+                    o0[i * K + k0 + c] = <floating>regs[epi.out_reg * kw + c]
+        free(regs)
+    if failed:
+        raise MemoryError("rows_program: cannot allocate the registers")
 
 
 def map_unary(const floating[::1] values, int op_code, floating[::1] out, int num_threads=1):

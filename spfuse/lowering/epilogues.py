@@ -29,6 +29,7 @@ Measured at 100k rows, 10 per row, K=64 (``relu(A·X)``): see BENCHMARKS.md.
 """
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,11 @@ __all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
 KERNELS = {"spmm": "spmm+epilogue", "spmv": "spmv+epilogue", "gemm": "gemm+epilogue"}
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+#: an element-wise group with no product to finish runs as a program of its
+#: own (``rows_program``: one pass, in parallel) from this many result elements;
+#: below, its numpy passes cost less than setting the program up
+ROWS_MIN_ELEMENTS = 1 << 16
 
 
 def fuse_epilogues(plan, groups: tuple) -> tuple:
@@ -78,10 +84,17 @@ def fuse_epilogues(plan, groups: tuple) -> tuple:
             merged[n] = type(g)(g.node, head.ops + g.ops, g.outputs, KERNELS[head.kernel], head.names,
                                 head.einsum, epilogue=(head, g, program))
             dropped.add(m)
-    for n, g in enumerate(groups):   # a product scaled by its route (``2.5 * A·x``): the scale as the tail
-        if n not in merged and n not in dropped and _routed(g) and g.route.scalars and len(g.outputs) == 1:
+    for n, g in enumerate(groups):
+        if n in merged or n in dropped or len(g.outputs) != 1:
+            continue
+        if _routed(g) and g.route.scalars:   # a product scaled by its route (``2.5 * A·x``): the scale as the tail
             merged[n] = type(g)(g.node, g.ops, g.outputs, KERNELS[g.kernel], g.names, g.einsum, g.route,
                                 epilogue=(g, None, ((), 0, 1)))
+        elif g.entrywise is not None and g.outputs == (g.ops[-1].out,) and \
+                prod(plan.shapes[g.outputs[0]]) >= ROWS_MIN_ELEMENTS:   # no head: a program of its own
+            program = _program(plan, g, None, len(plan.shapes[g.outputs[0]]), temporaries=True)
+            if program is not None:
+                merged[n] = type(g)(g.node, g.ops, g.outputs, "rows+epilogue", epilogue=(None, g, program))
     return tuple(merged.get(n, g) for n, g in enumerate(groups) if n not in dropped)
 
 
@@ -90,7 +103,8 @@ def _routed(head) -> bool:
     itself (not transposed, not kept on a pattern)?"""
     r = head.route
     if head.kernel == "gemm":
-        return r is not None and not r.names[4]   # (gemm's roles: the result not written transposed)
+        # (gemm's roles: the result not written transposed; a scaled product keeps its own run)
+        return r is not None and not r.names[4] and not r.scalars
     return head.kernel in KERNELS and r is not None and not r.out_swapped and r.pattern is None
 
 
@@ -111,13 +125,16 @@ def _head(plan, g, n: int, groups, producer, readers) -> int | None:
     return m
 
 
-def _program(plan, g, product: str, ndim: int) -> tuple | None:
+def _program(plan, g, product: str | None, ndim: int, temporaries: bool = False) -> tuple | None:
     """The tail as instructions ``(opcode, destination, args)``, each
     argument ``(kind, what, coefficient)`` -- ``what`` a register, a
     constant or an operand's name (resolved per call) -- and the output
     register; None when an operation or operand is not one the kernel runs.
     ``ndim``: the product's (2: SpMM's rows; 1: SpMV's, whose kernel takes a
-    vector along its rows as one along its segment, a "column")."""
+    vector along its rows as one along its segment, a "column").
+    ``product`` None: no product (register 0 unread); ``temporaries``: other
+    groups' results may be read too (an element-wise group's operands are
+    dense ones; the run checks)."""
     out_ix = tuple(g.ops[0].out_indices)
     if len(out_ix) != ndim:
         return None
@@ -145,7 +162,7 @@ def _program(plan, g, product: str, ndim: int) -> tuple | None:
                 args.append(("register", registers[a.name], c))
                 continue
             info = plan.inputs.get(a.name)
-            if info is None or info.is_sparse:
+            if (info is None and not temporaries) or (info is not None and info.is_sparse):
                 return None
             kind = kinds.get(ix)
             if kind is None:
@@ -208,6 +225,8 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     from spfuse.lowering import groups as lowering
     head, tail, program = g.epilogue
     parts = (head,) if tail is None else (head, tail)
+    if head is None:
+        return _run_rows(plan, g, env, nt)
     if head.kernel == "gemm":
         return _run_gemm_epilogue(plan, g, env, nt)
     found = lowering._routed_operands(plan, head, env, nt)
@@ -252,5 +271,24 @@ def _run_gemm_epilogue(plan, g, env: dict, nt: int) -> dict:
     out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
     _dense_kernels.gemm(X, Y, out, nt, xt, yt, epilogue)
+    del keep
+    return {name: out}
+
+
+def _run_rows(plan, g, env: dict, nt: int) -> dict:
+    """An element-wise group run as a register program of its own over the
+    rows of its result (``_dense_kernels.rows_program``), or as numpy
+    passes when an operand is a sparse temporary (kept on a pattern)."""
+    from spfuse._kernels import _dense_kernels
+    from spfuse.lowering import groups as lowering
+    _, tail, program = g.epilogue
+    made = {op.out for op in tail.ops}
+    if any(not env[r.name].format.is_dense for op in tail.ops for r in op.refs if r.name not in made):
+        return lowering._run_group(plan, tail, env, nt)
+    epilogue, keep = _encoded(program, env, 1.0, False)
+    name = g.outputs[0]
+    shape = tuple(plan.shapes[name])
+    out = _result(shape, _F64)
+    _dense_kernels.rows_program(epilogue, out.reshape(1, -1) if len(shape) == 1 else out, nt)
     del keep
     return {name: out}

@@ -98,6 +98,8 @@ class Group:
             how = self.entrywise.describe()
         if self.epilogue:
             head, tail, _ = self.epilogue
+            if head is None:
+                return f"one pass over the result's rows, in parallel (a register program): {what}"
             if tail is None:
                 return f"{head.describe()} (the factor applied in the kernel, as each row is stored)"
             return (f"{head.describe()}; then in the kernel, as each row is stored: "
@@ -1045,6 +1047,8 @@ def lower_groups(plan):
     from spfuse.lowering.templates import SIGNATURES
     roles = {}
     for part in (p for g in groups for p in g.summed[:-1] or g.epilogue[:1] or (g,)):
+        if part is None:   # (an element-wise program of its own: dense operands)
+            continue
         if part.kernel == "gemm":
             roles.update({part.names[0]: "dense", part.names[1]: "dense"})
         elif part.kernel == "values":
@@ -1089,6 +1093,8 @@ def _checked_in_kernel(plan, groups) -> frozenset:
     def plain(g, name) -> bool:
         if g.epilogue:   # (the SpMM reads it; the tail reads dense operands only)
             g = g.epilogue[0]
+            if g is None:
+                return False
         r = g.route
         if g.kernel not in CHECKS_INDICES or r is None or r.merged or r.flipped or r.pattern is not None:
             return False
