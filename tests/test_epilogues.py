@@ -143,23 +143,36 @@ def test_explain_shows_the_tail(rng):
 _TAIL_OPS = ["relu", "abs", "neg", "sqrt", "+b", "-R", "*r", "/r", "*2", "+1"]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(m=st.integers(0, 14), n=st.integers(0, 9), k=st.integers(1, 20), density=st.floats(0.0, 1.0),
        tail=st.lists(st.sampled_from(_TAIL_OPS), min_size=1, max_size=4), f32=st.booleans(),
-       vector=st.booleans(), nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
-@example(m=1, n=2, k=1, density=1.0, tail=["*r"], f32=False, vector=False, nt=1, seed=0)   # fused whole
-def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed):
-    """Random chains of element-wise operations after an SpMM or an SpMV
-    (operands along rows, columns or whole, constants; empty shapes and
-    rows): numpy's values, and the group-by-group run's bits."""
+       vector=st.booleans(), nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16),
+       head=st.sampled_from(["spmm", "gemm", "scaled gemm", "alone"]))
+@example(m=1, n=2, k=1, density=1.0, tail=["*r"], f32=False, vector=False, nt=1, seed=0, head="spmm")  # fused whole
+@example(m=3, n=2, k=4, density=1.0, tail=["relu"], f32=False, vector=False, nt=1, seed=1, head="scaled gemm")
+def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed, head):
+    """Random chains of element-wise operations after an SpMM or an SpMV, a
+    dense product (scaled by a 0-d operand or not), or alone over a dense
+    operand large enough to run as a program of its own (operands along
+    rows, columns or whole, constants; empty shapes and rows): numpy's
+    values, and the group-by-group run's bits."""
     rng = np.random.default_rng(seed)
     dtype = np.float32 if f32 else np.float64
+    if head == "alone":   # past ROWS_MIN_ELEMENTS
+        m, k = (70000, 1) if vector else (700, 100)
     A = _matrix(rng, m, n, density=density, dtype=dtype)
-    ops = {"A": A, "X": rng.standard_normal((n, k)).astype(dtype), "b": rng.standard_normal(k).astype(dtype),
-           "R": rng.standard_normal((m, k)).astype(dtype), "r": (rng.random(m) + 0.5).astype(dtype)}
+    ops = {"A": A if head == "spmm" else A.toarray(), "X": rng.standard_normal((n, k)).astype(dtype),
+           "b": rng.standard_normal(k).astype(dtype), "R": rng.standard_normal((m, k)).astype(dtype),
+           "r": (rng.random(m) + 0.5).astype(dtype), "T": rng.standard_normal((m, k)).astype(dtype)}
     if vector:   # y[i]: the tail's operands along the rows only
-        ops.update(X=ops["X"][:, 0].copy(), b=ops["r"], R=rng.standard_normal(m).astype(dtype))
-    expr, want = "A[i,j] * X[j,k]", ops["A"].toarray().astype(np.float64) @ ops["X"].astype(np.float64)
+        ops.update(X=ops["X"][:, 0].copy(), b=ops["r"], R=rng.standard_normal(m).astype(dtype),
+                   T=ops["T"][:, 0].copy())
+    expr, want = "A[i,j] * X[j,k]", A.toarray().astype(np.float64) @ ops["X"].astype(np.float64)
+    if head == "scaled gemm":
+        ops["s"] = np.asarray(1.5, dtype)
+        expr, want = "A[i,j] * X[j,k] * s", 1.5 * want
+    elif head == "alone":
+        expr, want = "T[i,k]", ops["T"].astype(np.float64)
     rows = ops["r"] if vector else ops["r"][:, None]
     with np.errstate(all="ignore"):
         for t in tail:
@@ -180,10 +193,10 @@ def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed):
             else:
                 expr, want = f"({expr}) + 1", want + 1
     if vector:
-        for old, new in (("X[j,k]", "X[j]"), ("b[k]", "b[i]"), ("R[i,k]", "R[i]")):
+        for old, new in (("X[j,k]", "X[j]"), ("b[k]", "b[i]"), ("R[i,k]", "R[i]"), ("T[i,k]", "T[i]")):
             expr = expr.replace(old, new)
     program = f"Y[i] = {expr}" if vector else f"Y[i,k] = {expr}"
-    used = {name: v for name, v in ops.items() if f"{name}[" in program}
+    used = {name: v for name, v in ops.items() if f"{name}[" in program or (name == "s" and "* s" in program)}
     got = spfuse.evaluate(program, num_threads=nt, **used)
     np.testing.assert_allclose(got, want, **(dict(rtol=1e-3, atol=1e-3) if f32 else dict(rtol=1e-10, atol=1e-10)),
                                equal_nan=True)
