@@ -220,6 +220,19 @@ cdef inline Py_ssize_t _first_out_of_range(const index_t* ind, Py_ssize_t start,
     return -1
 
 
+cdef inline Py_ssize_t _checked_run(const index_t* ind, const index_t* ip, Py_ssize_t s0, Py_ssize_t r1,
+                                    Py_ssize_t rows, Py_ssize_t n, Py_ssize_t* bad) noexcept nogil:
+    """The end of the run of up to ``rows`` rows from ``s0`` (not past
+    ``r1``) once its indices are checked in one pass; -1, with the position
+    of a bad index in ``bad[0]``, when one is outside ``[0, n)``."""
+    cdef Py_ssize_t s1 = min(s0 + rows, r1)
+    cdef Py_ssize_t q = _first_out_of_range(ind, ip[s0], ip[s1], n)
+    if q >= 0:
+        bad[0] = q
+        return -1
+    return s1
+
+
 cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
                                Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order
@@ -412,7 +425,7 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef Workspaces ws
     cdef void** wsp = NULL
     cdef double* regs
-    cdef Py_ssize_t s0, s1, k, q
+    cdef Py_ssize_t s0, s1, k
     cdef int failed = 0
     if has_epi:
         keep = _epilogue_from(epilogue, &epi)
@@ -437,10 +450,8 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                         continue
                     s0 = r0
                     while s0 < r1:
-                        s1 = min(s0 + EPILOGUE_ROWS, r1)
-                        q = _first_out_of_range(ind, ip[s0], ip[s1], n)
-                        if q >= 0:
-                            badp[0] = q
+                        s1 = _checked_run(ind, ip, s0, r1, EPILOGUE_ROWS, n, badp)
+                        if s1 < 0:
                             break
                         for i in range(s0, s1):
                             regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
@@ -451,10 +462,8 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
                 else:
                     s0 = r0
                     while s0 < r1:   # runs of rows: their indices checked in one pass, then read
-                        s1 = min(s0 + CHECKED_ROWS, r1)
-                        q = _first_out_of_range(ind, ip[s0], ip[s1], n)
-                        if q >= 0:
-                            badp[0] = q
+                        s1 = _checked_run(ind, ip, s0, r1, CHECKED_ROWS, n, badp)
+                        if s1 < 0:
                             break
                         for i in range(s0, s1):
                             op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
@@ -566,7 +575,7 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
     Preconditions: ``len(w) == m``, ``len(x) == n``, ``nblocks >= 1``.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nch, ch, b, i, r0, r1, s0, s1, q, nb = nblocks
+    cdef Py_ssize_t nch, ch, b, i, r0, r1, s0, s1, nb = nblocks
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
@@ -598,10 +607,8 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
                 acc = 0.0
                 s0 = r0
                 while s0 < r1:   # runs of rows: their indices checked in one pass, then read
-                    s1 = min(s0 + CHECKED_ROWS, r1)
-                    q = _first_out_of_range(ind, ip[s0], ip[s1], n)
-                    if q >= 0:
-                        badp[0] = q
+                    s1 = _checked_run(ind, ip, s0, r1, CHECKED_ROWS, n, badp)
+                    if s1 < 0:
                         break
                     for i in range(s0, s1):
                         acc = acc + <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1])
