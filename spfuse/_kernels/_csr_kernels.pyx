@@ -49,7 +49,7 @@ Conventions shared by every routine of this module
 """
 cimport cython
 from cython cimport floating
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport prange
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.math cimport INFINITY, fabs, sqrt
@@ -69,7 +69,10 @@ from spfuse._kernels._epilogue cimport (
     EPI_ROW, EPI_SQRT, EPI_SUB, _Epilogue, _epilogue_from, _run_epilogue,
 )
 from spfuse._kernels._leaves cimport _add_partials, _dot
-from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
+from spfuse._kernels._parallel cimport (
+    DYNAMIC_BLOCKS, FIXED_BLOCKS, FIXED_BLOCKS_STATIC, TEAM, block_body, for_rows, split,
+)
+from spfuse._kernels._interrupt cimport spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport (
     SDDMM_DIV, SDDMM_DOT, SDDMM_MUL, index_t,
 )
@@ -157,43 +160,6 @@ def _set_spmm_t_team_min_bytes(Py_ssize_t nbytes):
 # --------------------------------------------------------------------------
 # small nogil helpers
 # --------------------------------------------------------------------------
-cdef inline Py_ssize_t _num_blocks(Py_ssize_t m, int num_threads, int per_thread) noexcept nogil:
-    """Number of row blocks for ``m`` rows (0 when ``m == 0``)."""
-    cdef Py_ssize_t nb
-    if m <= 0:
-        return 0
-    if num_threads <= 1:
-        return 1
-    nb = <Py_ssize_t>num_threads * per_thread
-    return nb if nb < m else m
-
-
-cdef inline Py_ssize_t _split(const index_t* ptr, Py_ssize_t m, Py_ssize_t b,
-                              Py_ssize_t nb) noexcept nogil:
-    """First row of block ``b`` of ``nb`` blocks balancing ``ptr[r] + r``.
-
-    ``ptr`` is a non-decreasing prefix array of ``m + 1`` entries (e.g. an
-    indptr).  Block ``b`` is ``[_split(b), _split(b + 1))``; blocks are
-    disjoint and cover ``[0, m)``.  O(log m).
-    """
-    cdef Py_ssize_t lo, hi, mid
-    cdef double target
-    if b <= 0:
-        return 0
-    if b >= nb:
-        return m
-    target = (<double>(ptr[m] - ptr[0]) + <double>m) * (<double>b / <double>nb)
-    lo = 0
-    hi = m
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if <double>(ptr[mid] - ptr[0]) + <double>mid < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
 cdef enum:
     CHECKED_ROWS = 256   # rows whose indices a kernel checks in one pass before it reads through them
 
@@ -355,21 +321,9 @@ cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
     return &a[0] if a.shape[0] > 0 else NULL
 
 
-cdef inline Py_ssize_t _sub(const index_t* ptr, Py_ssize_t c0, Py_ssize_t c1, Py_ssize_t b,
-                            Py_ssize_t nb) noexcept nogil:
-    """First row of block ``b`` of ``nb`` blocks of the chunk ``[c0, c1)`` (as _split)."""
-    return c0 + _split(ptr + c0, c1 - c0, b, nb)
-
-
-cdef inline Py_ssize_t _block_chunk(const index_t* ptr, Py_ssize_t m, Py_ssize_t b, Py_ssize_t nb,
-                                    Py_ssize_t c, Py_ssize_t nch) noexcept nogil:
-    """First row of chunk ``c`` of ``nch`` within fixed block ``b`` of ``nb``.
-
-    The kernels whose partial results follow fixed blocks (``spmv_t``,
-    ``bilinear``, ``col_extremum``) run each block's rows in ``nch``
-    interruptible chunks: the blocks, never the chunks or the threads,
-    decide which rows a partial result holds."""
-    return _sub(ptr, _split(ptr, m, b, nb), _split(ptr, m, b + 1, nb), c, nch)
+cdef inline const floating* _mptr(const floating[:, ::1] a) noexcept nogil:
+    """A C-ordered matrix's first element, NULL when it has none."""
+    return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else NULL
 
 
 def _set_chunk_work(double units):
@@ -385,6 +339,47 @@ def _set_chunk_work(double units):
 # --------------------------------------------------------------------------
 # SpMV, SpMM, SDDMM
 # --------------------------------------------------------------------------
+cdef struct _SpmvArgs:
+    const void* x
+    void* out
+    size_t n
+    Py_ssize_t* bad
+    const _Epilogue* epi
+    _Epilogue epi_store
+    void** wsp
+
+
+cdef int _spmv_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                    const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`spmv`'s rows ``[r0, r1)``: runs of rows whose indices are checked
+    in one pass, then read; with an epilogue, segments of rows through it in cache."""
+    cdef const _SpmvArgs* a = <const _SpmvArgs*>ctx
+    cdef const floating* xp = <const floating*>a.x
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t s0 = r0, s1, i, k
+    cdef Py_ssize_t rows = CHECKED_ROWS if a.epi == NULL else EPILOGUE_ROWS
+    cdef double* regs = NULL
+    if a.epi != NULL:
+        regs = <double*>ws_get(a.wsp, 1, 0, a.epi.n_regs * EPILOGUE_ROWS * sizeof(double))
+        if regs == NULL:
+            return -1
+    while s0 < r1:
+        s1 = _checked_run(ind, ip, s0, r1, rows, a.n, a.bad)
+        if s1 < 0:
+            break
+        if a.epi == NULL:
+            for i in range(s0, s1):
+                op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+        else:
+            for i in range(s0, s1):
+                regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
+            _run_epilogue(a.epi, regs, s1 - s0, 0, s0, 0)
+            for k in range(s1 - s0):
+                op[s0 + k] = <floating>regs[a.epi.out_reg * (s1 - s0) + k]
+        s0 = s1
+    return 0
+
+
 def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
          const floating[::1] x, floating[::1] out, int num_threads, Py_ssize_t n_cols=-1,
          object epilogue=None):
@@ -408,70 +403,25 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     memory bound.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1
     cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* val = _fptr(data)
-    cdef const floating* xp = NULL if x is None else _fptr(x)
-    cdef floating* op = &out[0] if m > 0 else NULL
-    cdef size_t n
+    cdef _SpmvArgs a
     if x is None and n_cols < 0:
         raise ValueError("spmv: row sums (x None) need n_cols >= 0")
-    n = <size_t>(n_cols if x is None else x.shape[0])
+    a.n = <size_t>(n_cols if x is None else x.shape[0])
+    a.x = NULL if x is None else _fptr(x)
+    a.out = &out[0] if m > 0 else NULL
     cdef Py_ssize_t bad = -1
-    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
-    cdef _Epilogue epi
-    cdef bint has_epi = epilogue is not None
+    a.bad = &bad   # written by any thread that finds one (any position will do)
     cdef Workspaces ws
-    cdef void** wsp = NULL
-    cdef double* regs
-    cdef Py_ssize_t s0, s1, k
-    cdef int failed = 0
-    if has_epi:
-        keep = _epilogue_from(epilogue, &epi)
+    a.epi = NULL
+    if epilogue is not None:
+        keep = _epilogue_from(epilogue, &a.epi_store)
+        a.epi = &a.epi_store
         ws = Workspaces(num_threads, 1)
-        wsp = ws.ptr
+        a.wsp = ws.ptr
     # work: a random gather per entry (~2 units)
-    cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil:
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                if has_epi:   # segments of rows through the epilogue, each in cache
-                    regs = <double*>ws_get(wsp, 1, 0, epi.n_regs * EPILOGUE_ROWS * sizeof(double))
-                    if regs == NULL:
-                        failed += 1
-                        continue
-                    s0 = r0
-                    while s0 < r1:
-                        s1 = _checked_run(ind, ip, s0, r1, EPILOGUE_ROWS, n, badp)
-                        if s1 < 0:
-                            break
-                        for i in range(s0, s1):
-                            regs[i - s0] = <double><floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
-                        _run_epilogue(&epi, regs, s1 - s0, 0, s0, 0)
-                        for k in range(s1 - s0):
-                            op[s0 + k] = <floating>regs[epi.out_reg * (s1 - s0) + k]
-                        s0 = s1
-                else:
-                    s0 = r0
-                    while s0 < r1:   # runs of rows: their indices checked in one pass, then read
-                        s1 = _checked_run(ind, ip, s0, r1, CHECKED_ROWS, n, badp)
-                        if s1 < 0:
-                            break
-                        for i in range(s0, s1):
-                            op[i] = <floating>_gather_dot(ind, val, xp, ip[i], ip[i + 1])
-                        s0 = s1
-        if failed:
-            raise MemoryError("spmv: cannot allocate the thread workspace")
-        if bad >= 0:
-            break
+    for_rows("spmv", <block_body>_spmv_rows[floating, index_t], &a, _fptr(data), ip, _iptr(indices), ip, NULL,
+             m, 2.0 * <double>(ip[m] - ip[0] + m), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, &bad)
     return bad
 
 
@@ -499,16 +449,13 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t n = out.shape[0]
-    cdef Py_ssize_t nch, ch, b, i, p, r0, r1, nb = nblocks
+    cdef Py_ssize_t b, p, nb = nblocks
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
     cdef const floating* xp = NULL if x is None else _fptr(x)
-    cdef double xi = 1.0
-    cdef double* acc
-    cdef index_t c
-    cdef Py_ssize_t bad = -1
-    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one (any position will do)
+    cdef Py_ssize_t bad = -1   # written by any thread that finds one (any position will do)
+    cdef _ScatterArgs a
     if nb < 1:
         raise ValueError(f"spmv_t: nblocks must be >= 1, got {nblocks}")
     if m <= 0 or n == 0:
@@ -531,27 +478,12 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
             accs[0] = &out[0]
         for b in range(own, nb):
             accs[b] = &parts[b - own, 0]
+        a.accs, a.x, a.n, a.bad = accs, xp, n, &bad
         # work: a random scatter per entry (~2 units)
-        nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
-        for ch in range(nch):
-            if ch > 0:
-                PyErr_CheckSignals()
-            with nogil:
-                for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                    r0 = _block_chunk(ip, m, b, nb, ch, nch)
-                    r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
-                    acc = accs[b]
-                    for i in range(r0, r1):
-                        if xp != NULL:
-                            xi = <double>xp[i]
-                        for p in range(ip[i], ip[i + 1]):
-                            c = ind[p]
-                            if <size_t>c >= <size_t>n:
-                                badp[0] = p
-                                break
-                            acc[c] += <double>val[p] * xi
-            if bad >= 0:
-                return bad
+        for_rows("spmv_t", <block_body>_spmv_t_rows[floating, index_t], &a, val, ip, ind, ip, NULL, m,
+                 2.0 * <double>(ip[m] - ip[0] + m), num_threads, FIXED_BLOCKS_STATIC, nb, &bad)
+        if bad >= 0:
+            return bad
         if nb == own:
             return -1  # float64 on one block: ``out`` holds the sums already
         with nogil:
@@ -559,6 +491,56 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     finally:
         free(accs)
     return -1
+
+
+cdef struct _ScatterArgs:
+    double** accs   # block b's partial (spmv_t) or sum (bilinear)
+    const void* x
+    const void* w
+    Py_ssize_t n
+    Py_ssize_t* bad
+
+
+cdef int _spmv_t_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                      const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`spmv_t`'s rows ``[r0, r1)`` of block ``b``, scattered into its partial."""
+    cdef const _ScatterArgs* a = <const _ScatterArgs*>ctx
+    cdef const floating* xp = <const floating*>a.x
+    cdef double* acc = a.accs[b]
+    cdef double xi = 1.0
+    cdef Py_ssize_t i, p
+    cdef size_t n = <size_t>a.n
+    cdef index_t c
+    for i in range(r0, r1):
+        if xp != NULL:
+            xi = <double>xp[i]
+        for p in range(ip[i], ip[i + 1]):
+            c = ind[p]
+            if <size_t>c >= n:
+                a.bad[0] = p
+                break
+            acc[c] += <double>val[p] * xi
+    return 0
+
+
+cdef int _bilinear_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                        const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`bilinear`'s rows ``[r0, r1)`` of block ``b``, summed into its sum:
+    runs of rows whose indices are checked in one pass, then read."""
+    cdef const _ScatterArgs* a = <const _ScatterArgs*>ctx
+    cdef const floating* wp = <const floating*>a.w
+    cdef const floating* xp = <const floating*>a.x
+    cdef Py_ssize_t i, s0 = r0, s1
+    cdef double acc = 0.0   # summed in a private variable, stored once: the blocks' sums share a cache line
+    while s0 < r1:
+        s1 = _checked_run(ind, ip, s0, r1, CHECKED_ROWS, a.n, a.bad)
+        if s1 < 0:
+            break
+        for i in range(s0, s1):
+            acc = acc + <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1])
+        s0 = s1
+    a.accs[0][b] += acc
+    return 0
 
 
 def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -575,16 +557,11 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
     Preconditions: ``len(w) == m``, ``len(x) == n``, ``nblocks >= 1``.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nch, ch, b, i, r0, r1, s0, s1, nb = nblocks
+    cdef Py_ssize_t b, nb = nblocks
     cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* val = _fptr(data)
-    cdef const floating* wp = _fptr(w)
-    cdef const floating* xp = _fptr(x)
-    cdef size_t n = <size_t>x.shape[0]
     cdef Py_ssize_t bad = -1
-    cdef Py_ssize_t* badp = &bad
-    cdef double total = 0.0, acc
+    cdef double total = 0.0
+    cdef _ScatterArgs a
     if nb < 1:
         raise ValueError(f"bilinear: nblocks must be >= 1, got {nblocks}")
     if m <= 0:
@@ -593,29 +570,13 @@ def bilinear(const index_t[::1] indptr, const index_t[::1] indices, const floati
         nb = m
     cdef double[::1] sums = np.zeros(nb)
     cdef double* sp = &sums[0]
-    nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        with nogil:
-            # (dynamic: a thread whose core another process takes over leaves
-            # the remaining blocks to its teammate)
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                r0 = _block_chunk(ip, m, b, nb, ch, nch)
-                r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
-                # summed in a private variable, stored once: the blocks' sums share a cache line
-                acc = 0.0
-                s0 = r0
-                while s0 < r1:   # runs of rows: their indices checked in one pass, then read
-                    s1 = _checked_run(ind, ip, s0, r1, CHECKED_ROWS, n, badp)
-                    if s1 < 0:
-                        break
-                    for i in range(s0, s1):
-                        acc = acc + <double>wp[i] * _gather_dot(ind, val, xp, ip[i], ip[i + 1])
-                    s0 = s1
-                sp[b] = sp[b] + acc
-        if bad >= 0:
-            return 0.0, bad
+    a.accs, a.w, a.x, a.n, a.bad = &sp, _fptr(w), _fptr(x), x.shape[0], &bad
+    # (dynamic: a thread whose core another process takes over leaves the
+    # remaining blocks to its teammate)
+    for_rows("bilinear", <block_body>_bilinear_rows[floating, index_t], &a, _fptr(data), ip, _iptr(indices), ip,
+             NULL, m, 2.0 * <double>(ip[m] - ip[0] + m), num_threads, FIXED_BLOCKS, nb, &bad)
+    if bad >= 0:
+        return 0.0, bad
     for b in range(nb):
         total += sp[b]
     return total, -1
@@ -672,27 +633,34 @@ def row_extremum(const index_t[::1] indptr, const floating[::1] data, floating[:
     its implicit zeros), ``n_cols >= 1``.  Indices are not read.
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1
     cdef const index_t* ip = &indptr[0]
-    cdef const floating* val = _fptr(data)
-    cdef floating* op = &out[0] if m > 0 else NULL
+    cdef _ExtremumArgs a
+    a.out = &out[0] if m > 0 else NULL
+    a.n_cols = n_cols
+    a.is_min = is_min
+    for_rows("row_extremum", <block_body>_row_extremum_rows[floating, index_t], &a, _fptr(data), ip, NULL, ip,
+             NULL, m, <double>(ip[m] - ip[0] + m), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+
+
+cdef struct _ExtremumArgs:
+    void* out
+    Py_ssize_t n_cols
+    bint is_min
+
+
+cdef int _row_extremum_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                            const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`row_extremum`'s rows ``[r0, r1)``."""
+    cdef const _ExtremumArgs* a = <const _ExtremumArgs*>ctx
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t i
     cdef double acc
-    cdef Py_ssize_t nch = num_chunks(<double>(ip[m] - ip[0] + m), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil:
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    acc = _row_extremum(val, ip[i], ip[i + 1], is_min)
-                    if ip[i + 1] - ip[i] < n_cols:
-                        acc = _extremum(acc, 0.0, is_min)
-                    op[i] = <floating>acc
+    for i in range(r0, r1):
+        acc = _row_extremum(val, ip[i], ip[i + 1], a.is_min)
+        if ip[i + 1] - ip[i] < a.n_cols:
+            acc = _extremum(acc, 0.0, a.is_min)
+        op[i] = <floating>acc
+    return 0
 
 
 cdef inline void _start_extrema(double* e, Py_ssize_t n, Py_ssize_t width, double start) noexcept nogil:
@@ -735,6 +703,22 @@ cdef inline bint _has_empty_row(const index_t* ip, Py_ssize_t m) noexcept nogil:
     return False
 
 
+cdef struct _ColExtremaArgs:
+    double* extrema   # block b's at ``extrema + b * stride``
+    Py_ssize_t stride, width
+    unsigned char* nan_met
+    bint is_min
+
+
+cdef int _col_extremum_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                            const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`col_extremum`'s rows ``[r0, r1)`` of block ``b`` into its extrema."""
+    cdef const _ColExtremaArgs* a = <const _ColExtremaArgs*>ctx
+    if _scatter_extrema(ip, ind, val, a.extrema + b * a.stride, a.width, r0, r1, a.is_min, False):
+        a.nan_met[b] = 1
+    return 0
+
+
 def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
                  floating[::1] out, bint is_min, int nblocks, int num_threads):
     """col_extremum(indptr, indices, data, out, is_min, nblocks, num_threads)
@@ -755,7 +739,7 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t n = out.shape[0]
-    cdef Py_ssize_t nch, ch, b, j, r0, r1, nb = nblocks
+    cdef Py_ssize_t b, j, nb = nblocks
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* val = _fptr(data)
@@ -779,21 +763,15 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
     with nogil:   # each block's extrema set up by the thread that scatters into them
         for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
             _start_extrema(&ws[b, 0], n, width, start)
-    nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m) if m > 0 else 0
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        with nogil:
-            for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                r0 = _block_chunk(ip, m, b, nb, ch, nch)
-                r1 = _block_chunk(ip, m, b, nb, ch + 1, nch)
-                if _scatter_extrema(ip, ind, val, &ws[b, 0], width, r0, r1, is_min, False):
-                    nan_met[b] = 1
+    cdef _ColExtremaArgs a
+    a.extrema, a.stride, a.width, a.nan_met, a.is_min = &ws[0, 0], width * n, width, &nan_met[0], is_min
+    for_rows("col_extremum", <block_body>_col_extremum_rows[floating, index_t], &a, val, ip, ind, ip, NULL, m,
+             2.0 * <double>(ip[m] - ip[0] + m), num_threads, FIXED_BLOCKS_STATIC, nb, NULL)
     for b in range(nb):
         if nan_met[b]:   # redo the block's rows with the exact select (a NaN is rare)
             with nogil:
                 _start_extrema(&ws[b, 0], n, width, start)
-                _scatter_extrema(ip, ind, val, &ws[b, 0], width, _split(ip, m, b, nb), _split(ip, m, b + 1, nb),
+                _scatter_extrema(ip, ind, val, &ws[b, 0], width, split(ip, NULL, m, b, nb), split(ip, NULL, m, b + 1, nb),
                                  is_min, True)
     with nogil:
         for j in prange(n, schedule="static", num_threads=num_threads):
@@ -863,94 +841,104 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, k, k0, kw, q
+    cdef Py_ssize_t p
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
-    cdef const floating* val = _fptr(data)
-    cdef const floating* bp = &B[0, 0] if B.shape[0] > 0 and K > 0 else NULL
-    cdef floating* op = &out[0, 0] if m > 0 and K > 0 else NULL
-    cdef floating* orow
-    cdef double* acc
-    cdef int failed = 0
-    cdef Py_ssize_t annz = ip[m]
-    cdef size_t n = <size_t>B.shape[0]
     cdef Py_ssize_t bad = -1
-    cdef Py_ssize_t* badp = &bad  # written by any thread that finds one
-    cdef index_t c
-    cdef _Epilogue epi
-    cdef bint has_epi = epilogue is not None
-    cdef double* regs
+    cdef _SpmmArgs a
+    a.B = &B[0, 0] if B.shape[0] > 0 and K > 0 else NULL
+    a.out = &out[0, 0] if m > 0 and K > 0 else NULL
+    a.K = K
+    a.n = <size_t>B.shape[0]
+    a.annz = ip[m]
+    a.accumulate = accumulate
+    a.bad = &bad   # written by any thread that finds one
+    a.epi = NULL
     if tile < 0:
         raise ValueError(f"spmm: tile must be >= 0 (0 = untiled), got {tile}")
-    if has_epi:
+    if epilogue is not None:
         if accumulate:
             raise ValueError("spmm: an epilogue does not accumulate")
-        keep = _epilogue_from(epilogue, &epi)
-    else:
-        epi.n_regs = 0
+        keep = _epilogue_from(epilogue, &a.epi_store)
+        a.epi = &a.epi_store
     if m == 0:
         return -1
     if K == 0:  # nothing is gathered, but an index is still wrong when it is
-        for p in range(ip[0], annz):
-            if <size_t>ind[p] >= n:
+        for p in range(ip[0], a.annz):
+            if <size_t>ind[p] >= a.n:
                 return p
         return -1
-    if tile == 0 or tile > K:
-        tile = K
+    a.tile = K if tile == 0 or tile > K else tile
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     # work: K multiply-adds + a row fetch per entry
-    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            acc = <double*>ws_get(wsp, 1, 0, (1 + epi.n_regs) * tile * sizeof(double))
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if acc == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                if K <= SMALL_K and not has_epi:
-                    for i in range(r0, r1):
-                        q = _row_in_registers(ind, val, ip[i], ip[i + 1], bp, op + i * K, K, n, accumulate)
-                        if q >= 0:
-                            badp[0] = q
-                    continue
-                for i in range(r0, r1):
-                    orow = op + i * K
-                    k0 = 0
-                    while k0 < K:
-                        kw = K - k0
-                        if kw > tile:
-                            kw = tile
-                        memset(acc, 0, kw * sizeof(double))
-                        for p in range(ip[i], ip[i + 1]):
-                            c = ind[p]
-                            if <size_t>c >= n:
-                                badp[0] = p
-                                break
-                            if p + 2 < annz:  # a prefetch of a wild address is harmless
-                                _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
-                            _axpy(acc, <double>val[p], bp + <Py_ssize_t>c * K + k0, kw)
-                        if has_epi:
-                            regs = acc + tile
-                            for k in range(kw):
-                                regs[k] = <double><floating>acc[k]
-                            _run_epilogue(&epi, regs, kw, i, k0, K)
-                            _store_row(orow + k0, regs + epi.out_reg * kw, kw, False)
-                        else:
-                            _store_row(orow + k0, acc, kw, accumulate)
-                        k0 = k0 + kw
-        if failed:
-            raise MemoryError("spmm: cannot allocate the thread workspace")
-        if bad >= 0:
-            break
+    for_rows("spmm", <block_body>_spmm_rows[floating, index_t], &a, _fptr(data), ip, ind, ip, NULL, m,
+             <double>(a.annz - ip[0] + m) * <double>(K + 8), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD,
+             &bad)
     return bad
+
+
+cdef struct _SpmmArgs:
+    const void* B
+    void* out
+    Py_ssize_t K, tile, annz
+    size_t n
+    bint accumulate
+    Py_ssize_t* bad
+    const _Epilogue* epi
+    _Epilogue epi_store
+    void** wsp
+
+
+cdef int _spmm_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                    const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`spmm`'s rows ``[r0, r1)``: each row tile by tile into the
+    thread's accumulator (or in registers for ``K <= SMALL_K``), through
+    the epilogue if any, then stored."""
+    cdef const _SpmmArgs* a = <const _SpmmArgs*>ctx
+    cdef const floating* bp = <const floating*>a.B
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t K = a.K, tile = a.tile, annz = a.annz, i, p, k, k0, kw, q
+    cdef size_t n = a.n
+    cdef Py_ssize_t n_regs = 0 if a.epi == NULL else a.epi.n_regs
+    cdef double* acc = <double*>ws_get(a.wsp, 1, 0, (1 + n_regs) * tile * sizeof(double))
+    cdef double* regs
+    cdef floating* orow
+    cdef index_t c
+    if acc == NULL:
+        return -1
+    if K <= SMALL_K and a.epi == NULL:
+        for i in range(r0, r1):
+            q = _row_in_registers(ind, val, ip[i], ip[i + 1], bp, op + i * K, K, n, a.accumulate)
+            if q >= 0:
+                a.bad[0] = q
+        return 0
+    for i in range(r0, r1):
+        orow = op + i * K
+        k0 = 0
+        while k0 < K:
+            kw = K - k0
+            if kw > tile:
+                kw = tile
+            memset(acc, 0, kw * sizeof(double))
+            for p in range(ip[i], ip[i + 1]):
+                c = ind[p]
+                if <size_t>c >= n:
+                    a.bad[0] = p
+                    break
+                if p + 2 < annz:  # a prefetch of a wild address is harmless
+                    _prefetch_row(bp + <Py_ssize_t>ind[p + 2] * K + k0, kw * sizeof(floating))
+                _axpy(acc, <double>val[p], bp + <Py_ssize_t>c * K + k0, kw)
+            if a.epi != NULL:
+                regs = acc + tile
+                for k in range(kw):
+                    regs[k] = <double><floating>acc[k]
+                _run_epilogue(a.epi, regs, kw, i, k0, K)
+                _store_row(orow + k0, regs + a.epi.out_reg * kw, kw, False)
+            else:
+                _store_row(orow + k0, acc, kw, a.accumulate)
+            k0 = k0 + kw
+    return 0
 
 
 cdef Py_ssize_t[::1] _owned_ranges(const index_t* ind, Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t n,
@@ -1028,6 +1016,40 @@ cdef int _sum_terms(str kernel, tuple terms, const floating[::1] data, const flo
     return nterms
 
 
+cdef struct _SpmmTArgs:
+    const void** vals   # the terms' values (the first is the rows' own) and dense factors
+    const void** bps
+    int nterms
+    double* acc
+    const Py_ssize_t* owned   # teammate b owns output rows [owned[b], owned[b + 1])
+    Py_ssize_t n, K
+    Py_ssize_t* bad
+
+
+cdef int _spmm_t_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                      const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`spmm_t`'s rows ``[r0, r1)`` scattered by teammate ``b`` into the output rows it owns."""
+    cdef const _SpmmTArgs* a = <const _SpmmTArgs*>ctx
+    cdef const floating** vals = <const floating**>a.vals
+    cdef const floating** bps = <const floating**>a.bps
+    cdef Py_ssize_t j0 = a.owned[b], j1 = a.owned[b + 1], K = a.K, i, p, t
+    cdef size_t n = <size_t>a.n
+    cdef int nterms = a.nterms
+    cdef double* acc = a.acc
+    cdef index_t c
+    for i in range(r0, r1):
+        for p in range(ip[i], ip[i + 1]):
+            c = ind[p]
+            if <size_t>c >= n:
+                a.bad[0] = p
+                break
+            if <size_t>(c - j0) < <size_t>(j1 - j0):
+                _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bps[0] + i * K, K)
+                for t in range(1, nterms):
+                    _axpy(acc + <Py_ssize_t>c * K, <double>vals[t][p], bps[t] + i * K, K)
+    return 0
+
+
 def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
            const floating[:, ::1] B, floating[:, ::1] out, int num_threads=1, tuple terms=None):
     """spmm_t(indptr, indices, data, B, out, num_threads=1, terms=None) -> bad
@@ -1066,20 +1088,17 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t n = out.shape[0], K = out.shape[1]
-    cdef Py_ssize_t nch, ch, r0, r1, i, p, b, j0, j1, nb, t
+    cdef Py_ssize_t i, p, nb
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef const floating* vals[MAX_SUM_TERMS]
     cdef const floating* bps[MAX_SUM_TERMS]
     cdef int nterms = _sum_terms("spmm_t", terms, data, B, vals, bps)
     cdef const floating* val = vals[0]
-    cdef const floating* bp = bps[0]
     cdef floating* op
     cdef double* acc
     cdef double[::1] work
-    cdef index_t c
-    cdef Py_ssize_t bad = -1
-    cdef Py_ssize_t* badp = &bad   # written by any thread that finds one (any position will do)
+    cdef Py_ssize_t bad = -1   # written by any thread that finds one (any position will do)
     if m <= 0 or n == 0 or K == 0:   # nothing is scattered, but an index is still wrong when it is
         for p in range(ip[0] if m > 0 else 0, ip[m] if m > 0 else 0):
             if <size_t>ind[p] >= <size_t>n:
@@ -1102,30 +1121,15 @@ def spmm_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
     if nb > n:
         nb = n
     cdef Py_ssize_t[::1] owned = _owned_ranges(ind, ip[0], ip[m], n, nb)
-    # work: K multiply-adds per term + a row fetch per entry, as spmm's (chunks between interrupt checks)
-    nch = num_chunks(<double>(ip[m] - ip[0] + m) * <double>(nterms * K + 8), nb, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        r0 = _split(ip, m, ch, nch)
-        r1 = _split(ip, m, ch + 1, nch)
-        with nogil:
-            # (one block, the whole output, on one thread: the plain scatter)
-            for b in prange(nb, schedule="static", chunksize=1, num_threads=nb):
-                j0 = owned[b]
-                j1 = owned[b + 1]
-                for i in range(r0, r1):
-                    for p in range(ip[i], ip[i + 1]):
-                        c = ind[p]
-                        if <size_t>c >= <size_t>n:
-                            badp[0] = p
-                            break
-                        if <size_t>(c - j0) < <size_t>(j1 - j0):
-                            _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
-                            for t in range(1, nterms):
-                                _axpy(acc + <Py_ssize_t>c * K, <double>vals[t][p], bps[t] + i * K, K)
-        if bad >= 0:
-            return bad
+    cdef _SpmmTArgs a
+    a.vals, a.bps, a.nterms = <const void**>vals, <const void**>bps, nterms
+    a.acc, a.owned, a.n, a.K, a.bad = acc, &owned[0], n, K, &bad
+    # work: K multiply-adds per term + a row fetch per entry, as spmm's (chunks between interrupt checks);
+    # one teammate, the whole output, on one thread: the plain scatter
+    for_rows("spmm_t", <block_body>_spmm_t_rows[floating, index_t], &a, val, ip, ind, ip, NULL, m,
+             <double>(ip[m] - ip[0] + m) * <double>(nterms * K + 8), nb, TEAM, nb, &bad)
+    if bad >= 0:
+        return bad
     if floating is not double:
         for i in range(n * K):
             op[i] = <floating>acc[i]
@@ -1152,33 +1156,43 @@ def sddmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef Py_ssize_t K = C.shape[1]
-    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1, p
     cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* bv = _fptr(bdata)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
-    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
-    cdef double s
-    cdef Py_ssize_t annz = ip[m]
+    cdef _SddmmArgs a
+    a.C = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
+    a.Dt = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
+    a.out = &out_data[0] if out_data.shape[0] > 0 else NULL
+    a.K = K
+    a.annz = ip[m]
+    a.op = op
     # work: a K-dot + a row fetch per entry
-    cdef Py_ssize_t nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil:
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    for p in range(ip[i], ip[i + 1]):
-                        if p + 2 < annz:
-                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                        s = _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K)
-                        ov[p] = <floating>_sddmm_value(op, <double>bv[p], s)
+    for_rows("sddmm", <block_body>_sddmm_rows[floating, index_t], &a, _fptr(bdata), ip, _iptr(indices), ip,
+             NULL, m, <double>(a.annz - ip[0] + m) * <double>(K + 8), num_threads, DYNAMIC_BLOCKS,
+             BLOCKS_PER_THREAD, NULL)
+
+
+cdef struct _SddmmArgs:
+    const void* C
+    const void* Dt
+    void* out
+    Py_ssize_t K, annz
+    int op
+
+
+cdef int _sddmm_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* bv,
+                     const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`sddmm`'s rows ``[r0, r1)``."""
+    cdef const _SddmmArgs* a = <const _SddmmArgs*>ctx
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.Dt
+    cdef floating* ov = <floating*>a.out
+    cdef Py_ssize_t K = a.K, annz = a.annz, i, p
+    cdef int op = a.op
+    for i in range(r0, r1):
+        for p in range(ip[i], ip[i + 1]):
+            if p + 2 < annz:
+                _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+            ov[p] = <floating>_sddmm_value(op, <double>bv[p], _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+    return 0
 
 
 def scale(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -1193,33 +1207,39 @@ def scale(const index_t[::1] indptr, const index_t[::1] indices, const floating[
     ``data``.  One pass, memory bound: O(nnz + m).
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t nb, ch, c0, c1, b, i, r0, r1, p
     cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* val = _fptr(data)
-    cdef const floating* rp = NULL if r is None else _fptr(r)
-    cdef const floating* cp = NULL if c is None else _fptr(c)
-    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
+    cdef _ScaleArgs a
+    a.r = NULL if r is None else _fptr(r)
+    a.c = NULL if c is None else _fptr(c)
+    a.out = &out_data[0] if out_data.shape[0] > 0 else NULL
+    for_rows("scale", <block_body>_scale_rows[floating, index_t], &a, _fptr(data), ip, _iptr(indices), ip,
+             NULL, m, 2.0 * <double>(ip[m] - ip[0] + m), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+
+
+cdef struct _ScaleArgs:
+    const void* r
+    const void* c
+    void* out
+
+
+cdef int _scale_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                     const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`scale`'s rows ``[r0, r1)``."""
+    cdef const _ScaleArgs* a = <const _ScaleArgs*>ctx
+    cdef const floating* rp = <const floating*>a.r
+    cdef const floating* cp = <const floating*>a.c
+    cdef floating* ov = <floating*>a.out
+    cdef Py_ssize_t i, p
     cdef double ri
-    cdef Py_ssize_t nch = num_chunks(2.0 * <double>(ip[m] - ip[0] + m), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil:
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    ri = 1.0 if rp == NULL else <double>rp[i]
-                    if cp == NULL:
-                        for p in range(ip[i], ip[i + 1]):
-                            ov[p] = <floating>(ri * <double>val[p])
-                    else:
-                        for p in range(ip[i], ip[i + 1]):
-                            ov[p] = <floating>(ri * <double>val[p] * <double>cp[ind[p]])
+    for i in range(r0, r1):
+        ri = 1.0 if rp == NULL else <double>rp[i]
+        if cp == NULL:
+            for p in range(ip[i], ip[i + 1]):
+                ov[p] = <floating>(ri * <double>val[p])
+        else:
+            for p in range(ip[i], ip[i + 1]):
+                ov[p] = <floating>(ri * <double>val[p] * <double>cp[ind[p]])
+    return 0
 
 
 # --------------------------------------------------------------------------
@@ -1250,64 +1270,80 @@ def spgemm_symbolic(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     thread.
     """
     cdef Py_ssize_t m = a_indptr.shape[0] - 1
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q, z, cnt
-    cdef index_t j, k
     cdef const index_t* aip = &a_indptr[0]
-    cdef const index_t* aind = _iptr(a_indices)
-    cdef const index_t* bip = &b_indptr[0]
-    cdef const index_t* bind = _iptr(b_indices)
-    cdef int64_t* rn = &row_nnz[0] if m > 0 else NULL
-    cdef index_t* mark
-    cdef void** slot
-    cdef int failed = 0
-    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
+    cdef _SpgemmArgs a
     if m == 0:
         return
+    a.aip, a.aind, a.bip, a.bind = aip, _iptr(a_indices), &b_indptr[0], _iptr(b_indices)
+    a.annz = aip[m]
+    a.n_cols = n_cols
+    a.out = &row_nnz[0]
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 8.0), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(aip, m, ch, nch)
-        c1 = _split(aip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            slot = ws_slot(wsp, 1, 0)
-            if slot[0] == NULL:
-                # first chunk of this thread: marker array (stamp = row number)
-                mark = <index_t*>spfuse_ws_alloc((n_cols + 1) * sizeof(index_t), 0)
-                if mark != NULL:
-                    for z in range(n_cols):
-                        mark[z] = -1
-                slot[0] = mark
-            mark = <index_t*>slot[0]
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if mark == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(aip, c0, c1, b, nb)
-                r1 = _sub(aip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    cnt = 0
-                    for p in range(aip[i], aip[i + 1]):
-                        j = aind[p]
-                        # software pipeline (see spgemm_numeric)
-                        if p + 3 < annz:
-                            SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
-                        if p + 2 < annz:
-                            SPFUSE_PREFETCH_R(&bind[bip[aind[p + 2]]])
-                        if p + 1 < annz:
-                            for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
-                                SPFUSE_PREFETCH_W(&mark[bind[q]])
-                        for q in range(bip[j], bip[j + 1]):
-                            k = bind[q]
-                            if mark[k] != <index_t>i:
-                                mark[k] = <index_t>i
-                                cnt = cnt + 1
-                    rn[i] = cnt
-        if failed:
-            raise MemoryError("spgemm_symbolic: cannot allocate the thread workspace")
+    a.wsp = ws.ptr
+    for_rows("spgemm_symbolic", <block_body>_spgemm_symbolic_rows[index_t], &a, NULL, aip, a.aind, aip, NULL, m,
+             _spgemm_work(aip, m, &b_indptr[0], b_indptr.shape[0] - 1, 8.0), num_threads, DYNAMIC_BLOCKS,
+             4 * BLOCKS_PER_THREAD, NULL)
+
+
+cdef struct _SpgemmArgs:
+    # the CSR operands beside the rows' own (A, the mask M, the result C) and B
+    const void* aip
+    const void* aind
+    const void* aval
+    const void* mip
+    const void* mind
+    const void* mval
+    const void* bip
+    const void* bind
+    const void* bval
+    const void* cip
+    void* cind
+    void* out
+    unsigned char* hit
+    Py_ssize_t annz, mnnz, n_cols
+    bint b_transposed
+    void** wsp
+
+
+cdef int _spgemm_symbolic_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const void* unused,
+                               const index_t* aip, const index_t* aind) noexcept nogil:
+    """:func:`spgemm_symbolic`'s rows ``[r0, r1)``: distinct columns counted
+    against the thread's marker array (stamp = row number)."""
+    cdef const _SpgemmArgs* a = <const _SpgemmArgs*>ctx
+    cdef const index_t* bip = <const index_t*>a.bip
+    cdef const index_t* bind = <const index_t*>a.bind
+    cdef int64_t* rn = <int64_t*>a.out
+    cdef Py_ssize_t annz = a.annz, i, p, q, z, cnt
+    cdef index_t j, k
+    cdef void** slot = ws_slot(a.wsp, 1, 0)
+    cdef index_t* mark
+    if slot[0] == NULL:   # the thread's first block: its marker array
+        mark = <index_t*>spfuse_ws_alloc((a.n_cols + 1) * sizeof(index_t), 0)
+        if mark == NULL:
+            return -1
+        for z in range(a.n_cols):
+            mark[z] = -1
+        slot[0] = mark
+    mark = <index_t*>slot[0]
+    for i in range(r0, r1):
+        cnt = 0
+        for p in range(aip[i], aip[i + 1]):
+            j = aind[p]
+            # software pipeline (see spgemm_numeric)
+            if p + 3 < annz:
+                SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+            if p + 2 < annz:
+                SPFUSE_PREFETCH_R(&bind[bip[aind[p + 2]]])
+            if p + 1 < annz:
+                for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                    SPFUSE_PREFETCH_W(&mark[bind[q]])
+            for q in range(bip[j], bip[j + 1]):
+                k = bind[q]
+                if mark[k] != <index_t>i:
+                    mark[k] = <index_t>i
+                    cnt = cnt + 1
+        rn[i] = cnt
+    return 0
 
 
 cdef bint _bitmap_ws(void** wsp, int k, int first, Py_ssize_t n_cols) noexcept nogil:
@@ -1430,58 +1466,54 @@ def masked_spgemm(const index_t[::1] m_indptr, const index_t[::1] m_indices, con
     per column of the dense row.
     """
     cdef Py_ssize_t m = m_indptr.shape[0] - 1
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1
     cdef const index_t* mip = &m_indptr[0]
-    cdef const index_t* mind = _iptr(m_indices)
-    cdef const floating* mval = _fptr(m_data)
     cdef const index_t* aip = &a_indptr[0]
-    cdef const index_t* aind = _iptr(a_indices)
-    cdef const floating* aval = _fptr(a_data)
-    cdef const index_t* bip = &b_indptr[0]
-    cdef const index_t* bind = _iptr(b_indices)
-    cdef const floating* bval = _fptr(b_data)
-    cdef floating* ov = &out_data[0] if out_data.shape[0] > 0 else NULL
-    cdef unsigned char* hp = &hit[0] if hit.shape[0] > 0 else NULL
-    # blocks balanced by the rows' scatter (A) or their mask entries (M)
-    cdef const index_t* wp = mip if b_transposed else aip
-    cdef double* dense
-    cdef unsigned char* flag
-    cdef int failed = 0
+    cdef _SpgemmArgs a
     if m <= 0 or mip[m] == mip[0]:
         return
-    cdef Py_ssize_t annz = aip[m], mnnz = mip[m]
+    a.mip, a.mind, a.mval = mip, _iptr(m_indices), _fptr(m_data)
+    a.aip, a.aind, a.aval = aip, _iptr(a_indices), _fptr(a_data)
+    a.bip, a.bind, a.bval = &b_indptr[0], _iptr(b_indices), _fptr(b_data)
+    a.out = &out_data[0] if out_data.shape[0] > 0 else NULL
+    a.hit = &hit[0] if hit.shape[0] > 0 else NULL
+    a.annz, a.mnnz, a.n_cols, a.b_transposed = aip[m], mip[m], width, b_transposed
     cdef Workspaces ws = Workspaces(num_threads, 2)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 4.0)
-                     + 4.0 * <double>(mnnz - mip[0]), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(wp, m, ch, nch)
-        c1 = _split(wp, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            # zeroed on first use; every row leaves them zeroed
-            dense = <double*>ws_zeroed(wsp, 2, 0, (width + 1) * sizeof(double))
-            # bytes per column (Gustavson's marks) or bits (the dot's bitmap)
-            flag = <unsigned char*>ws_zeroed(wsp, 2, 1, width + 9)
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if dense == NULL or flag == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(wp, c0, c1, b, nb)
-                r1 = _sub(wp, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    if mip[i] == mip[i + 1]:
-                        continue
-                    if b_transposed:
-                        _masked_row_dot(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, mnnz,
-                                        dense, <uint64_t*>flag, ov, hp)
-                    else:
-                        _masked_row_saxpy(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, annz,
-                                          dense, flag, ov, hp)
-    if failed:
-        raise MemoryError("masked_spgemm: no memory for a thread's workspace")
+    a.wsp = ws.ptr
+    # blocks balanced by the rows' scatter (A) or their mask entries (M)
+    for_rows("masked_spgemm", <block_body>_masked_spgemm_rows[floating, index_t], &a, a.mval, mip, a.mind,
+               mip if b_transposed else aip, NULL, m,
+               _spgemm_work(aip, m, &b_indptr[0], b_indptr.shape[0] - 1, 4.0) + 4.0 * <double>(a.mnnz - mip[0]),
+               num_threads, DYNAMIC_BLOCKS, 4 * BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _masked_spgemm_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* mval,
+                             const index_t* mip, const index_t* mind) noexcept nogil:
+    """:func:`masked_spgemm`'s rows ``[r0, r1)`` (the mask's rows)."""
+    cdef const _SpgemmArgs* a = <const _SpgemmArgs*>ctx
+    cdef const index_t* aip = <const index_t*>a.aip
+    cdef const index_t* aind = <const index_t*>a.aind
+    cdef const floating* aval = <const floating*>a.aval
+    cdef const index_t* bip = <const index_t*>a.bip
+    cdef const index_t* bind = <const index_t*>a.bind
+    cdef const floating* bval = <const floating*>a.bval
+    cdef floating* ov = <floating*>a.out
+    cdef Py_ssize_t i
+    # zeroed on first use; every row leaves them zeroed
+    cdef double* dense = <double*>ws_zeroed(a.wsp, 2, 0, (a.n_cols + 1) * sizeof(double))
+    # bytes per column (Gustavson's marks) or bits (the dot's bitmap)
+    cdef unsigned char* flag = <unsigned char*>ws_zeroed(a.wsp, 2, 1, a.n_cols + 9)
+    if dense == NULL or flag == NULL:
+        return -1
+    for i in range(r0, r1):
+        if mip[i] == mip[i + 1]:
+            continue
+        if a.b_transposed:
+            _masked_row_dot(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, a.mnnz,
+                            dense, <uint64_t*>flag, ov, a.hit)
+        else:
+            _masked_row_saxpy(i, mip, mind, mval, aip, aind, aval, bip, bind, bval, a.annz,
+                              dense, flag, ov, a.hit)
+    return 0
 
 
 def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
@@ -1509,88 +1541,79 @@ def spgemm_numeric(const index_t[::1] a_indptr, const index_t[::1] a_indices,
     about 8.2 bytes per column.
     """
     cdef Py_ssize_t m = a_indptr.shape[0] - 1
-    cdef Py_ssize_t nb, nch, ch, c0, c1, b, i, r0, r1, p, q, cs, w0, minw, maxw
+    cdef const index_t* aip = &a_indptr[0]
+    cdef const index_t* cip = &c_indptr[0]
+    cdef _SpgemmArgs a
+    if m == 0:
+        return
+    a.aip, a.bip, a.bind, a.bval, a.cip = aip, &b_indptr[0], _iptr(b_indices), _fptr(b_data), cip
+    a.cind = &c_indices[0] if c_indices.shape[0] > 0 else NULL
+    a.out = &c_data[0] if c_data.shape[0] > 0 else NULL
+    a.annz, a.n_cols = aip[m], n_cols
+    cdef Workspaces ws = Workspaces(num_threads, 3)
+    a.wsp = ws.ptr
+    # chunks and blocks balanced by output nnz (known now) + rows
+    for_rows("spgemm_numeric", <block_body>_spgemm_numeric_rows[floating, index_t], &a, _fptr(a_data), aip,
+               _iptr(a_indices), cip, NULL, m,
+               _spgemm_work(aip, m, &b_indptr[0], b_indptr.shape[0] - 1, 16.0) + 4.0 * <double>(cip[m] - cip[0]),
+               num_threads, DYNAMIC_BLOCKS, 4 * BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _spgemm_numeric_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* aval,
+                              const index_t* aip, const index_t* aind) noexcept nogil:
+    """:func:`spgemm_numeric`'s rows ``[r0, r1)`` of A: scattered into the
+    thread's accumulator and bitmap, read back sorted into C's rows."""
+    cdef const _SpgemmArgs* a = <const _SpgemmArgs*>ctx
+    cdef const index_t* cip = <const index_t*>a.cip
+    cdef const index_t* bip = <const index_t*>a.bip
+    cdef const index_t* bind = <const index_t*>a.bind
+    cdef const floating* bval = <const floating*>a.bval
+    cdef index_t* cind = <index_t*>a.cind
+    cdef floating* cval = <floating*>a.out
+    cdef Py_ssize_t annz = a.annz, i, p, q, cs, w0, minw, maxw
     cdef index_t j, k
     cdef uint64_t bit
     cdef double v
-    cdef const index_t* aip = &a_indptr[0]
-    cdef const index_t* aind = _iptr(a_indices)
-    cdef const floating* aval = _fptr(a_data)
-    cdef const index_t* bip = &b_indptr[0]
-    cdef const index_t* bind = _iptr(b_indices)
-    cdef const floating* bval = _fptr(b_data)
-    cdef const index_t* cip = &c_indptr[0]
-    cdef index_t* cind = &c_indices[0] if c_indices.shape[0] > 0 else NULL
-    cdef floating* cval = &c_data[0] if c_data.shape[0] > 0 else NULL
-    cdef double* acc
-    cdef uint64_t* bits
-    cdef uint64_t* words
-    cdef int failed = 0
-    cdef Py_ssize_t annz = aip[m] if m > 0 else 0
-    if m == 0:
-        return
-    cdef Workspaces ws = Workspaces(num_threads, 3)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(_spgemm_work(aip, m, bip, b_indptr.shape[0] - 1, 16.0)
-                     + 4.0 * <double>(cip[m] - cip[0]), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        # chunks and blocks balanced by output nnz (known now) + rows
-        c0 = _split(cip, m, ch, nch)
-        c1 = _split(cip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            acc = NULL
-            bits = NULL
-            words = NULL
-            if _bitmap_ws(wsp, 3, 0, n_cols):
-                acc = <double*>ws_slot(wsp, 3, 0)[0]
-                bits = <uint64_t*>ws_slot(wsp, 3, 1)[0]
-                words = <uint64_t*>ws_slot(wsp, 3, 2)[0]
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if acc == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(cip, c0, c1, b, nb)
-                r1 = _sub(cip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    cs = cip[i] - cip[0]
-                    minw = -1
-                    maxw = -1
-                    for p in range(aip[i], aip[i + 1]):
-                        j = aind[p]
-                        v = aval[p]
-                        # software pipeline over A's entries (contiguous across
-                        # rows): B row pointer of p+3, B row of p+2,
-                        # accumulators of p+1
-                        if p + 3 < annz:
-                            SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
-                        if p + 2 < annz:
-                            q = bip[aind[p + 2]]
-                            SPFUSE_PREFETCH_R(&bind[q])
-                            SPFUSE_PREFETCH_R(&bval[q])
-                        if p + 1 < annz:
-                            for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
-                                SPFUSE_PREFETCH_W(&acc[bind[q]])
-                        for q in range(bip[j], bip[j + 1]):
-                            k = bind[q]
-                            w0 = k >> 6
-                            bit = (<uint64_t>1) << (k & 63)
-                            if bits[w0] & bit:
-                                acc[k] += v * <double>bval[q]
-                            else:
-                                bits[w0] |= bit
-                                acc[k] = v * <double>bval[q]
-                                words[w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
-                                if minw < 0 or (w0 >> 6) < minw:
-                                    minw = w0 >> 6
-                                if (w0 >> 6) > maxw:
-                                    maxw = w0 >> 6
-                    if minw >= 0:
-                        _bitmap_readback(acc, bits, words, minw, maxw, cind + cs, cval + cs)
-        if failed:
-            raise MemoryError("spgemm_numeric: cannot allocate the thread workspace")
+    if not _bitmap_ws(a.wsp, 3, 0, a.n_cols):
+        return -1
+    cdef double* acc = <double*>ws_slot(a.wsp, 3, 0)[0]
+    cdef uint64_t* bits = <uint64_t*>ws_slot(a.wsp, 3, 1)[0]
+    cdef uint64_t* words = <uint64_t*>ws_slot(a.wsp, 3, 2)[0]
+    for i in range(r0, r1):
+        cs = cip[i] - cip[0]
+        minw = -1
+        maxw = -1
+        for p in range(aip[i], aip[i + 1]):
+            j = aind[p]
+            v = aval[p]
+            # software pipeline over A's entries (contiguous across rows): B
+            # row pointer of p+3, B row of p+2, accumulators of p+1
+            if p + 3 < annz:
+                SPFUSE_PREFETCH_R(&bip[aind[p + 3]])
+            if p + 2 < annz:
+                q = bip[aind[p + 2]]
+                SPFUSE_PREFETCH_R(&bind[q])
+                SPFUSE_PREFETCH_R(&bval[q])
+            if p + 1 < annz:
+                for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
+                    SPFUSE_PREFETCH_W(&acc[bind[q]])
+            for q in range(bip[j], bip[j + 1]):
+                k = bind[q]
+                w0 = k >> 6
+                bit = (<uint64_t>1) << (k & 63)
+                if bits[w0] & bit:
+                    acc[k] += v * <double>bval[q]
+                else:
+                    bits[w0] |= bit
+                    acc[k] = v * <double>bval[q]
+                    words[w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
+                    if minw < 0 or (w0 >> 6) < minw:
+                        minw = w0 >> 6
+                    if (w0 >> 6) > maxw:
+                        maxw = w0 >> 6
+        if minw >= 0:
+            _bitmap_readback(acc, bits, words, minw, maxw, cind + cs, cval + cs)
+    return 0
 
 
 def _prefix_sum(row_nnz, idx_dtype):
@@ -2119,89 +2142,79 @@ cdef inline void _spadd_prefetch(const _Operands* ops, Py_ssize_t i, Py_ssize_t 
                 SPFUSE_PREFETCH_W(&acc[ind[p]])
 
 
-cdef void _spadd_rows(const _Operands* ops, const double* coef, Py_ssize_t n_cols,
-                      Py_ssize_t c0, Py_ssize_t c1, const int64_t* ub, Py_ssize_t max_ub,
-                      int variant, void** wsp, index_t itype, floating ftype,
-                      int64_t* row_cnt, int64_t* row_src, int64_t seq_base,
-                      out_index_t* oind, floating* oval, int num_threads, int* failed) noexcept nogil:
-    """Rows ``[c0, c1)`` of the sum, in blocks balanced by ``ub[r] + r``.
+cdef struct _SpaddArgs:
+    const _Operands* ops
+    const double* coef
+    Py_ssize_t n_cols, max_ub, klen
+    const int64_t* ub
+    int variant
+    bint tourney
+    size_t nb0, nb1
+    double fixed, entry
+    void** wsp
+    int64_t* row_cnt
+    int64_t* row_src
+    int64_t* seq   # one thread in row order: the next row's offset (rows then written compact); else NULL
 
-    A block writes its rows one after the other from ``ub[r0]`` (its first
-    row's upper-bound offset; ``seq_base`` instead when one thread runs the
+
+cdef int _spadd_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, floating* oval,
+                     const index_t* first_indptr, out_index_t* oind) noexcept nogil:
+    """Rows ``[r0, r1)`` of the sum (blocks balanced by ``ub[r] + r``).
+
+    The block writes its rows one after the other from ``ub[r0]`` (its first
+    row's upper-bound offset; ``seq[0]`` instead when one thread runs the
     whole call in row order, which leaves the output compact); row ``i``'s
     length goes to ``row_cnt[i]`` and its offset to ``row_src[i]``.
     Workspaces (5 slots per thread in ``wsp``): two merge buffers, each
     room for ``max_ub`` (column, double) pairs of the chain, slot 0 also
     for the tournament's keys and back keys; and --
     only once a row of this thread takes the scatter path -- its
-    accumulators and bitmaps (``_row_scatter``).
+    accumulators and bitmaps (``_row_scatter``).  ``first_indptr`` only
+    selects the index type.
     """
-    cdef Py_ssize_t nb = _num_blocks(c1 - c0, num_threads, 4 * BLOCKS_PER_THREAD)
-    cdef Py_ssize_t b, i, r0, r1, t, w, cnt
-    cdef const index_t* ip
-    cdef size_t pair = sizeof(index_t) + sizeof(double)
-    # (initialised: Cython makes them firstprivate in the parallel block)
-    cdef index_t* bc0 = NULL
-    cdef index_t* bc1 = NULL
-    cdef double* bv0 = NULL
-    cdef double* bv1 = NULL
+    cdef const _SpaddArgs* a = <const _SpaddArgs*>ctx
+    cdef const _Operands* ops = a.ops
+    cdef index_t itype = 0
+    cdef floating ftype = 0
+    cdef Py_ssize_t i, cnt, max_ub = a.max_ub, w
+    cdef void** wsp = a.wsp
+    cdef double* bv0 = <double*>ws_get(wsp, 5, 0, a.nb0)
+    cdef double* bv1 = <double*>ws_get(wsp, 5, 1, a.nb1)
+    cdef index_t* bc0
+    cdef index_t* bc1
     cdef double* acc
-    cdef uint64_t* bits
-    cdef uint64_t* words
     cdef bint scat
-    cdef double entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
-    cdef double fixed = SPADD_SCATTER_ROW if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ROW_MISS
-    cdef int nfail = 0
-    # the tournament's key: column << sh | run (sh bits number any run);
-    # -1 = columns too wide to share 64 bits with the run number: chain
-    # tournament keys: column << 32 | position << 6 | run, below the
-    # all-ones sentinel; keys + back keys in slot 0
-    cdef bint tourney = (variant != SPADD_CHAIN and n_cols <= (<Py_ssize_t>1 << 31)
-                         and max_ub + 2 * ops.n < (<Py_ssize_t>1 << SPADD_POS_BITS))
-    cdef Py_ssize_t klen = max_ub + 2 * ops.n + 1
-    cdef size_t nb0 = (max_ub + 1) * pair, nb1 = (max_ub + 1) * pair
-    if nb0 < (klen + max_ub // 2 + 2) * sizeof(uint64_t):
-        nb0 = (klen + max_ub // 2 + 2) * sizeof(uint64_t)
-    with parallel(num_threads=num_threads):
-        bv0 = <double*>ws_get(wsp, 5, 0, nb0)
-        bv1 = <double*>ws_get(wsp, 5, 1, nb1)
-        bc0 = <index_t*>(bv0 + max_ub + 1) if bv0 != NULL else NULL
-        bc1 = <index_t*>(bv1 + max_ub + 1) if bv1 != NULL else NULL
-        for b in prange(nb, schedule="dynamic", chunksize=1):
-            if bv0 == NULL or bv1 == NULL:
-                nfail += 1
-                continue
-            r0 = c0 + _split(ub + c0, c1 - c0, b, nb)
-            r1 = c0 + _split(ub + c0, c1 - c0, b + 1, nb)
-            w = seq_base if seq_base >= 0 else ub[r0]
-            for i in range(r0, r1):
-                if variant == SPADD_SCATTER:
-                    scat = True
-                elif variant == SPADD_MERGE or variant == SPADD_CHAIN:
-                    scat = False
-                else:
-                    scat = _prefer_scatter(ops, i, fixed, entry, itype)
-                _spadd_prefetch(ops, i, r1, <const double*>(ws_slot(wsp, 5, 2)[0] if scat else NULL),
-                                itype, ftype)
-                if scat:
-                    # (this thread's bitmap workspace is made on its first scatter row)
-                    if not _bitmap_ws(wsp, 5, 2, n_cols):
-                        nfail += 1
-                        break
-                    # (thread-private pointers: assigned in the loop body)
-                    acc = <double*>ws_slot(wsp, 5, 2)[0]
-                    bits = <uint64_t*>ws_slot(wsp, 5, 3)[0]
-                    words = <uint64_t*>ws_slot(wsp, 5, 4)[0]
-                    cnt = _row_scatter(ops, coef, i, acc, bits, words, itype, oind + w, oval + w)
-                else:
-                    cnt = (_row_tourney(ops, coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + klen, itype,
-                                        oind + w, oval + w) if tourney else -1)
-                    if cnt < 0:
-                        cnt = _row_merge(ops, coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
-                row_cnt[i] = cnt
-                row_src[i] = w
-                w = w + cnt
-    failed[0] = nfail
+    if bv0 == NULL or bv1 == NULL:
+        return -1
+    bc0 = <index_t*>(bv0 + max_ub + 1)
+    bc1 = <index_t*>(bv1 + max_ub + 1)
+    w = a.seq[0] if a.seq != NULL else a.ub[r0]
+    for i in range(r0, r1):
+        if a.variant == SPADD_SCATTER:
+            scat = True
+        elif a.variant == SPADD_MERGE or a.variant == SPADD_CHAIN:
+            scat = False
+        else:
+            scat = _prefer_scatter(ops, i, a.fixed, a.entry, itype)
+        _spadd_prefetch(ops, i, r1, <const double*>(ws_slot(wsp, 5, 2)[0] if scat else NULL), itype, ftype)
+        if scat:
+            # (this thread's bitmap workspace is made on its first scatter row)
+            if not _bitmap_ws(wsp, 5, 2, a.n_cols):
+                return -1
+            acc = <double*>ws_slot(wsp, 5, 2)[0]
+            cnt = _row_scatter(ops, a.coef, i, acc, <uint64_t*>ws_slot(wsp, 5, 3)[0],
+                               <uint64_t*>ws_slot(wsp, 5, 4)[0], itype, oind + w, oval + w)
+        else:
+            cnt = (_row_tourney(ops, a.coef, i, <uint64_t*>bv0, <uint64_t*>bv0 + a.klen, itype,
+                                oind + w, oval + w) if a.tourney else -1)
+            if cnt < 0:
+                cnt = _row_merge(ops, a.coef, i, bc0, bv0, bc1, bv1, oind + w, oval + w)
+        a.row_cnt[i] = cnt
+        a.row_src[i] = w
+        w = w + cnt
+    if a.seq != NULL:
+        a.seq[0] = w
+    return 0
 
 
 cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
@@ -2213,45 +2226,43 @@ cdef object _spadd_run(list indptrs, list indices, list datas, size_t coef_addr,
     already compact (one thread in row order, or no duplicate column)."""
     cdef Py_ssize_t n = len(indptrs)
     cdef _Operands ops
-    cdef int failed = 0
-    cdef Py_ssize_t nch, ch, c0, c1
+    cdef _SpaddArgs a
     cdef int64_t seq = 0
-    cdef double work
     cdef Workspaces ws
-    cdef const double* coef = <const double*>coef_addr
     cdef const int64_t* ubp = <const int64_t*>ub_addr
     cdef int64_t* rc = <int64_t*>rc_addr
-    cdef int64_t* rs = <int64_t*>rs_addr
-    cdef out_index_t* oind = <out_index_t*>oind_addr
-    cdef floating* oval = <floating*>oval_addr
     cdef Py_ssize_t t, total = 0
+    cdef size_t pair = sizeof(index_t) + sizeof(double)
     ops.n = n
     ops.indptr = <void**>malloc(3 * n * sizeof(void*))
     if ops.indptr == NULL:
         raise MemoryError()
     ops.indices = ops.indptr + n
     ops.data = ops.indptr + 2 * n
+    a.ops, a.coef, a.n_cols, a.max_ub, a.ub, a.variant = &ops, <const double*>coef_addr, n_cols, max_ub, ubp, variant
+    a.row_cnt, a.row_src, a.seq = rc, <int64_t*>rs_addr, &seq if num_threads == 1 else NULL
+    a.entry = SPADD_SCATTER_ENTRY if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ENTRY_MISS
+    a.fixed = SPADD_SCATTER_ROW if n_cols <= SPADD_ACC_FITS else SPADD_SCATTER_ROW_MISS
+    # the tournament's key: column << 32 | position << 6 | run, below the
+    # all-ones sentinel (columns too wide to share 64 bits with the run
+    # number: chain); keys + back keys in slot 0
+    a.tourney = (variant != SPADD_CHAIN and n_cols <= (<Py_ssize_t>1 << 31)
+                 and max_ub + 2 * n < (<Py_ssize_t>1 << SPADD_POS_BITS))
+    a.klen = max_ub + 2 * n + 1
+    a.nb0 = a.nb1 = (max_ub + 1) * pair
+    if a.nb0 < (a.klen + max_ub // 2 + 2) * sizeof(uint64_t):
+        a.nb0 = (a.klen + max_ub // 2 + 2) * sizeof(uint64_t)
     try:
         _collect(indptrs, ops.indptr)
         _collect(indices, ops.indices)
         _collect(datas, ops.data)
         ws = Workspaces(num_threads, 5)
+        a.wsp = ws.ptr
         # work: ~ a merge step per entry and chain level, plus the rows
-        work = <double>(ubp[n_rows] - ubp[0]) * (2.0 + <double>_bit_length(n)) + 4.0 * <double>n_rows * n
-        nch = num_chunks(work, num_threads, n_rows)
-        for ch in range(nch):
-            if ch > 0:
-                PyErr_CheckSignals()
-            c0 = _split(ubp, n_rows, ch, nch)
-            c1 = _split(ubp, n_rows, ch + 1, nch)
-            with nogil:
-                _spadd_rows(&ops, coef, n_cols, c0, c1, ubp, max_ub, variant, ws.ptr, itype, ftype,
-                            rc, rs, seq if num_threads == 1 else -1, oind, oval, num_threads, &failed)
-                if num_threads == 1:
-                    for t in range(c0, c1):
-                        seq += rc[t]
-            if failed:
-                raise MemoryError("spadd: cannot allocate the thread workspace")
+        for_rows("spadd", <block_body>_spadd_rows[floating, index_t, out_index_t], &a, <void*>oval_addr,
+                 ops.indptr[0], <void*>oind_addr, ubp, NULL, n_rows,
+                 <double>(ubp[n_rows] - ubp[0]) * (2.0 + <double>_bit_length(n)) + 4.0 * <double>n_rows * n,
+                 num_threads, DYNAMIC_BLOCKS, 4 * BLOCKS_PER_THREAD, NULL)
     finally:
         free(ops.indptr)
     if num_threads == 1:
@@ -2516,54 +2527,10 @@ def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floa
     C-contiguous; out does not alias the inputs.  ``out`` fully overwritten.
     Complexity O(nnz * (K + L)); workspace L doubles per thread.
     """
-    cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t K = C.shape[1]
-    cdef Py_ssize_t L = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, c0, c1
-    cdef Py_ssize_t b, i, r0, r1, p, l
-    cdef double w
-    cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* bv = _fptr(bdata)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* ep = &E[0, 0] if E.shape[0] > 0 and L > 0 else NULL
-    cdef floating* op_ = &out[0, 0] if m > 0 and L > 0 else NULL
-    cdef double* acc
-    cdef int failed = 0
-    cdef Py_ssize_t annz = ip[m]
-    if m == 0 or L == 0:
-        return
-    cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + L + 8), num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            acc = <double*>ws_get(wsp, 1, 0, (L + 1) * sizeof(double))
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if acc == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    memset(acc, 0, L * sizeof(double))
-                    for p in range(ip[i], ip[i + 1]):
-                        if p + 2 < annz:
-                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                            _prefetch_row(ep + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
-                        w = _sddmm_value(op, <double>bv[p],
-                                         _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
-                        _axpy(acc, w, ep + <Py_ssize_t>ind[p] * L, L)
-                    for l in range(L):
-                        op_[i * L + l] = <floating>acc[l]
-        if failed:
-            raise MemoryError("sddmm_spmm: cannot allocate the thread workspace")
+    cdef _RowTemporaryArgs a
+    a.C, a.Dt, a.W = _mptr(C), _mptr(Dt), NULL
+    a.K, a.op, a.sampled, a.gemm = C.shape[1], op, True, False
+    _row_temporary("sddmm_spmm", &a, indptr, indices, bdata, E, out, num_threads)
 
 
 def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] data,
@@ -2582,53 +2549,10 @@ def spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices, const float
     C-contiguous; out aliases nothing.  ``out`` fully overwritten.
     Complexity O(nnz * K + m * K * L); workspace K + L doubles per thread.
     """
-    cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t K = C.shape[1]
-    cdef Py_ssize_t L = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, c0, c1
-    cdef Py_ssize_t b, i, r0, r1, p, l
-    cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* val = _fptr(data)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if K > 0 and L > 0 else NULL
-    cdef floating* op_ = &out[0, 0] if m > 0 and L > 0 else NULL
-    cdef double* t
-    cdef double* acc
-    cdef int failed = 0
-    cdef Py_ssize_t annz = ip[m]
-    if m == 0 or L == 0:
-        return
-    cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + 8)
-                     + <double>m * <double>K * <double>L, num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            t = <double*>ws_get(wsp, 1, 0, (K + L + 1) * sizeof(double))
-            acc = t + K
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if t == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    memset(t, 0, K * sizeof(double))
-                    for p in range(ip[i], ip[i + 1]):
-                        if p + 2 < annz:
-                            _prefetch_row(cp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                        _axpy(t, <double>val[p], cp + <Py_ssize_t>ind[p] * K, K)
-                    _vecmat(t, K, dp, L, acc)
-                    for l in range(L):
-                        op_[i * L + l] = <floating>acc[l]
-        if failed:
-            raise MemoryError("spmm_gemm: cannot allocate the thread workspace")
+    cdef _RowTemporaryArgs a
+    a.C, a.Dt, a.W = NULL, NULL, _mptr(D)
+    a.K, a.op, a.sampled, a.gemm = 0, SDDMM_MUL, False, True
+    _row_temporary("spmm_gemm", &a, indptr, indices, data, C, out, num_threads)
 
 
 def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
@@ -2648,57 +2572,82 @@ def sddmm_spmm_gemm(const index_t[::1] indptr, const index_t[::1] indices,
     Complexity O(nnz * (K + Lf) + m * Lf * M); workspace Lf + M doubles per
     thread.
     """
+    cdef _RowTemporaryArgs a
+    a.C, a.Dt, a.W = _mptr(C), _mptr(Dt), _mptr(W)
+    a.K, a.op, a.sampled, a.gemm = C.shape[1], op, True, True
+    _row_temporary("sddmm_spmm_gemm", &a, indptr, indices, bdata, F, out, num_threads)
+
+
+cdef struct _RowTemporaryArgs:
+    const void* C
+    const void* Dt
+    const void* F
+    const void* W
+    void* out
+    Py_ssize_t K, L, M, annz
+    int op
+    bint sampled, gemm
+    void** wsp
+
+
+cdef int _row_temporary(str name, _RowTemporaryArgs* a, const index_t[::1] indptr, const index_t[::1] indices,
+                        const floating[::1] data, const floating[:, ::1] F, floating[:, ::1] out,
+                        int num_threads) except -1:
+    """The row-temporary kernels' one driver: per row ``i``, ``t = sum_p w_p *
+    F[j, :]`` (``w_p = data[p]``; ``a.sampled``: ``data[p] op dot(C[i], Dt[j])``
+    as in :func:`sddmm`) in the thread's workspace, then ``out[i, :] = t``
+    or (``a.gemm``) ``t @ W`` by :func:`_vecmat`.  ``a`` holds C, Dt, W, K,
+    op and the two flags; this fills the rest."""
     cdef Py_ssize_t m = indptr.shape[0] - 1
-    cdef Py_ssize_t K = C.shape[1]
-    cdef Py_ssize_t Lf = F.shape[1]
-    cdef Py_ssize_t M = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, c0, c1
-    cdef Py_ssize_t b, i, r0, r1, p, l
-    cdef double w
     cdef const index_t* ip = &indptr[0]
-    cdef const index_t* ind = _iptr(indices)
-    cdef const floating* bv = _fptr(bdata)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* dp = &Dt[0, 0] if Dt.shape[0] > 0 and K > 0 else NULL
-    cdef const floating* fp = &F[0, 0] if F.shape[0] > 0 and Lf > 0 else NULL
-    cdef const floating* wp = &W[0, 0] if Lf > 0 and M > 0 else NULL
-    cdef floating* op_ = &out[0, 0] if m > 0 and M > 0 else NULL
-    cdef double* t
-    cdef double* acc
-    cdef int failed = 0
-    cdef Py_ssize_t annz = ip[m]
-    if m == 0 or M == 0:
-        return
+    a.L = F.shape[1]
+    a.M = out.shape[1] if a.gemm else 0
+    a.F = _mptr(F)
+    a.annz = ip[m]
+    if m == 0 or out.shape[1] == 0:
+        return 0
+    a.out = &out[0, 0]
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(<double>(annz - ip[0] + m) * <double>(K + Lf + 8)
-                     + <double>m * <double>Lf * <double>M, num_threads, m)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        c0 = _split(ip, m, ch, nch)
-        c1 = _split(ip, m, ch + 1, nch)
-        nb = _num_blocks(c1 - c0, num_threads, BLOCKS_PER_THREAD)
-        with nogil, parallel(num_threads=num_threads):
-            t = <double*>ws_get(wsp, 1, 0, (Lf + M + 1) * sizeof(double))
-            acc = t + Lf
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if t == NULL:
-                    failed += 1
-                    continue
-                r0 = _sub(ip, c0, c1, b, nb)
-                r1 = _sub(ip, c0, c1, b + 1, nb)
-                for i in range(r0, r1):
-                    memset(t, 0, Lf * sizeof(double))
-                    for p in range(ip[i], ip[i + 1]):
-                        if p + 2 < annz:
-                            _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                            _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * Lf, Lf * sizeof(floating))
-                        w = _sddmm_value(op, <double>bv[p],
-                                         _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
-                        _axpy(t, w, fp + <Py_ssize_t>ind[p] * Lf, Lf)
-                    _vecmat(t, Lf, wp, M, acc)
-                    for l in range(M):
-                        op_[i * M + l] = <floating>acc[l]
-        if failed:
-            raise MemoryError("sddmm_spmm_gemm: cannot allocate the thread workspace")
+    a.wsp = ws.ptr
+    # work: a K-dot (sampled), an L-axpy and a row fetch per entry; an L x M vecmat per row (gemm)
+    for_rows(name, <block_body>_row_temporary_rows[floating, index_t], a, _fptr(data), ip, _iptr(indices), ip,
+               NULL, m, <double>(a.annz - ip[0] + m) * <double>(a.K + a.L + 8)
+               + <double>m * <double>a.L * <double>a.M, num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+    return 0
+
+
+cdef int _row_temporary_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
+                             const index_t* ip, const index_t* ind) noexcept nogil:
+    """:func:`_row_temporary`'s rows ``[r0, r1)``."""
+    cdef const _RowTemporaryArgs* a = <const _RowTemporaryArgs*>ctx
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.Dt
+    cdef const floating* fp = <const floating*>a.F
+    cdef const floating* wp = <const floating*>a.W
+    cdef floating* op_ = <floating*>a.out
+    # (the struct's fields in locals: the stores through ``t`` and ``op_`` could alias them)
+    cdef Py_ssize_t K = a.K, L = a.L, M = a.M, annz = a.annz, width = a.M if a.gemm else a.L, i, p, l
+    cdef bint sampled = a.sampled, gemm = a.gemm
+    cdef int op = a.op
+    cdef double* t = <double*>ws_get(a.wsp, 1, 0, (L + M + 1) * sizeof(double))
+    cdef double* acc
+    cdef double w
+    if t == NULL:
+        return -1
+    acc = t + L if gemm else t
+    for i in range(r0, r1):
+        memset(t, 0, L * sizeof(double))
+        for p in range(ip[i], ip[i + 1]):
+            if p + 2 < annz:
+                if dp != NULL:
+                    _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
+                _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
+            w = <double>val[p]
+            if sampled:
+                w = _sddmm_value(op, w, _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+            _axpy(t, w, fp + <Py_ssize_t>ind[p] * L, L)
+        if gemm:
+            _vecmat(t, L, wp, M, acc)
+        for l in range(width):
+            op_[i * width + l] = <floating>acc[l]
+    return 0
