@@ -27,6 +27,26 @@ ctypedef fused out_index_t:
     int64_t
 
 
+cdef inline void _bitmap_add(double* acc, uint64_t* bits, uint64_t* words, Py_ssize_t k, double x,
+                             Py_ssize_t* span) noexcept nogil:
+    """Scatter ``x`` into column ``k`` of a row: ``acc[k] += x`` when the row
+    has touched ``k`` already, else ``acc[k] = x`` and ``k`` marked (its bit,
+    its word's summary bit, and ``span = [minw, maxw]``, the summary words
+    in use: ``[-1, -1]`` for a row that touched nothing yet)."""
+    cdef Py_ssize_t w0 = k >> 6
+    cdef uint64_t bit = (<uint64_t>1) << (k & 63)
+    if bits[w0] & bit:
+        acc[k] += x
+    else:
+        bits[w0] |= bit
+        acc[k] = x
+        words[w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
+        if span[0] < 0 or (w0 >> 6) < span[0]:
+            span[0] = w0 >> 6
+        if (w0 >> 6) > span[1]:
+            span[1] = w0 >> 6
+
+
 cdef inline Py_ssize_t _bitmap_readback(const double* acc, uint64_t* bits, uint64_t* words,
                                         Py_ssize_t minw, Py_ssize_t maxw,
                                         out_index_t* outc, floating* outv) noexcept nogil:

@@ -15,7 +15,9 @@ a call; ``const T[::1]`` inputs, C-contiguous dense matrices; NO validation
 range, ``crd0`` strictly increasing -- distinct output rows); explicit
 ``num_threads``; parallel over level-0 positions ``q`` in blocks balanced by
 ``pos2[pos1[q]] + pos1[q] + q`` (entries + fibers + slices), handed out by
-``prange(schedule="dynamic", chunksize=1)``; thread-private workspaces
+``prange(schedule="dynamic", chunksize=1)`` (the skeleton of
+``_parallel.pxd``, shared with ``_csr_kernels``: a routine here is a body
+over a block of slices and a struct of its arguments); thread-private workspaces
 allocated once per call per thread; the arithmetic of a slice never depends
 on the thread count, so results are bit-identical for any ``num_threads``.
 
@@ -28,13 +30,14 @@ line with another thread's) freed on any exit, KeyboardInterrupt included.  Chun
 """
 cimport cython
 from cython cimport floating
-from cython.parallel cimport parallel, prange
+from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
-from spfuse._kernels._interrupt cimport PyErr_CheckSignals, num_chunks, spfuse_set_chunk_work
+from spfuse._kernels._interrupt cimport spfuse_set_chunk_work
 from spfuse._kernels._kernel_common cimport index_t
-from spfuse._kernels._leaves cimport _add_partials
+from spfuse._kernels._leaves cimport _add_partials, _axpy, _fptr, _iptr, _mptr, _vecmat, _zero_rows
+from spfuse._kernels._parallel cimport DYNAMIC_BLOCKS, FIXED_BLOCKS, TEAM, block_body, for_rows, num_blocks
 from spfuse._kernels._workspace cimport Workspaces, ws_get
 
 import numpy as np
@@ -47,47 +50,6 @@ cdef enum:
     MID_BLOCKS_PER_THREAD = 4
 
 
-cdef inline Py_ssize_t _num_blocks(Py_ssize_t n, int num_threads) noexcept nogil:
-    cdef Py_ssize_t nb
-    if n <= 0:
-        return 0
-    if num_threads <= 1:
-        return 1
-    nb = <Py_ssize_t>num_threads * BLOCKS_PER_THREAD
-    return nb if nb < n else n
-
-
-cdef inline double _cost(const index_t* pos1, const index_t* pos2, Py_ssize_t q) noexcept nogil:
-    return <double>(pos2[pos1[q]] - pos2[pos1[0]]) + <double>(pos1[q] - pos1[0]) + <double>q
-
-
-cdef inline Py_ssize_t _split(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
-                              Py_ssize_t b, Py_ssize_t nb) noexcept nogil:
-    """First level-0 position of block ``b`` of ``nb`` (balanced by _cost)."""
-    cdef Py_ssize_t lo, hi, mid
-    cdef double target
-    if b <= 0:
-        return 0
-    if b >= nb:
-        return n
-    target = _cost(pos1, pos2, n) * (<double>b / <double>nb)
-    lo = 0
-    hi = n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if _cost(pos1, pos2, mid) < target:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t k
-    for k in range(n):
-        acc[k] += v * <double>x[k]
-
-
 cdef inline void _fiber_times(double* t, const index_t* p2, const index_t* c2, const floating* v,
                               const floating* D, Py_ssize_t f, Py_ssize_t R) noexcept nogil:
     """``t[0:R] = sum_p v[p] * D[c2[p], :]`` over fiber ``f``'s entries (MTTKRP's hoisted row)."""
@@ -97,50 +59,40 @@ cdef inline void _fiber_times(double* t, const index_t* p2, const index_t* c2, c
         _axpy(t, <double>v[p], D + <Py_ssize_t>c2[p] * R, R)
 
 
-cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
-                         double* acc) noexcept nogil:
-    """``acc[0:L] = t[0:K] @ D`` (D C-contiguous K x L), four rows of D at a time."""
-    cdef Py_ssize_t k = 0, l
-    cdef double t0, t1, t2, t3
-    cdef const floating* d0
-    cdef const floating* d1
-    cdef const floating* d2
-    cdef const floating* d3
-    memset(acc, 0, L * sizeof(double))
-    while k + 4 <= K:
-        t0 = t[k]; t1 = t[k + 1]; t2 = t[k + 2]; t3 = t[k + 3]
-        d0 = D + k * L; d1 = d0 + L; d2 = d1 + L; d3 = d2 + L
-        for l in range(L):
-            acc[l] += (t0 * <double>d0[l] + t1 * <double>d1[l]) + (t2 * <double>d2[l] + t3 * <double>d3[l])
-        k += 4
-    while k < K:
-        t0 = t[k]
-        d0 = D + k * L
-        for l in range(L):
-            acc[l] += t0 * <double>d0[l]
-        k += 1
-
-
-cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
-    return &a[0] if a.shape[0] > 0 else NULL
-
-
-cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
-    return &a[0] if a.shape[0] > 0 else NULL
-
-
-cdef inline Py_ssize_t _sub(const index_t* pos1, const index_t* pos2, Py_ssize_t q0,
-                            Py_ssize_t q1, Py_ssize_t b, Py_ssize_t nb) noexcept nogil:
-    """First level-0 position of block ``b`` of ``nb`` of the chunk ``[q0, q1)``."""
-    return q0 + _split(pos1 + q0, pos2, q1 - q0, b, nb)
-
-
 cdef inline double _work(const index_t* pos1, const index_t* pos2, Py_ssize_t n,
                          double per_entry, double per_fiber, double per_slice) noexcept nogil:
     """Estimated work units of a call (see ``_interrupt.pxd``)."""
     cdef double nf = <double>(pos1[n] - pos1[0])
     cdef double ne = <double>(pos2[pos1[n]] - pos2[pos1[0]])
     return per_entry * ne + per_fiber * nf + per_slice * <double>n
+
+
+cdef struct _CsfArgs:
+    # the CSF operand's coordinates (its values, pos1 and pos2 come with each block)
+    const void* crd0
+    const void* crd1
+    const void* crd2
+    # the dense factors and the output
+    const void* C
+    const void* D
+    const void* E
+    void* out
+    double** accs   # mttkrp_inner: block b's partial
+    double* wide    # mttkrp_mid, float32: the double copy of out
+    Py_ssize_t R, M   # the factors' widths
+    Py_ssize_t J, nb  # mttkrp_mid: the output rows and their ranges
+    Py_ssize_t base   # pos1[0]: fiber f's output row is f - base
+    void** wsp
+
+
+cdef floating* _zeroed(floating[:, ::1] out, int num_threads) noexcept:
+    """``out`` (C-ordered) set to 0, rows shared among the threads: the rows
+    of a dense result no slice writes stay 0.  NULL when ``out`` is empty."""
+    if out.shape[0] == 0 or out.shape[1] == 0:
+        return NULL
+    with nogil:
+        _zero_rows(&out[0, 0], out.shape[0], out.shape[1], num_threads)
+    return &out[0, 0]
 
 
 def _set_chunk_work(double units):
@@ -169,33 +121,34 @@ def ttv(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos
     Complexity O(nnz + n_fibers); no workspace.
     """
     cdef Py_ssize_t n = crd0.shape[0]
-    cdef Py_ssize_t nb, nch, ch, h0, h1, b, q, q0, q1, f, p
-    cdef double s
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cv = _fptr(c)
-    cdef floating* ov = &out_vals[0] if out_vals.shape[0] > 0 else NULL
+    cdef _CsfArgs a
     if n == 0:
         return
-    nch = num_chunks(_work(p1, p2, n, 4.0, 4.0, 1.0), num_threads, n)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        h0 = _split(p1, p2, n, ch, nch)
-        h1 = _split(p1, p2, n, ch + 1, nch)
-        nb = _num_blocks(h1 - h0, num_threads)
-        with nogil:
-            for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                q0 = _sub(p1, p2, h0, h1, b, nb)
-                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
-                for q in range(q0, q1):
-                    for f in range(p1[q], p1[q + 1]):
-                        s = 0.0
-                        for p in range(p2[f], p2[f + 1]):
-                            s = s + <double>v[p] * <double>cv[c2[p]]
-                        ov[f - p1[0]] = <floating>s
+    a.crd2, a.C = _iptr(crd2), _fptr(c)
+    a.out = &out_vals[0] if out_vals.shape[0] > 0 else NULL
+    a.base = p1[0]
+    for_rows("ttv", <block_body>_ttv_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2, n,
+             _work(p1, p2, n, 4.0, 4.0, 1.0), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _ttv_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                     const index_t* p1, const index_t* p2) noexcept nogil:
+    """:func:`ttv`'s slices ``[q0, q1)``."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cv = <const floating*>a.C
+    cdef floating* ov = <floating*>a.out
+    cdef Py_ssize_t q, f, p
+    cdef double s
+    for q in range(q0, q1):
+        for f in range(p1[q], p1[q + 1]):
+            s = 0.0
+            for p in range(p2[f], p2[f + 1]):
+                s = s + <double>v[p] * <double>cv[c2[p]]
+            ov[f - a.base] = <floating>s
+    return 0
 
 
 def ttv_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -215,61 +168,51 @@ def ttv_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1]
     per thread (float32 only).
     """
     cdef Py_ssize_t n = crd0.shape[0]
-    cdef Py_ssize_t I = out.shape[0]
     cdef Py_ssize_t K = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, h0, h1, b, q, q0, q1, f, p, k, row
-    cdef double cj
-    cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
-    cdef const index_t* c1 = _iptr(crd1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cv = _fptr(c)
-    cdef floating* op = &out[0, 0] if I > 0 and K > 0 else NULL
-    cdef double* acc
-    cdef double* dst
-    cdef int failed = 0
-    if I == 0 or K == 0:
+    cdef floating* op = _zeroed(out, num_threads)
+    cdef _CsfArgs a
+    if op == NULL or n == 0:
         return
-    with nogil:
-        for row in prange(I, schedule="static", num_threads=num_threads):
-            memset(op + row * K, 0, K * sizeof(floating))
-    if n == 0:
-        return
+    a.crd0, a.crd1, a.crd2, a.C, a.out, a.R = _iptr(crd0), _iptr(crd1), _iptr(crd2), _fptr(c), op, K
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
-    nch = num_chunks(_work(p1, p2, n, 4.0, 4.0, <double>K), num_threads, n)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        h0 = _split(p1, p2, n, ch, nch)
-        h1 = _split(p1, p2, n, ch + 1, nch)
-        nb = _num_blocks(h1 - h0, num_threads)
-        with nogil, parallel(num_threads=num_threads):
-            acc = NULL if floating is double else <double*>ws_get(wsp, 1, 0, K * sizeof(double))
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if floating is not double and acc == NULL:
-                    failed += 1
-                    continue
-                q0 = _sub(p1, p2, h0, h1, b, nb)
-                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
-                for q in range(q0, q1):
-                    row = <Py_ssize_t>c0[q]
-                    if floating is double:
-                        dst = <double*>(op + row * K)   # slices own their rows
-                    else:
-                        dst = acc
-                        memset(dst, 0, K * sizeof(double))
-                    for f in range(p1[q], p1[q + 1]):
-                        cj = <double>cv[c1[f]]
-                        for p in range(p2[f], p2[f + 1]):
-                            dst[c2[p]] += <double>v[p] * cj
-                    if floating is not double:
-                        for k in range(K):
-                            op[row * K + k] = <floating>dst[k]
-        if failed:
-            raise MemoryError("ttv_mid: cannot allocate the thread workspace")
+    a.wsp = ws.ptr
+    for_rows("ttv_mid", <block_body>_ttv_mid_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2, n,
+             _work(p1, p2, n, 4.0, 4.0, <double>K), num_threads, DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _ttv_mid_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                         const index_t* p1, const index_t* p2) noexcept nogil:
+    """:func:`ttv_mid`'s slices ``[q0, q1)``, each into its own row (float32:
+    through the thread's double row)."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c0 = <const index_t*>a.crd0
+    cdef const index_t* c1 = <const index_t*>a.crd1
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cv = <const floating*>a.C
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t K = a.R, q, f, p, k, row
+    cdef double cj
+    cdef double* dst
+    cdef double* acc = NULL if floating is double else <double*>ws_get(a.wsp, 1, 0, K * sizeof(double))
+    if floating is not double and acc == NULL:
+        return -1
+    for q in range(q0, q1):
+        row = <Py_ssize_t>c0[q]
+        if floating is double:
+            dst = <double*>(op + row * K)   # slices own their rows
+        else:
+            dst = acc
+            memset(dst, 0, K * sizeof(double))
+        for f in range(p1[q], p1[q + 1]):
+            cj = <double>cv[c1[f]]
+            for p in range(p2[f], p2[f + 1]):
+                dst[c2[p]] += <double>v[p] * cj
+        if floating is not double:
+            for k in range(K):
+                op[row * K + k] = <floating>dst[k]
+    return 0
 
 
 def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -289,61 +232,59 @@ def mttkrp(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] 
     doubles per thread.
     """
     cdef Py_ssize_t n = crd0.shape[0]
-    cdef Py_ssize_t I = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, h0, h1
-    cdef Py_ssize_t b, q, q0, q1, f, p, r, row
-    cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
-    cdef const index_t* c1 = _iptr(crd1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
-    cdef floating* op = &out[0, 0] if I > 0 and R > 0 else NULL
-    cdef double* t
-    cdef double* acc
-    cdef const floating* crow
-    cdef int failed = 0
-    if I == 0 or R == 0:
+    cdef floating* op = _zeroed(out, num_threads)
+    cdef _CsfArgs a
+    if op == NULL or n == 0:
         return
-    with nogil:
-        for row in prange(I, schedule="static", num_threads=num_threads):
-            memset(op + row * R, 0, R * sizeof(floating))
-    if n == 0:
-        return
+    # the fibers' rows of D, scaled by C's row of the middle mode
+    a.crd0, a.crd1, a.crd2, a.C, a.D, a.E = _iptr(crd0), _iptr(crd1), _iptr(crd2), _mptr(D), _mptr(C), NULL
+    a.out, a.R, a.M = op, R, 0
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
-    nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), <double>(R + 1)),
-                     num_threads, n)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        h0 = _split(p1, p2, n, ch, nch)
-        h1 = _split(p1, p2, n, ch + 1, nch)
-        nb = _num_blocks(h1 - h0, num_threads)
-        with nogil, parallel(num_threads=num_threads):
-            t = <double*>ws_get(wsp, 1, 0, (2 * R + 1) * sizeof(double))
-            acc = t + R
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if t == NULL:
-                    failed += 1
-                    continue
-                q0 = _sub(p1, p2, h0, h1, b, nb)
-                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
-                for q in range(q0, q1):
-                    memset(acc, 0, R * sizeof(double))
-                    for f in range(p1[q], p1[q + 1]):
-                        _fiber_times(t, p2, c2, v, dp, f, R)
-                        crow = cp + <Py_ssize_t>c1[f] * R
-                        for r in range(R):
-                            acc[r] += t[r] * <double>crow[r]
-                    for r in range(R):
-                        op[<Py_ssize_t>c0[q] * R + r] = <floating>acc[r]
-        if failed:
-            raise MemoryError("mttkrp: cannot allocate the thread workspace")
+    for_rows("mttkrp", <block_body>_mttkrp_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2, n,
+             _work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), <double>(R + 1)), num_threads,
+             DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _mttkrp_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                        const index_t* p1, const index_t* p2) noexcept nogil:
+    """Slices ``[q0, q1)`` of :func:`mttkrp` and :func:`mttkrp_gemm`, each
+    into its own row: per fiber, ``u = sum_p v[p] * C[c2[p], :]`` (C: the
+    inner mode's factor), ``t += u * D[c1[f], :]`` (D: the middle mode's),
+    then the slice's row is ``t``, or with ``E``, ``t @ E``."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c0 = <const index_t*>a.crd0
+    cdef const index_t* c1 = <const index_t*>a.crd1
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.D
+    cdef const floating* ep = <const floating*>a.E
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t R = a.R, M = a.M, width = a.M if a.E != NULL else a.R, q, f, r
+    cdef const floating* drow
+    cdef double* u = <double*>ws_get(a.wsp, 1, 0, (2 * R + M + 1) * sizeof(double))
+    cdef double* t
+    cdef double* row
+    if u == NULL:
+        return -1
+    t = u + R
+    row = t + R if ep != NULL else t
+    for q in range(q0, q1):
+        memset(t, 0, R * sizeof(double))
+        for f in range(p1[q], p1[q + 1]):
+            _fiber_times(u, p2, c2, v, cp, f, R)
+            drow = dp + <Py_ssize_t>c1[f] * R
+            for r in range(R):
+                t[r] += u[r] * <double>drow[r]
+        if ep != NULL:
+            _vecmat(t, R, ep, M, row)
+        for r in range(width):
+            op[<Py_ssize_t>c0[q] * width + r] = <floating>row[r]
+    return 0
 
 
 def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -376,85 +317,80 @@ def mttkrp_mid(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[:
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t J = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb, nch, ch, q0, q1, b, q, f, f1, lo, hi, mid, j0, j1, row, r
-    cdef const index_t* c0 = _iptr(crd0)
+    cdef Py_ssize_t nb, row
     cdef const index_t* p1 = _iptr(pos1)
-    cdef const index_t* c1 = _iptr(crd1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
-    cdef floating* op_ = &out[0, 0] if J > 0 and R > 0 else NULL
-    cdef const floating* crow
-    cdef double* t
-    cdef double* acc
+    cdef floating* op_ = _zeroed(out, num_threads)
     cdef double work
-    cdef int failed = 0
-    if J == 0 or R == 0:
-        return
-    memset(op_, 0, J * R * sizeof(floating))
-    if n == 0:
+    cdef _CsfArgs a
+    if op_ == NULL or n == 0:
         return
     work = _work(p1, p2, n, <double>(R + 8), <double>(2 * R + 8), 1.0)
     # blocks: a few per thread to balance them, few enough that the per-slice
     # searches and factor-row loads (blocks x slices, ~1 us each) stay a
     # small part of the work
-    nb = min(_num_blocks(J, num_threads), <Py_ssize_t>num_threads * MID_BLOCKS_PER_THREAD)
+    nb = min(num_blocks(J, num_threads, BLOCKS_PER_THREAD), <Py_ssize_t>num_threads * MID_BLOCKS_PER_THREAD)
     while nb > num_threads and <double>nb * <double>n * 64.0 > work / 16.0:
         nb = nb >> 1
     if nb > J:
         nb = J
-    # interruptible chunks of slices, each run by every block: a row is summed
-    # over the slices in order whatever the chunks and blocks
-    nch = num_chunks(work, num_threads, n)
+    a.crd0, a.crd1, a.crd2, a.C, a.D, a.out = _iptr(crd0), _iptr(crd1), _iptr(crd2), _mptr(C), _mptr(D), op_
+    a.R, a.J, a.nb = R, J, nb
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     # float32: the rows are summed in a double copy of out, rounded once at the end
     cdef double[:, ::1] wide = None if floating is double else np.zeros((J, R))
-    cdef double* wp = NULL if floating is double else &wide[0, 0]
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        q0 = _split(p1, p2, n, ch, nch)
-        q1 = _split(p1, p2, n, ch + 1, nch)
-        with nogil, parallel(num_threads=num_threads):
-            t = <double*>ws_get(wsp, 1, 0, R * sizeof(double))
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if t == NULL:
-                    failed += 1
-                    continue
-                j0 = J * b // nb
-                j1 = J * (b + 1) // nb
-                if floating is double:
-                    acc = <double*>(op_ + j0 * R)
-                else:
-                    acc = wp + j0 * R
-                for q in range(q0, q1):
-                    # the slice's first fiber with j >= j0
-                    lo = p1[q]
-                    hi = p1[q + 1]
-                    while lo < hi:
-                        mid = (lo + hi) >> 1
-                        if c1[mid] < j0:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    crow = cp + <Py_ssize_t>c0[q] * R
-                    f = lo
-                    f1 = p1[q + 1]
-                    while f < f1 and c1[f] < j1:
-                        _fiber_times(t, p2, c2, v, dp, f, R)
-                        row = (<Py_ssize_t>c1[f] - j0) * R
-                        for r in range(R):
-                            acc[row + r] += t[r] * <double>crow[r]
-                        f = f + 1
-        if failed:
-            raise MemoryError("mttkrp_mid: cannot allocate the thread workspace")
+    a.wide = NULL if floating is double else &wide[0, 0]
+    # interruptible chunks of slices, each run by every block: a row is summed
+    # over the slices in order whatever the chunks and blocks
+    for_rows("mttkrp_mid", <block_body>_mttkrp_mid_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2,
+             n, work, num_threads, TEAM, nb, NULL)
     if floating is not double:
         with nogil:
             for row in prange(J * R, schedule="static", num_threads=num_threads):
-                op_[row] = <floating>wp[row]
+                op_[row] = <floating>a.wide[row]
+
+
+cdef int _mttkrp_mid_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                            const index_t* p1, const index_t* p2) noexcept nogil:
+    """:func:`mttkrp_mid`'s slices ``[q0, q1)`` into block ``b``'s range of output rows."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c0 = <const index_t*>a.crd0
+    cdef const index_t* c1 = <const index_t*>a.crd1
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.D
+    cdef Py_ssize_t R = a.R, j0 = a.J * b // a.nb, j1 = a.J * (b + 1) // a.nb
+    cdef Py_ssize_t q, f, f1, lo, hi, mid, row, r
+    cdef const floating* crow
+    cdef double* acc
+    cdef double* t = <double*>ws_get(a.wsp, 1, 0, R * sizeof(double))
+    if t == NULL:
+        return -1
+    if floating is double:
+        acc = <double*>(<floating*>a.out + j0 * R)
+    else:
+        acc = a.wide + j0 * R
+    for q in range(q0, q1):
+        # the slice's first fiber with j >= j0
+        lo = p1[q]
+        hi = p1[q + 1]
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if c1[mid] < j0:
+                lo = mid + 1
+            else:
+                hi = mid
+        crow = cp + <Py_ssize_t>c0[q] * R
+        f = lo
+        f1 = p1[q + 1]
+        while f < f1 and c1[f] < j1:
+            _fiber_times(t, p2, c2, v, dp, f, R)
+            row = (<Py_ssize_t>c1[f] - j0) * R
+            for r in range(R):
+                acc[row + r] += t[r] * <double>crow[r]
+            f = f + 1
+    return 0
 
 
 def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -484,23 +420,11 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t K = out.shape[0]
     cdef Py_ssize_t R = out.shape[1]
-    cdef Py_ssize_t nb = nblocks, nch, ch, b, q, q0, q1, s0, s1, f, p, r, own
-    cdef const index_t* c0 = _iptr(crd0)
+    cdef Py_ssize_t nb = nblocks, b, own
     cdef const index_t* p1 = _iptr(pos1)
-    cdef const index_t* c1 = _iptr(crd1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and R > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and R > 0 else NULL
     cdef floating* op_ = &out[0, 0] if K > 0 and R > 0 else NULL
-    cdef const floating* crow
-    cdef const floating* drow
-    cdef double* t
-    cdef double* acc
-    cdef double* row
-    cdef double w
-    cdef int failed = 0
+    cdef _CsfArgs a
     if nb < 1:
         raise ValueError(f"mttkrp_inner: nblocks must be >= 1, got {nblocks}")
     if K == 0 or R == 0:
@@ -515,8 +439,9 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
     cdef double** accs = <double**>malloc(nb * sizeof(double*))
     if accs == NULL:
         raise MemoryError()
+    a.crd0, a.crd1, a.crd2, a.C, a.D, a.R, a.accs = _iptr(crd0), _iptr(crd1), _iptr(crd2), _mptr(C), _mptr(D), R, accs
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     try:
         if floating is double:
             memset(op_, 0, K * R * sizeof(double))
@@ -525,39 +450,46 @@ def mttkrp_inner(const index_t[::1] pos0, const index_t[::1] crd0, const index_t
             accs[b] = &parts[b - own, 0]
         # interruptible chunks of each block's slices, run in order: a
         # block's partial sums its entries in the same order whatever the chunks
-        nch = num_chunks(_work(p1, p2, n, <double>(R + 8), <double>(R + 8), 1.0), num_threads, n)
-        for ch in range(nch):
-            if ch > 0:
-                PyErr_CheckSignals()
-            with nogil, parallel(num_threads=num_threads):
-                t = <double*>ws_get(wsp, 1, 0, R * sizeof(double))
-                for b in prange(nb, schedule="dynamic", chunksize=1):
-                    if t == NULL:
-                        failed += 1
-                        continue
-                    q0 = _split(p1, p2, n, b, nb)
-                    q1 = _split(p1, p2, n, b + 1, nb)
-                    s0 = _sub(p1, p2, q0, q1, ch, nch)
-                    s1 = _sub(p1, p2, q0, q1, ch + 1, nch)
-                    acc = accs[b]
-                    for q in range(s0, s1):
-                        crow = cp + <Py_ssize_t>c0[q] * R
-                        for f in range(p1[q], p1[q + 1]):
-                            drow = dp + <Py_ssize_t>c1[f] * R
-                            for r in range(R):
-                                t[r] = <double>crow[r] * <double>drow[r]
-                            for p in range(p2[f], p2[f + 1]):
-                                row = acc + <Py_ssize_t>c2[p] * R
-                                w = <double>v[p]
-                                for r in range(R):
-                                    row[r] += w * t[r]
-            if failed:
-                raise MemoryError("mttkrp_inner: cannot allocate the thread workspace")
+        for_rows("mttkrp_inner", <block_body>_mttkrp_inner_slices[floating, index_t], &a, _fptr(vals), p1, p2,
+                 p1, p2, n, _work(p1, p2, n, <double>(R + 8), <double>(R + 8), 1.0), num_threads, FIXED_BLOCKS,
+                 nb, NULL)
         if nb > own:
             with nogil:
                 _add_partials(accs, nb, op_, K * R, num_threads)
     finally:
         free(accs)
+
+
+cdef int _mttkrp_inner_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                              const index_t* p1, const index_t* p2) noexcept nogil:
+    """:func:`mttkrp_inner`'s slices ``[q0, q1)`` of block ``b``, scattered into its partial."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c0 = <const index_t*>a.crd0
+    cdef const index_t* c1 = <const index_t*>a.crd1
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.D
+    cdef Py_ssize_t R = a.R, q, f, p, r
+    cdef double* acc = a.accs[b]
+    cdef const floating* crow
+    cdef const floating* drow
+    cdef double* row
+    cdef double w
+    cdef double* t = <double*>ws_get(a.wsp, 1, 0, R * sizeof(double))
+    if t == NULL:
+        return -1
+    for q in range(q0, q1):
+        crow = cp + <Py_ssize_t>c0[q] * R
+        for f in range(p1[q], p1[q + 1]):
+            drow = dp + <Py_ssize_t>c1[f] * R
+            for r in range(R):
+                t[r] = <double>crow[r] * <double>drow[r]
+            for p in range(p2[f], p2[f + 1]):
+                row = acc + <Py_ssize_t>c2[p] * R
+                w = <double>v[p]
+                for r in range(R):
+                    row[r] += w * t[r]
+    return 0
 
 
 def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -577,68 +509,22 @@ def mttkrp_gemm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     n_fibers * J + n_i * J * M); workspace 2J + M doubles per thread.
     """
     cdef Py_ssize_t n = crd0.shape[0]
-    cdef Py_ssize_t I = out.shape[0]
     cdef Py_ssize_t M = out.shape[1]
     cdef Py_ssize_t J = C.shape[1]
-    cdef Py_ssize_t nb, nch, ch, h0, h1
-    cdef Py_ssize_t b, q, q0, q1, f, p, r, row
-    cdef const index_t* c0 = _iptr(crd0)
     cdef const index_t* p1 = _iptr(pos1)
-    cdef const index_t* c1 = _iptr(crd1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and J > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if D.shape[0] > 0 and J > 0 else NULL
-    cdef const floating* ep = &E[0, 0] if J > 0 and M > 0 else NULL
-    cdef floating* op = &out[0, 0] if I > 0 and M > 0 else NULL
-    cdef double* u
-    cdef double* t
-    cdef double* acc
-    cdef const floating* drow
-    cdef int failed = 0
-    if I == 0 or M == 0:
+    cdef floating* op = _zeroed(out, num_threads)
+    cdef _CsfArgs a
+    if op == NULL or n == 0:
         return
-    with nogil:
-        for row in prange(I, schedule="static", num_threads=num_threads):
-            memset(op + row * M, 0, M * sizeof(floating))
-    if n == 0:
-        return
+    a.crd0, a.crd1, a.crd2, a.C, a.D, a.E = _iptr(crd0), _iptr(crd1), _iptr(crd2), _mptr(C), _mptr(D), _mptr(E)
+    a.out, a.R, a.M = op, J, M
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
-    nch = num_chunks(_work(p1, p2, n, <double>(J + 8), <double>(2 * J + 8), <double>(J * M + J + 1)),
-                     num_threads, n)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        h0 = _split(p1, p2, n, ch, nch)
-        h1 = _split(p1, p2, n, ch + 1, nch)
-        nb = _num_blocks(h1 - h0, num_threads)
-        with nogil, parallel(num_threads=num_threads):
-            u = <double*>ws_get(wsp, 1, 0, (2 * J + M + 1) * sizeof(double))
-            t = u + J
-            acc = t + J
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if u == NULL:
-                    failed += 1
-                    continue
-                q0 = _sub(p1, p2, h0, h1, b, nb)
-                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
-                for q in range(q0, q1):
-                    memset(t, 0, J * sizeof(double))
-                    for f in range(p1[q], p1[q + 1]):
-                        memset(u, 0, J * sizeof(double))
-                        for p in range(p2[f], p2[f + 1]):
-                            _axpy(u, <double>v[p], cp + <Py_ssize_t>c2[p] * J, J)
-                        drow = dp + <Py_ssize_t>c1[f] * J
-                        for r in range(J):
-                            t[r] += u[r] * <double>drow[r]
-                    _vecmat(t, J, ep, M, acc)
-                    for r in range(M):
-                        op[<Py_ssize_t>c0[q] * M + r] = <floating>acc[r]
-        if failed:
-            raise MemoryError("mttkrp_gemm: cannot allocate the thread workspace")
+    for_rows("mttkrp_gemm", <block_body>_mttkrp_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2,
+             n, _work(p1, p2, n, <double>(J + 8), <double>(2 * J + 8), <double>(J * M + J + 1)), num_threads,
+             DYNAMIC_BLOCKS, BLOCKS_PER_THREAD, NULL)
 
 
 def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[::1] pos1,
@@ -660,47 +546,41 @@ def spttm_spttm(const index_t[::1] pos0, const index_t[::1] crd0, const index_t[
     cdef Py_ssize_t n = crd0.shape[0]
     cdef Py_ssize_t L = C.shape[1]
     cdef Py_ssize_t M = out_vals.shape[1]
-    cdef Py_ssize_t nb, nch, ch, h0, h1
-    cdef Py_ssize_t b, q, q0, q1, f, p, r
     cdef const index_t* p1 = _iptr(pos1)
     cdef const index_t* p2 = _iptr(pos2)
-    cdef const index_t* c2 = _iptr(crd2)
-    cdef const floating* v = _fptr(vals)
-    cdef const floating* cp = &C[0, 0] if C.shape[0] > 0 and L > 0 else NULL
-    cdef const floating* dp = &D[0, 0] if L > 0 and M > 0 else NULL
-    cdef floating* op = &out_vals[0, 0] if out_vals.shape[0] > 0 and M > 0 else NULL
-    cdef double* t
-    cdef double* acc
-    cdef int failed = 0
+    cdef _CsfArgs a
     if n == 0 or M == 0:
         return
+    a.crd2, a.C, a.D, a.R, a.M, a.base = _iptr(crd2), _mptr(C), _mptr(D), L, M, p1[0]
+    a.out = &out_vals[0, 0] if out_vals.shape[0] > 0 else NULL
     cdef Workspaces ws = Workspaces(num_threads, 1)
-    cdef void** wsp = ws.ptr
+    a.wsp = ws.ptr
     # work: per entry, per fiber, per slice (see _work)
-    nch = num_chunks(_work(p1, p2, n, <double>(L + 8), <double>(L * M + L + 8), 1.0),
-                     num_threads, n)
-    for ch in range(nch):
-        if ch > 0:
-            PyErr_CheckSignals()
-        h0 = _split(p1, p2, n, ch, nch)
-        h1 = _split(p1, p2, n, ch + 1, nch)
-        nb = _num_blocks(h1 - h0, num_threads)
-        with nogil, parallel(num_threads=num_threads):
-            t = <double*>ws_get(wsp, 1, 0, (L + M + 1) * sizeof(double))
-            acc = t + L
-            for b in prange(nb, schedule="dynamic", chunksize=1):
-                if t == NULL:
-                    failed += 1
-                    continue
-                q0 = _sub(p1, p2, h0, h1, b, nb)
-                q1 = _sub(p1, p2, h0, h1, b + 1, nb)
-                for q in range(q0, q1):
-                    for f in range(p1[q], p1[q + 1]):
-                        memset(t, 0, L * sizeof(double))
-                        for p in range(p2[f], p2[f + 1]):
-                            _axpy(t, <double>v[p], cp + <Py_ssize_t>c2[p] * L, L)
-                        _vecmat(t, L, dp, M, acc)
-                        for r in range(M):
-                            op[(f - p1[0]) * M + r] = <floating>acc[r]
-        if failed:
-            raise MemoryError("spttm_spttm: cannot allocate the thread workspace")
+    for_rows("spttm_spttm", <block_body>_spttm_spttm_slices[floating, index_t], &a, _fptr(vals), p1, p2, p1, p2,
+             n, _work(p1, p2, n, <double>(L + 8), <double>(L * M + L + 8), 1.0), num_threads, DYNAMIC_BLOCKS,
+             BLOCKS_PER_THREAD, NULL)
+
+
+cdef int _spttm_spttm_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t q1, const floating* v,
+                             const index_t* p1, const index_t* p2) noexcept nogil:
+    """:func:`spttm_spttm`'s slices ``[q0, q1)``, a row of the result per fiber."""
+    cdef const _CsfArgs* a = <const _CsfArgs*>ctx
+    cdef const index_t* c2 = <const index_t*>a.crd2
+    cdef const floating* cp = <const floating*>a.C
+    cdef const floating* dp = <const floating*>a.D
+    cdef floating* op = <floating*>a.out
+    cdef Py_ssize_t L = a.R, M = a.M, q, f, p, r
+    cdef double* t = <double*>ws_get(a.wsp, 1, 0, (L + M + 1) * sizeof(double))
+    cdef double* acc
+    if t == NULL:
+        return -1
+    acc = t + L
+    for q in range(q0, q1):
+        for f in range(p1[q], p1[q + 1]):
+            memset(t, 0, L * sizeof(double))
+            for p in range(p2[f], p2[f + 1]):
+                _axpy(t, <double>v[p], cp + <Py_ssize_t>c2[p] * L, L)
+            _vecmat(t, L, dp, M, acc)
+            for r in range(M):
+                op[(f - a.base) * M + r] = <floating>acc[r]
+    return 0

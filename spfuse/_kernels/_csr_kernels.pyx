@@ -26,7 +26,9 @@ Conventions shared by every routine of this module
   work (binary search on a prefix array, e.g. ``indptr[r] + r``) and the
   blocks are handed out by ``prange(schedule="dynamic", chunksize=1)``.  The
   arithmetic of one row never depends on the thread count, so results are
-  bit-identical for any ``num_threads``.
+  bit-identical for any ``num_threads``.  That skeleton is written once
+  (``for_rows``, ``_parallel.pxd``): a routine here is a body over a block
+  of rows (``_<name>_rows``) and a struct of its arguments.
 * Interruptible: a kernel whose estimated work exceeds one chunk (see
   ``_interrupt.pxd``) runs its rows as consecutive chunks (balanced like the
   blocks), one parallel region each, and calls ``PyErr_CheckSignals()``
@@ -63,12 +65,12 @@ cimport numpy as cnp
 
 cnp.import_array()
 
-from spfuse._kernels._bitmap cimport _bitmap_readback, out_index_t
+from spfuse._kernels._bitmap cimport _bitmap_add, _bitmap_readback, out_index_t
 from spfuse._kernels._epilogue cimport (
     EPI_ABS, EPI_ADD, EPI_COL, EPI_CONST, EPI_COPY, EPI_DIV, EPI_MATRIX, EPI_MUL, EPI_NEG, EPI_REG, EPI_RELU, EPI_ROUND,
     EPI_ROW, EPI_SQRT, EPI_SUB, _Epilogue, _epilogue_from, _run_epilogue,
 )
-from spfuse._kernels._leaves cimport _add_partials, _dot
+from spfuse._kernels._leaves cimport _add_partials, _axpy, _dot, _fptr, _iptr, _mptr, _vecmat
 from spfuse._kernels._parallel cimport (
     DYNAMIC_BLOCKS, FIXED_BLOCKS, FIXED_BLOCKS_STATIC, TEAM, block_body, for_rows, split,
 )
@@ -218,13 +220,6 @@ cdef inline double _gather_dot(const index_t* ind, const floating* val, const fl
     return s0
 
 
-cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:
-    """acc[0:n] += v * x[0:n] (vectorisable)."""
-    cdef Py_ssize_t k
-    for k in range(n):
-        acc[k] += v * <double>x[k]
-
-
 cdef inline void _prefetch_row(const void* p, Py_ssize_t nbytes) noexcept nogil:
     """Prefetch ``nbytes`` from ``p`` (one hint per 64-byte line, at most 16)."""
     cdef Py_ssize_t off = 0
@@ -311,19 +306,6 @@ cdef inline Py_ssize_t _bit_length(Py_ssize_t n) noexcept nogil:
         b += 1
         n >>= 1
     return b
-
-
-cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
-    return &a[0] if a.shape[0] > 0 else NULL
-
-
-cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
-    return &a[0] if a.shape[0] > 0 else NULL
-
-
-cdef inline const floating* _mptr(const floating[:, ::1] a) noexcept nogil:
-    """A C-ordered matrix's first element, NULL when it has none."""
-    return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else NULL
 
 
 def _set_chunk_work(double units):
@@ -1032,6 +1014,7 @@ cdef int _spmm_t_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r
     cdef const _SpmmTArgs* a = <const _SpmmTArgs*>ctx
     cdef const floating** vals = <const floating**>a.vals
     cdef const floating** bps = <const floating**>a.bps
+    cdef const floating* bp = bps[0]
     cdef Py_ssize_t j0 = a.owned[b], j1 = a.owned[b + 1], K = a.K, i, p, t
     cdef size_t n = <size_t>a.n
     cdef int nterms = a.nterms
@@ -1044,7 +1027,7 @@ cdef int _spmm_t_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r
                 a.bad[0] = p
                 break
             if <size_t>(c - j0) < <size_t>(j1 - j0):
-                _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bps[0] + i * K, K)
+                _axpy(acc + <Py_ssize_t>c * K, <double>val[p], bp + i * K, K)
                 for t in range(1, nterms):
                     _axpy(acc + <Py_ssize_t>c * K, <double>vals[t][p], bps[t] + i * K, K)
     return 0
@@ -1570,9 +1553,9 @@ cdef int _spgemm_numeric_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_s
     cdef const floating* bval = <const floating*>a.bval
     cdef index_t* cind = <index_t*>a.cind
     cdef floating* cval = <floating*>a.out
-    cdef Py_ssize_t annz = a.annz, i, p, q, cs, w0, minw, maxw
-    cdef index_t j, k
-    cdef uint64_t bit
+    cdef Py_ssize_t annz = a.annz, i, p, q, cs
+    cdef Py_ssize_t span[2]
+    cdef index_t j
     cdef double v
     if not _bitmap_ws(a.wsp, 3, 0, a.n_cols):
         return -1
@@ -1581,8 +1564,7 @@ cdef int _spgemm_numeric_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_s
     cdef uint64_t* words = <uint64_t*>ws_slot(a.wsp, 3, 2)[0]
     for i in range(r0, r1):
         cs = cip[i] - cip[0]
-        minw = -1
-        maxw = -1
+        span[0] = span[1] = -1
         for p in range(aip[i], aip[i + 1]):
             j = aind[p]
             v = aval[p]
@@ -1598,21 +1580,9 @@ cdef int _spgemm_numeric_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_s
                 for q in range(bip[aind[p + 1]], bip[aind[p + 1] + 1]):
                     SPFUSE_PREFETCH_W(&acc[bind[q]])
             for q in range(bip[j], bip[j + 1]):
-                k = bind[q]
-                w0 = k >> 6
-                bit = (<uint64_t>1) << (k & 63)
-                if bits[w0] & bit:
-                    acc[k] += v * <double>bval[q]
-                else:
-                    bits[w0] |= bit
-                    acc[k] = v * <double>bval[q]
-                    words[w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
-                    if minw < 0 or (w0 >> 6) < minw:
-                        minw = w0 >> 6
-                    if (w0 >> 6) > maxw:
-                        maxw = w0 >> 6
-        if minw >= 0:
-            _bitmap_readback(acc, bits, words, minw, maxw, cind + cs, cval + cs)
+                _bitmap_add(acc, bits, words, bind[q], v * <double>bval[q], span)
+        if span[0] >= 0:
+            _bitmap_readback(acc, bits, words, span[0], span[1], cind + cs, cval + cs)
     return 0
 
 
@@ -2040,35 +2010,23 @@ cdef inline Py_ssize_t _row_scatter(const _Operands* ops, const double* coef, Py
     marked columns are read back in increasing order (summary words over the
     row's span, set bits by count-trailing-zeros): sorted without a sort,
     O(entries + span / 4096).  Any column order and duplicates are fine."""
-    cdef Py_ssize_t t, p, minw = -1, maxw = -1, w0
+    cdef Py_ssize_t t, p
+    cdef Py_ssize_t span[2]
     cdef const index_t* ip
     cdef const index_t* ind
     cdef const floating* val
     cdef double c
-    cdef index_t k
-    cdef uint64_t bit
+    span[0] = span[1] = -1
     for t in range(ops.n):
         ip = <const index_t*>ops.indptr[t]
         ind = <const index_t*>ops.indices[t]
         val = <const floating*>ops.data[t]
         c = coef[t]
         for p in range(ip[i], ip[i + 1]):
-            k = ind[p]
-            w0 = k >> 6
-            bit = (<uint64_t>1) << (k & 63)
-            if bits[w0] & bit:
-                acc[k] += c * <double>val[p]
-            else:
-                bits[w0] |= bit
-                acc[k] = c * <double>val[p]
-                words[w0 >> 6] |= (<uint64_t>1) << (w0 & 63)
-                if minw < 0 or (w0 >> 6) < minw:
-                    minw = w0 >> 6
-                if (w0 >> 6) > maxw:
-                    maxw = w0 >> 6
-    if minw < 0:
+            _bitmap_add(acc, bits, words, ind[p], c * <double>val[p], span)
+    if span[0] < 0:
         return 0
-    return _bitmap_readback(acc, bits, words, minw, maxw, outc, outv)
+    return _bitmap_readback(acc, bits, words, span[0], span[1], outc, outv)
 
 
 cdef inline bint _prefer_scatter(const _Operands* ops, Py_ssize_t i, double fixed, double entry,
@@ -2480,36 +2438,6 @@ cdef _compact_dispatch(const int64_t[::1] indptr, const int64_t[::1] row_cnt,
 # --------------------------------------------------------------------------
 # Fused kernels (SparseLNR branches with scalar / row temporaries)
 # --------------------------------------------------------------------------
-cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
-                         double* acc) noexcept nogil:
-    """``acc[0:L] = t[0:K] @ D`` for C-contiguous ``D`` (K x L), in double.
-
-    Axpy of D's rows, four at a time (``acc += t0*D0 + t1*D1 + t2*D2 +
-    t3*D3``), so the order of the sum depends on K only.  O(K * L); D is
-    re-read per row, so it should fit in L2 for speed (it does for the
-    K, L <= ~256 of the fused kernels).
-    """
-    cdef Py_ssize_t k = 0, l
-    cdef double t0, t1, t2, t3
-    cdef const floating* d0
-    cdef const floating* d1
-    cdef const floating* d2
-    cdef const floating* d3
-    memset(acc, 0, L * sizeof(double))
-    while k + 4 <= K:
-        t0 = t[k]; t1 = t[k + 1]; t2 = t[k + 2]; t3 = t[k + 3]
-        d0 = D + k * L; d1 = d0 + L; d2 = d1 + L; d3 = d2 + L
-        for l in range(L):
-            acc[l] += (t0 * <double>d0[l] + t1 * <double>d1[l]) + (t2 * <double>d2[l] + t3 * <double>d3[l])
-        k += 4
-    while k < K:
-        t0 = t[k]
-        d0 = D + k * L
-        for l in range(L):
-            acc[l] += t0 * <double>d0[l]
-        k += 1
-
-
 def sddmm_spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[::1] bdata,
                const floating[:, ::1] C, const floating[:, ::1] Dt, const floating[:, ::1] E,
                floating[:, ::1] out, int op, int num_threads):

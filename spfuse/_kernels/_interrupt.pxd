@@ -3,7 +3,8 @@
 #
 # ``PyErr_CheckSignals`` needs the GIL, and OpenMP worker threads must not take
 # it, so a long kernel runs its rows in bounded CHUNKS: the Python-level loop
-# of the kernel enters one ``with nogil, parallel()`` region per chunk and
+# over chunks (written once for the template kernels: ``for_rows`` in
+# ``_parallel.pxd``) enters one ``with nogil`` parallel region per chunk and
 # calls ``PyErr_CheckSignals()`` (GIL held) between chunks.  On a pending
 # KeyboardInterrupt (or any exception raised by a signal handler) it returns
 # -1 with the exception set and the kernel raises it after freeing its

@@ -1,8 +1,11 @@
-# Leaf bodies shared by the template kernels (_csr_kernels) and the loop-tree
+# Leaf bodies shared by the template kernels (_csr_kernels, _csf_kernels) and the loop-tree
 # executor (_looptree): whole-fiber computations written once.
 from cython cimport floating
 from cython.parallel cimport prange
 from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memset
+
+from spfuse._kernels._kernel_common cimport index_t
 
 # the index type of a leaf's coordinates (the executor is built for both)
 ctypedef fused leaf_index_t:
@@ -35,6 +38,57 @@ cdef inline double _dot(const floating* a, const floating* b, Py_ssize_t n) noex
         s0 += <double>a[k] * <double>b[k]
         k += 1
     return ((s0 + s4) + (s1 + s5)) + ((s2 + s6) + (s3 + s7))
+
+
+cdef inline void _axpy(double* acc, double v, const floating* x, Py_ssize_t n) noexcept nogil:
+    """acc[0:n] += v * x[0:n] (vectorisable)."""
+    cdef Py_ssize_t k
+    for k in range(n):
+        acc[k] += v * <double>x[k]
+
+
+cdef inline void _vecmat(const double* t, Py_ssize_t K, const floating* D, Py_ssize_t L,
+                         double* acc) noexcept nogil:
+    """``acc[0:L] = t[0:K] @ D`` for C-contiguous ``D`` (K x L), in double.
+
+    Axpy of D's rows, four at a time (``acc += t0*D0 + t1*D1 + t2*D2 +
+    t3*D3``), so the order of the sum depends on K only.  O(K * L); D is
+    re-read per row, so it should fit in L2 for speed (it does for the
+    K, L <= ~256 of the fused kernels).
+    """
+    cdef Py_ssize_t k = 0, l
+    cdef double t0, t1, t2, t3
+    cdef const floating* d0
+    cdef const floating* d1
+    cdef const floating* d2
+    cdef const floating* d3
+    memset(acc, 0, L * sizeof(double))
+    while k + 4 <= K:
+        t0 = t[k]; t1 = t[k + 1]; t2 = t[k + 2]; t3 = t[k + 3]
+        d0 = D + k * L; d1 = d0 + L; d2 = d1 + L; d3 = d2 + L
+        for l in range(L):
+            acc[l] += (t0 * <double>d0[l] + t1 * <double>d1[l]) + (t2 * <double>d2[l] + t3 * <double>d3[l])
+        k += 4
+    while k < K:
+        t0 = t[k]
+        d0 = D + k * L
+        for l in range(L):
+            acc[l] += t0 * <double>d0[l]
+        k += 1
+
+
+# first elements of a kernel's array arguments, NULL when empty (a
+# zero-length memoryview has no element 0 to take the address of)
+cdef inline const index_t* _iptr(const index_t[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline const floating* _fptr(const floating[::1] a) noexcept nogil:
+    return &a[0] if a.shape[0] > 0 else NULL
+
+
+cdef inline const floating* _mptr(const floating[:, ::1] a) noexcept nogil:
+    return &a[0, 0] if a.shape[0] > 0 and a.shape[1] > 0 else NULL
 
 
 cdef inline double _sum4(const double* a, Py_ssize_t n) noexcept nogil:
@@ -107,6 +161,14 @@ cdef inline void _prefetch_row(const double* p, Py_ssize_t n) noexcept nogil:
     while k < n:
         SPFUSE_PREFETCH(p + k)
         k += 8
+
+
+cdef inline void _zero_rows(floating* out, Py_ssize_t rows, Py_ssize_t width, int num_threads) noexcept nogil:
+    """``out[0:rows, 0:width] = 0`` (C-ordered), rows shared among threads:
+    each thread first touches the rows it is likely to write."""
+    cdef Py_ssize_t row
+    for row in prange(rows, schedule="static", num_threads=num_threads):
+        memset(out + row * width, 0, width * sizeof(floating))
 
 
 cdef inline void _add_partials(double** parts, Py_ssize_t nparts, floating* out, Py_ssize_t n,

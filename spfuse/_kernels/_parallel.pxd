@@ -101,8 +101,8 @@ cdef enum BlockMode:
     # FIXED_BLOCKS with block ``b`` on thread ``b mod num_threads`` in every
     # chunk (its partial stays in that core's cache)
     FIXED_BLOCKS_STATIC = 2
-    # ``nb`` teammates, each over ALL the rows of every chunk, block ``b``
-    # on thread ``b``: each owns a part of the output (``spmm_t``)
+    # ``nb`` teammates, each over ALL the rows of every chunk and owning a
+    # part of the output (``spmm_t``, ``mttkrp_mid``); handed out dynamically
     TEAM = 3
 
 
@@ -148,7 +148,7 @@ cdef inline int for_rows(str name, block_body body, const void* ctx, const void*
         if mode == DYNAMIC_BLOCKS:
             nb = num_blocks(c1 - c0, num_threads, <int>blocks)
         with nogil:
-            if mode == FIXED_BLOCKS_STATIC or mode == TEAM:
+            if mode == FIXED_BLOCKS_STATIC:
                 for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
                     block_rows(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, r)
                     if body(ctx, b, r[0], r[1], values, indptr, indices) != 0:
