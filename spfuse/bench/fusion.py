@@ -12,10 +12,12 @@ estimates and ReACT labels), and one summary line per kernel.
 
 ``auto`` and ``none`` plans run on the same kernels: a ``none`` plan runs
 each operation as its own group, on the template kernels, BLAS, numpy or
-pattern programs ``auto``'s groups use.  ``max`` plans (whole fused
-statements) run on the generic loop-tree executor, so a measured ratio
-against ``max`` mixes the fusion decision with the engine; the cost-model
-columns isolate the decision.
+pattern programs ``auto``'s groups use.  A ``max`` plan does too where each
+statement is one product of two factors (SpMV, SpMM, SpGEMM: the same loop
+nest in every strategy); a whole fused statement with a workspace or a
+longer chain runs on the generic loop-tree executor, so a measured ratio
+against ``max`` there mixes the fusion decision with the engine; the
+cost-model columns isolate the decision.
 
 >>> import io
 >>> buf = io.StringIO()
@@ -80,8 +82,8 @@ def cost_models(program: str, operands: dict) -> dict:
 def generic_auto_peer() -> peers_mod.Peer:
     """``spfuse[auto,generic]``: auto's plan run by the generic loop-tree executor (no template kernel).
 
-    Isolates the fusion *decision* from the engine: ``max`` and ``none`` plans
-    always run on the generic executor.  Operands are validated and converted
+    Isolates the fusion *decision* from the engine: ``max`` plans of whole
+    fused statements run on the generic executor.  Operands are validated and converted
     once in ``prepare`` (the other strategies do it per call: O(nnz), small
     next to a generic-executor run).
     """
@@ -179,7 +181,7 @@ def run_fusion_study(size: str = "small", kernels: str | None = None, threads: l
       "the better of max and none (pass: <= 1.10); est = the same ratio of the cost model's iteration estimates; "
       "label = ReACT class vs auto (AS asymptotically slower, CS constant slower, 1 same); "
       "(1) = over the call budget: the single checked call (at the largest thread count) stands in for the median; "
-      "auto gen = auto's plan on the generic executor (max and none always run there): gen/best isolates the "
+      "auto gen = auto's plan on the generic executor (max's fused statements run there): gen/best isolates the "
       "fusion decision from the template kernels")
     notes = []
     for n in threads:

@@ -592,6 +592,8 @@ def _head_route(plan, ops, t: str, available, head: list | None = None) -> tuple
     ein = _group_einsum(ops, t, head)
     if ein is None or not all(_factor_source(f) in available | {None} for f, _ in ein[3]):
         return None
+    if plan.fusion == "max" and len(ein[3]) > 2:
+        return None   # (see match_template: a longer chain is max's own loop nest)
     infos = plan.inputs
     local = {f: _factor_info(plan, f) for f, _ in ein[3]}
     if any(i is None for i in local.values()):

@@ -850,6 +850,11 @@ def _match_sddmm_div(plan, infos):
 MAX_WORKSPACE_COLUMNS = 2**25
 
 
+def _one_op_per_statement(plan) -> bool:
+    """Is every operation of ``plan`` a statement of its program (no workspace)?"""
+    return {op.out for op in plan.ops} <= {st.target.name for st in plan.program.statements}
+
+
 def match_template(plan) -> TemplateMatch | None:
     """The template kernel for ``plan`` (auto fusion; ``none`` group by group), or None.
 
@@ -858,13 +863,17 @@ def match_template(plan) -> TemplateMatch | None:
     group, or no whole-program template matches, the plan runs group by group (:mod:`spfuse.lowering.groups`),
     each group on a template kernel where one matches -- one decision
     procedure, the planner's."""
-    if plan.fusion == "max":
-        # (a template computes a maximal-fusion statement with auto's temporaries -- spmm_gemm's row of
-        # A·X for sum(h, sum(j, A*X*W)) -- not the fused loop nest whose cost max stands for)
-        return None
-    if plan.fusion == "none":   # (unfused: every operation its own group, on the kernels auto's groups use)
+    if plan.fusion == "none" or plan.fusion == "max" and _one_op_per_statement(plan):
+        # none: every operation its own group, on the kernels auto's groups use; max: each statement
+        # one group, on those kernels where its loop nest is theirs.  Not for a statement with a
+        # workspace (its loop nest keeps it in a register or a row) nor a product of more than two
+        # factors: a template computes a longer maximal-fusion chain with auto's temporaries --
+        # spmm_gemm's row of A·X for sum(h, sum(j, A*X*W)) -- not the fused loop nest whose cost
+        # max stands for.
         from spfuse.lowering.groups import lower_groups
         return lower_groups(plan)
+    if plan.fusion == "max":
+        return None
     as_written = not getattr(plan, "separated", ()) and not any(
         a.changed for a in getattr(plan, "associations", ()))
     m = _match(plan) if as_written else None
