@@ -66,8 +66,11 @@ class Plan:
     atoms: Mapping[str, tuple] = field(default_factory=dict)  # mask atom → (statement, tensor, indices, mode)
     formats: Mapping[str, FormatDecision] = field(default_factory=dict)
     tiles: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
-    # Cost decisions shown by explain() with their numbers.  Kept apart from
-    # ``notes``: lowering reads a non-empty ``notes`` as "propagation disabled".
+    # True when the masks were propagated across operations (auto fusion):
+    # lowering then iterates each one exactly, or raises UnrealizableMask.
+    propagated: bool = False
+    # Cost decisions shown by explain() with their numbers (``notes`` says
+    # why a plan is not the usual one).
     associations: tuple[Association, ...] = ()
     separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
     decisions: tuple[str, ...] = ()
@@ -214,7 +217,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     plan = Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
-                separated=separated, order_choices=choices)
+                separated=separated, order_choices=choices, propagated=fusion == "auto" and propagate)
     if fusion == "auto" and propagate and not _restoring.get():
         token = _restoring.set(True)
         try:

@@ -526,7 +526,7 @@ def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
     that cannot be iterated (re-plan with ``propagate=False``)."""
     lo = _Lowerer(plan, operands)
     # Forward-only masks are exact: iterating a superset of them is safe.
-    lo.strict = plan.fusion == "auto" and not plan.notes
+    lo.strict = plan.propagated
     lo.declare_vars(plan.tree.children, [])
     lo.declare_storage()
     lo.emit(plan.tree.children, set())
