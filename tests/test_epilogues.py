@@ -337,3 +337,20 @@ def test_a_scaled_gemm_keeps_its_scale(program, shape, rng):
         if "relu" in program:
             want = np.maximum(want + ops["c"], 0)
         np.testing.assert_allclose(spfuse.evaluate(program, s=np.float64(s), **used), want, rtol=1e-12, atol=1e-12)
+
+
+def test_one_kernel_reads_each_calls_operands_through_its_encoded_tail(rng):
+    """A tail's opcodes are encoded once per program; its operands' addresses
+    and 0-d values are each call's own (the shared arrays are read-only)."""
+    from spfuse.lowering.epilogues import _static_encoding
+    A = sp.random_array((300, 200), density=0.05, format="csr", rng=rng)
+    X = rng.standard_normal((200, 8))
+    k = spfuse.compile("Y[i,k] = relu(s * (A[i,j] * X[j,k]) + b[k])", A=A, X=X, b=np.zeros(8), s=np.float64(1.0))
+    for _ in range(3):
+        b, s = rng.standard_normal(8), np.float64(rng.standard_normal())
+        np.testing.assert_allclose(k(A=A, X=X, b=b, s=s), np.maximum(s * (A @ X) + b, 0), rtol=1e-12, atol=1e-12)
+    assert _static_encoding.cache_info().currsize > 0
+    (code, kinds, refs, consts, _, _), slots = _static_encoding(((("relu", 0, (("register", 0, 1.0),)),), 0, 1),
+                                                                1.0, False)
+    assert slots == ()
+    assert not any(a.flags.writeable for a in (code, kinds, refs, consts))

@@ -33,17 +33,20 @@ Measured at 100k rows, 10 per row, K=64 (``relu(A·X)``): see BENCHMARKS.md.
 """
 from __future__ import annotations
 
+import functools
 from math import prod
 from typing import Any
 
 import numpy as np
 
 from spfuse._kernels import _csr_kernels as csr
+from spfuse._kernels import _dense_kernels
 from spfuse._kernels._result_pool import empty as _result
 from spfuse.errors import IndexCheckFailed
 from spfuse.ir.ops import Const
 from spfuse.lowering import templates
 from spfuse.lowering.group_flow import producers_and_readers
+from spfuse.runtime.blas_pool import hold_blas_once
 
 __all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
 
@@ -177,17 +180,17 @@ def _program(plan, g, product: str | None, ndim: int, temporaries: bool = False)
     return tuple(instructions), registers[g.ops[-1].out], len(registers)
 
 
-def _encoded(program: tuple, env, scale: float, rounded: bool):
-    """The kernel's epilogue arrays for this call (operands as float64
-    C-ordered arrays, kept alive in the returned tuple's arrays), with the
-    SpMM route's scale multiplied in first (rounded like the kernel's
-    stored result when the values are float32)."""
+@functools.lru_cache(maxsize=256)
+def _static_encoding(program: tuple, scale: float, rounded: bool) -> tuple:
+    """The epilogue arrays of ``program`` as far as they do not depend on the
+    call (opcodes, argument kinds, registers, constants), and the argument
+    slots each call fills from its operands: ``(position, kind, name, c)``."""
     instructions, out_reg, n_regs = program
     code: list[int] = []
     kinds: list[int] = []
     refs: list[int] = []
     consts: list[float] = []
-    keep = []
+    slots = []
     ops = csr.EPILOGUE_OPS
     kind_codes = csr.EPILOGUE_ARGS
 
@@ -199,14 +202,9 @@ def _encoded(program: tuple, env, scale: float, rounded: bool):
                 ref = what
             elif kind == "constant":
                 value = what
-            elif kind == "scalar":
-                kind, value = "constant", float(env[what].values.reshape(-1)[0]) * c
-            else:
-                t = env[what]
-                v = np.ascontiguousarray(t.todense() if not t.format.is_identity_order else
-                                         t.values.reshape(t.shape), dtype=_F64)
-                keep.append(v)
-                ref = v.ctypes.data
+            else:   # a 0-d operand (a constant per call) or an array (its address per call)
+                slots.append((len(kinds), kind, what, c))
+                kind = "constant" if kind == "scalar" else kind
             kinds.append(kind_codes[kind])
             refs.append(ref)
             consts.append(value)
@@ -217,8 +215,34 @@ def _encoded(program: tuple, env, scale: float, rounded: bool):
             emit("round", 0, (("register", 0, 1.0),))
     for operator, dst, args in instructions:
         emit(operator, dst, args)
-    return (np.array(code, np.int64), np.array(kinds, np.int64), np.array(refs, np.int64),
-            np.array(consts, _F64), n_regs, out_reg), keep
+    arrays = (np.array(code, np.int64), np.array(kinds, np.int64), np.array(refs, np.int64),
+              np.array(consts, _F64), n_regs, out_reg)
+    for a in arrays[:4]:
+        a.flags.writeable = False   # (shared by every call: a call fills copies)
+    return arrays, tuple(slots)
+
+
+def _encoded(program: tuple, env, scale: float, rounded: bool):
+    """The kernel's epilogue arrays for this call (operands as float64
+    C-ordered arrays, kept alive in the returned list), with the
+    SpMM route's scale multiplied in first (rounded like the kernel's
+    stored result when the values are float32).  A program reading no
+    operand is encoded once."""
+    (code, kinds, refs, consts, n_regs, out_reg), slots = _static_encoding(program, scale, rounded)
+    if not slots:
+        return (code, kinds, refs, consts, n_regs, out_reg), []
+    refs, consts = refs.copy(), consts.copy()
+    keep = []
+    for pos, kind, what, c in slots:
+        t = env[what]
+        if kind == "scalar":
+            consts[pos] = float(t.values.reshape(-1)[0]) * c
+            continue
+        v = np.ascontiguousarray(t.todense() if not t.format.is_identity_order else t.values.reshape(t.shape),
+                                 dtype=_F64)
+        keep.append(v)
+        refs[pos] = v.ctypes.data
+    return (code, kinds, refs, consts, n_regs, out_reg), keep
 
 
 def run_epilogue(plan, g, env: dict, nt: int) -> dict:
@@ -260,9 +284,7 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
 def _run_gemm_epilogue(plan, g, env: dict, nt: int) -> dict:
     """A merged gemm group's result: BLAS in row blocks, each block's rows
     through the tail while in cache (``_dense_kernels.gemm``'s epilogue)."""
-    from spfuse._kernels import _dense_kernels
     from spfuse.lowering import groups as lowering
-    from spfuse.runtime.blas_pool import hold_blas_once
     head, tail, program = g.epilogue
     x, y, xt, yt, _ = head.names
     _, dtype = templates._types([env[x], env[y]])
@@ -283,7 +305,6 @@ def _run_rows(plan, g, env: dict, nt: int) -> dict:
     """An element-wise group run as a register program of its own over the
     rows of its result (``_dense_kernels.rows_program``), or as numpy
     passes when an operand is a sparse temporary (kept on a pattern)."""
-    from spfuse._kernels import _dense_kernels
     from spfuse.lowering import groups as lowering
     _, tail, program = g.epilogue
     made = {op.out for op in tail.ops}
