@@ -409,3 +409,27 @@ def test_ctrl_c_interrupts_long_kernel(case, nt, tmp_path):
     assert "AFTER-OK" in out, (out, err[-2000:])
     assert p.returncode == 0, err[-2000:]
     assert latency < LATENCY_LIMIT, f"{case}: {latency:.2f} s from SIGINT to KeyboardInterrupt"
+
+
+@pytest.mark.parametrize("units", [None, 200])
+def test_many_small_blocks_started_at_once_each_run_their_own_rows(units):
+    """The shared skeleton's blocks (``_parallel.pxd``) cover the rows
+    exactly: thousands of two-row blocks in hundreds of chunks, on 1-3
+    threads, leave no row unwritten (``out`` starts as NaN)."""
+    rng = np.random.default_rng(3)
+    m = 60_000
+    A = sp.random_array((m, m), density=2.0 / m, format="csr", rng=rng)
+    A.sort_indices()
+    ip, ix, dv = A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data
+    x = rng.standard_normal(m)
+    B = rng.standard_normal((m, 3))
+    want_v, want_m = A @ x, A @ B
+    for _ in range(3):
+        with chunk_work(units) if units else chunk_work(K._set_chunk_work(0)):
+            for nt in THREADS:
+                out = np.full(m, np.nan)
+                assert K.spmv(ip, ix, dv, x, out, nt) == -1
+                np.testing.assert_allclose(out, want_v, rtol=1e-12, atol=1e-12)
+                outm = np.full((m, 3), np.nan)
+                assert K.spmm(ip, ix, dv, B, outm, nt) == -1
+                np.testing.assert_allclose(outm, want_m, rtol=1e-12, atol=1e-12)

@@ -106,19 +106,18 @@ cdef enum BlockMode:
     TEAM = 3
 
 
-cdef inline void block_rows(BlockMode mode, const index_t* ptr, const index_t* ptr2, Py_ssize_t m,
-                            Py_ssize_t c0, Py_ssize_t c1, Py_ssize_t ch, Py_ssize_t nch, Py_ssize_t b,
-                            Py_ssize_t nb, Py_ssize_t* r) noexcept nogil:
-    """Rows ``[r[0], r[1])`` of block ``b`` of ``nb`` in chunk ``ch`` of ``nch`` (rows ``[c0, c1)``)."""
+cdef inline Py_ssize_t block_row(BlockMode mode, const index_t* ptr, const index_t* ptr2, Py_ssize_t m,
+                               Py_ssize_t c0, Py_ssize_t c1, Py_ssize_t ch, Py_ssize_t nch, Py_ssize_t b,
+                               Py_ssize_t nb, bint end) noexcept nogil:
+    """The first row (``end``: one past the last) of block ``b`` of ``nb`` in
+    chunk ``ch`` of ``nch``, whose rows are ``[c0, c1)``.  (Two scalars per
+    block, never an array: an array written in a prange is shared by its
+    threads.)"""
     if mode == TEAM:
-        r[0] = c0
-        r[1] = c1
-    elif mode == DYNAMIC_BLOCKS:
-        r[0] = sub_split(ptr, ptr2, c0, c1, b, nb)
-        r[1] = sub_split(ptr, ptr2, c0, c1, b + 1, nb)
-    else:
-        r[0] = block_chunk(ptr, ptr2, m, b, nb, ch, nch)
-        r[1] = block_chunk(ptr, ptr2, m, b, nb, ch + 1, nch)
+        return c1 if end else c0
+    if mode == DYNAMIC_BLOCKS:
+        return sub_split(ptr, ptr2, c0, c1, b + end, nb)
+    return block_chunk(ptr, ptr2, m, b, nb, ch + end, nch)
 
 
 cdef inline int for_rows(str name, block_body body, const void* ctx, const void* values, const void* indptr,
@@ -135,7 +134,6 @@ cdef inline int for_rows(str name, block_body body, const void* ctx, const void*
     workspace, and whatever a signal handler raises between chunks."""
     cdef Py_ssize_t nch = num_chunks(work, num_threads, m)
     cdef Py_ssize_t ch, b, c0 = 0, c1 = m, nb = blocks
-    cdef Py_ssize_t r[2]
     cdef int failed = 0
     if m <= 0:
         return 0
@@ -150,13 +148,15 @@ cdef inline int for_rows(str name, block_body body, const void* ctx, const void*
         with nogil:
             if mode == FIXED_BLOCKS_STATIC:
                 for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
-                    block_rows(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, r)
-                    if body(ctx, b, r[0], r[1], values, indptr, indices) != 0:
+                    if body(ctx, b, block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, False),
+                            block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, True),
+                            values, indptr, indices) != 0:
                         failed += 1
             else:
                 for b in prange(nb, schedule="dynamic", chunksize=1, num_threads=num_threads):
-                    block_rows(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, r)
-                    if body(ctx, b, r[0], r[1], values, indptr, indices) != 0:
+                    if body(ctx, b, block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, False),
+                            block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, True),
+                            values, indptr, indices) != 0:
                         failed += 1
         if failed:
             raise MemoryError(f"{name}: cannot allocate the thread workspace")
