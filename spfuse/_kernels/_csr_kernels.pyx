@@ -2565,15 +2565,18 @@ cdef int _row_temporary_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ss
     acc = t + L if gemm else t
     for i in range(r0, r1):
         memset(t, 0, L * sizeof(double))
-        for p in range(ip[i], ip[i + 1]):
-            if p + 2 < annz:
-                if dp != NULL:
+        if sampled:
+            for p in range(ip[i], ip[i + 1]):
+                if p + 2 < annz:
                     _prefetch_row(dp + <Py_ssize_t>ind[p + 2] * K, K * sizeof(floating))
-                _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
-            w = <double>val[p]
-            if sampled:
-                w = _sddmm_value(op, w, _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
-            _axpy(t, w, fp + <Py_ssize_t>ind[p] * L, L)
+                    _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
+                w = _sddmm_value(op, <double>val[p], _dot(cp + i * K, dp + <Py_ssize_t>ind[p] * K, K))
+                _axpy(t, w, fp + <Py_ssize_t>ind[p] * L, L)
+        else:   # (apart: no test per entry in the plain SpMM's loop)
+            for p in range(ip[i], ip[i + 1]):
+                if p + 2 < annz:
+                    _prefetch_row(fp + <Py_ssize_t>ind[p + 2] * L, L * sizeof(floating))
+                _axpy(t, <double>val[p], fp + <Py_ssize_t>ind[p] * L, L)
         if gemm:
             _vecmat(t, L, wp, M, acc)
         for l in range(width):
