@@ -102,7 +102,9 @@ cdef enum BlockMode:
     # chunk (its partial stays in that core's cache)
     FIXED_BLOCKS_STATIC = 2
     # ``nb`` teammates, each over ALL the rows of every chunk and owning a
-    # part of the output (``spmm_t``, ``mttkrp_mid``); handed out dynamically
+    # part of the output (``spmm_t``, ``mttkrp_mid``); one per thread, each
+    # stays on its thread in every chunk (its part of the output in that
+    # core's cache), else handed out dynamically
     TEAM = 3
 
 
@@ -146,7 +148,7 @@ cdef inline int for_rows(str name, block_body body, const void* ctx, const void*
         if mode == DYNAMIC_BLOCKS:
             nb = num_blocks(c1 - c0, num_threads, <int>blocks)
         with nogil:
-            if mode == FIXED_BLOCKS_STATIC:
+            if mode == FIXED_BLOCKS_STATIC or mode == TEAM and nb == num_threads:
                 for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
                     if body(ctx, b, block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, False),
                             block_row(mode, ptr, ptr2, m, c0, c1, ch, nch, b, nb, True),
