@@ -450,16 +450,20 @@ def spmv_t(const index_t[::1] indptr, const index_t[::1] indices, const floating
         nb = m
     # block 0 of a float64 call scatters straight into ``out``
     cdef Py_ssize_t own = 1 if floating is double else 0
-    cdef double[:, ::1] parts = np.zeros((nb - own, n)) if nb > own else None
+    # (pooled: recycled pages, each partial zeroed by the thread that scatters
+    # into it, where np.zeros' fresh pages faulted in during the scatter)
+    cdef double[:, ::1] parts = pooled_empty((nb - own, n), np.dtype(np.float64)) if nb > own else None
     cdef double** accs = <double**>malloc(nb * sizeof(double*))
     if accs == NULL:
         raise MemoryError()
     try:
         if floating is double:
-            memset(&out[0], 0, n * sizeof(double))
             accs[0] = &out[0]
         for b in range(own, nb):
             accs[b] = &parts[b - own, 0]
+        with nogil:
+            for b in prange(nb, schedule="static", chunksize=1, num_threads=num_threads):
+                memset(accs[b], 0, n * sizeof(double))
         a.accs, a.x, a.n, a.bad = accs, xp, n, &bad
         # work: a random scatter per entry (~2 units)
         for_rows("spmv_t", <block_body>_spmv_t_rows[floating, index_t], &a, val, ip, ind, ip, NULL, m,
