@@ -321,10 +321,14 @@ def _set_chunk_work(double units):
 # --------------------------------------------------------------------------
 # SpMV, SpMM, SDDMM
 # --------------------------------------------------------------------------
-cdef struct _SpmvArgs:
-    const void* x
+cdef struct _GatherArgs:
+    # spmv and spmm: the dense operand (x, or B with K columns), the output,
+    # n = the operand's rows (the indices' bound), the bad index found
+    const void* B
     void* out
+    Py_ssize_t K, tile, annz
     size_t n
+    bint accumulate
     Py_ssize_t* bad
     const _Epilogue* epi
     _Epilogue epi_store
@@ -335,8 +339,8 @@ cdef int _spmv_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1,
                     const index_t* ip, const index_t* ind) noexcept nogil:
     """:func:`spmv`'s rows ``[r0, r1)``: runs of rows whose indices are checked
     in one pass, then read; with an epilogue, segments of rows through it in cache."""
-    cdef const _SpmvArgs* a = <const _SpmvArgs*>ctx
-    cdef const floating* xp = <const floating*>a.x
+    cdef const _GatherArgs* a = <const _GatherArgs*>ctx
+    cdef const floating* xp = <const floating*>a.B
     cdef floating* op = <floating*>a.out
     cdef Py_ssize_t s0 = r0, s1, i, k
     cdef Py_ssize_t rows = CHECKED_ROWS if a.epi == NULL else EPILOGUE_ROWS
@@ -386,11 +390,11 @@ def spmv(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     """
     cdef Py_ssize_t m = indptr.shape[0] - 1
     cdef const index_t* ip = &indptr[0]
-    cdef _SpmvArgs a
+    cdef _GatherArgs a
     if x is None and n_cols < 0:
         raise ValueError("spmv: row sums (x None) need n_cols >= 0")
     a.n = <size_t>(n_cols if x is None else x.shape[0])
-    a.x = NULL if x is None else _fptr(x)
+    a.B = NULL if x is None else _fptr(x)
     a.out = &out[0] if m > 0 else NULL
     cdef Py_ssize_t bad = -1
     a.bad = &bad   # written by any thread that finds one (any position will do)
@@ -831,7 +835,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     cdef const index_t* ip = &indptr[0]
     cdef const index_t* ind = _iptr(indices)
     cdef Py_ssize_t bad = -1
-    cdef _SpmmArgs a
+    cdef _GatherArgs a
     a.B = &B[0, 0] if B.shape[0] > 0 and K > 0 else NULL
     a.out = &out[0, 0] if m > 0 and K > 0 else NULL
     a.K = K
@@ -864,24 +868,12 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     return bad
 
 
-cdef struct _SpmmArgs:
-    const void* B
-    void* out
-    Py_ssize_t K, tile, annz
-    size_t n
-    bint accumulate
-    Py_ssize_t* bad
-    const _Epilogue* epi
-    _Epilogue epi_store
-    void** wsp
-
-
 cdef int _spmm_rows(const void* ctx, Py_ssize_t b, Py_ssize_t r0, Py_ssize_t r1, const floating* val,
                     const index_t* ip, const index_t* ind) noexcept nogil:
     """:func:`spmm`'s rows ``[r0, r1)``: each row tile by tile into the
     thread's accumulator (or in registers for ``K <= SMALL_K``), through
     the epilogue if any, then stored."""
-    cdef const _SpmmArgs* a = <const _SpmmArgs*>ctx
+    cdef const _GatherArgs* a = <const _GatherArgs*>ctx
     cdef const floating* bp = <const floating*>a.B
     cdef floating* op = <floating*>a.out
     cdef Py_ssize_t K = a.K, tile = a.tile, annz = a.annz, i, p, k, k0, kw, q
