@@ -29,9 +29,9 @@ from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.lowering.fibres import shared_fibres
-from spfuse.lowering.looptree import UnrealizableMask, lower_cached, lowering_key
+from spfuse.lowering.looptree import lower_cached, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
-from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan, without_propagation
+from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import CompressedLevel, Tensor, as_tensor, shared_patterns
 from spfuse.threads import threads_for_call
@@ -306,11 +306,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
     prepare = (lambda: _scan_deferred(tensors, deferred, threads)) if deferred else None
-    try:
-        lowered = lower_cached(plan, tensors, prepare, key)
-    except UnrealizableMask:
-        infos = {n: _info(n, t) for n, t in tensors.items()}
-        lowered = lower_cached(without_propagation(plan, infos), tensors, None, key)
+    lowered = lower_cached(plan, tensors, prepare, key)
     return lowered.results(lt.run(lowered.plan, num_threads=threads))
 
 

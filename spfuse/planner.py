@@ -23,7 +23,6 @@ from spfuse.frontend.ast import Program
 from spfuse.ir.masks import TRUE
 from spfuse.ir.ops import TensorInfo
 from spfuse.ir.tree import Loop, Root, iter_nodes
-from spfuse.memo import attached_dict
 from spfuse.passes.build_trees import build_trees, op_extents
 from spfuse.passes.common_subexpressions import eliminate_common_subexpressions
 from spfuse.passes.decompose import decompose
@@ -31,6 +30,7 @@ from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
 from spfuse.passes.iteration_space import IterationSpaces, propagate_iteration_spaces, statement_masks
 from spfuse.passes.loop_order import OrderChoice, choose_order
+from spfuse.passes.mask_drivers import MaskDrivers, atom_bindings, storage_of
 from spfuse.passes.max_fusion import maximal_statement_ops, where_fused
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
@@ -39,7 +39,7 @@ from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.separate import separate_small_temporaries
 from spfuse.passes.tiling import choose_tiles
 
-__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program", "bind_aliases", "without_propagation"]
+__all__ = ["FUSION_STRATEGIES", "Plan", "plan_program", "bind_aliases"]
 
 FUSION_STRATEGIES = ("auto", "max", "none")
 
@@ -67,7 +67,8 @@ class Plan:
     formats: Mapping[str, FormatDecision] = field(default_factory=dict)
     tiles: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     # True when the masks were propagated across operations (auto fusion):
-    # lowering then iterates each one exactly, or raises UnrealizableMask.
+    # the planner checked that each has an exact driver (passes.mask_drivers),
+    # and lowering iterates each one exactly.
     propagated: bool = False
     # Cost decisions shown by explain() with their numbers (``notes`` says
     # why a plan is not the usual one).
@@ -75,6 +76,8 @@ class Plan:
     separated: tuple[int, ...] = ()   # ops split out of their fused group (passes.separate)
     decisions: tuple[str, ...] = ()
     order_choices: Mapping[int, OrderChoice] = field(default_factory=dict)  # costs behind ``orders``
+    # (op id, mask atom) -> the op's indices of the atom's modes (passes.mask_drivers)
+    atom_bindings: Mapping[tuple[int, str], tuple[str, ...] | None] = field(default_factory=dict)
     # operands read under a second name in another storage order (alias -> operand):
     # ``program`` reads the alias, the caller binds it to the operand's tensor
     aliases: Mapping[str, str] = field(default_factory=dict)
@@ -100,31 +103,6 @@ def _shapes(ops, inputs: Mapping[str, TensorInfo]) -> dict[str, tuple]:
         ext = op_extents(op, shapes)
         shapes[op.out] = tuple(ext[ix] for ix in op.out_indices)
     return shapes
-
-
-def without_propagation(plan: Plan, inputs: Mapping[str, TensorInfo]) -> Plan:
-    """``plan``'s program planned over ``inputs`` (the operands as the
-    lowering reads them) without mask propagation: what runs when a
-    propagated mask has no concordant access to iterate it (the lowering
-    raises ``UnrealizableMask``).  Remembered on ``plan`` per input
-    signature, so a call that falls back does not plan again.
-
-    >>> from spfuse.frontend.parser import parse_program
-    >>> from spfuse.ir.ops import TensorInfo
-    >>> infos = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
-    ...          "x": TensorInfo.dense("x", (9,))}
-    >>> p = plan_program(parse_program("y[i] = B[i,j] * x[j]"), infos)
-    >>> q = without_propagation(p, infos); q is without_propagation(p, infos), q.program is p.program
-    (True, True)
-    """
-    key = tuple(sorted((n, i.levels, i.mode_order, i.shape, (i.nnz or 0).bit_length()) for n, i in inputs.items()))
-    remembered = attached_dict(plan, "_without_propagation")
-    fallback = remembered.get(key)
-    if fallback is None:
-        fallback = plan_program(plan.program, inputs, plan.fusion, propagate=False)
-        if len(remembered) < 16:
-            remembered[key] = fallback
-    return fallback
 
 
 def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str = "auto",
@@ -177,7 +155,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
             ops, associations = reassociate(ops, inputs, results, _shapes(ops, inputs), margin)
         spaces = propagate_iteration_spaces(ops, inputs, results)
         # Without propagation every mask comes from the op's own operands and
-        # is exact; lowering falls back to it when a propagated mask cannot be
+        # is exact; the plan falls back to it when a propagated mask cannot be
         # iterated (no access of the masking tensor is concordant there).
         masks = spaces.final if fusion == "auto" and propagate else spaces.forward
         atoms = spaces.atoms
@@ -217,13 +195,24 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
     plan = Plan(program, fusion, dict(inputs), ops, spaces, masks, orders, unfused, tree,
                 temporaries, shapes, results, report, time.perf_counter() - start, notes, atoms=atoms,
                 formats=formats, tiles=tiles, associations=associations, decisions=decisions,
-                separated=separated, order_choices=choices, propagated=fusion == "auto" and propagate)
+                separated=separated, order_choices=choices, propagated=fusion == "auto" and propagate,
+                atom_bindings=atom_bindings(ops, masks, atoms))
     if fusion == "auto" and propagate and not _restoring.get():
         token = _restoring.set(True)
         try:
             plan = with_storage_orders(plan, lambda prog, infos: plan_program(prog, infos, fusion, propagate))
         finally:
             _restoring.reset(token)
+    if plan.propagated:
+        undriven = MaskDrivers(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs),
+                               strict=True).undriven(plan.temporaries)
+        if undriven:
+            # Iterating a superset there would read a producer's elements that
+            # propagation told it to skip (left 0, not their true value).
+            fallback = plan_program(program, inputs, fusion, propagate=False)
+            return replace(fallback, notes=(
+                f"iteration-space propagation disabled: no access iterates the propagated mask "
+                f"{undriven[0]} exactly, so every operation iterates its own operands' patterns",))
     return plan
 
 

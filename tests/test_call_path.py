@@ -268,12 +268,12 @@ def test_zero_d_operand_is_rebound_not_relowered(monkeypatch):
     assert calls == []
 
 
-def test_unrealizable_mask_fallback_is_remembered(monkeypatch):
-    """A plan whose propagated mask has no concordant access (found by the
-    autodiff property test: an adjoint's where() under a pattern) falls back
-    to the plan without propagation; later calls take that plan at once --
-    no second lowering attempt, no planning -- and still give the oracle's
-    answer."""
+def test_an_adjoint_whose_mask_crosses_groups_runs_propagated_once(monkeypatch):
+    """An adjoint's ``where()`` under a pattern (found by the autodiff
+    property test): the planner finds an exact driver for every propagated
+    mask -- the binding of ``pattern_D``'s modes runs through the whole
+    program, not only the group -- so the first call plans and lowers
+    once, with propagation, and later calls neither plan nor lower."""
     from spfuse import planner
     from spfuse.lowering import looptree as LL
     from spfuse.testing import dense_reference
@@ -286,28 +286,21 @@ def test_unrealizable_mask_fallback_is_remembered(monkeypatch):
            "grad_R0": rng.standard_normal((4, 4, 3)), "A": -0.5,
            "D": spfuse.Tensor.from_numpy(pattern * rng.standard_normal((4, 3)), "csr"),
            "R0_r_1": rng.standard_normal(4), "R0_r_5": rng.random(4) + 1.0}
-    raised, plans = [], []
+    lowered, plans = [], []
     original, replan = LL.lower_to_looptree, planner.plan_program
-
-    def lower(*a, **kw):
-        try:
-            return original(*a, **kw)
-        except LL.UnrealizableMask:
-            raised.append(1)
-            raise
-    monkeypatch.setattr(LL, "lower_to_looptree", lower)
+    monkeypatch.setattr(LL, "lower_to_looptree", lambda *a, **kw: lowered.append(1) or original(*a, **kw))
     monkeypatch.setattr(planner, "plan_program", lambda *a, **kw: plans.append(1) or replan(*a, **kw))
     k = spfuse.compile(program)
     want = dense_reference(program, ops)
     np.testing.assert_allclose(spfuse.testing.densify(k(**ops)), want, rtol=1e-12, atol=1e-12)
-    assert raised == [1]
-    raised.clear()
+    assert k.plans(**ops)["auto"].propagated and lowered
+    lowered.clear()
     plans.clear()
     for _ in range(2):
         np.testing.assert_allclose(spfuse.testing.densify(k(**ops)), want, rtol=1e-12, atol=1e-12)
-    assert raised == [] and plans == []
-    # scipy operands (their indices scanned on the call path): the remembered
-    # fallback still scans them first, so a corrupt index is a clear error
+    assert lowered == [] and plans == []
+    # scipy operands (their indices scanned on the call path): scanned before
+    # anything reads them, so a corrupt index is a clear error
     import scipy.sparse as sp
     sci = dict(ops, pattern_D=sp.csr_array(pattern), D=sp.csr_array(ops["D"].todense()))
     np.testing.assert_allclose(spfuse.testing.densify(k(**sci)), want, rtol=1e-12, atol=1e-12)

@@ -405,9 +405,8 @@ def test_fusion_groups_match_the_algorithm_as_written(case):
 
 
 def test_the_plan_says_whether_its_masks_are_propagated():
-    """Lowering iterates a propagated mask exactly (or refuses it); it reads
-    that from ``Plan.propagated``, set by the planner, not from its notes."""
-    from spfuse.planner import without_propagation
+    """Lowering iterates a propagated mask exactly; it reads that from
+    ``Plan.propagated``, set by the planner, not from its notes."""
     ins = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
            "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
     program = parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])")
@@ -415,7 +414,7 @@ def test_the_plan_says_whether_its_masks_are_propagated():
     assert auto.propagated and not auto.notes
     assert not plan_program(program, ins, "none").propagated
     assert not plan_program(program, ins, "max").propagated
-    unpropagated = without_propagation(auto, ins)
+    unpropagated = plan_program(program, ins, propagate=False)
     assert not unpropagated.propagated and unpropagated.notes
     # every reduction tiny: auto takes maximal fusion's plan, whose masks are its operands' own
     tiny = {**ins, "C": TensorInfo.dense("C", (8, 1)), "D": TensorInfo.dense("D", (1, 9))}

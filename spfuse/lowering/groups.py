@@ -36,7 +36,7 @@ from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
 from spfuse.lowering.epilogues import fuse_epilogues, run_epilogue
-from spfuse.lowering.looptree import UnrealizableMask, lower_cached
+from spfuse.lowering.looptree import lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
 from spfuse.lowering.summed_spmms import run_summed, sum_spmms
 from spfuse.lowering.transposes import sharing_copies
@@ -44,6 +44,7 @@ from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
+from spfuse.passes.mask_drivers import MaskDrivers, storage_of
 from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
 from spfuse.tensor import Tensor, same_pattern, values_at
@@ -806,6 +807,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     and its tail."""
     available = set(plan.inputs)
     out: list = []
+    handed_on: dict = {}
     todo = _without_copies(plan)
     while todo:
         node, ops, temps = todo.pop(0)
@@ -816,8 +818,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             head, tail, handed = leaves_split
             head_pieces, pieces = _refused(plan, head), _refused(plan, tail)
             if head_pieces is not None and len(head_pieces) == 1 and pieces is not None:
-                if handed:   # (recorded once the split is made)
-                    object.__setattr__(plan, "_sparse_temporaries", {**sparse_temporaries(plan), **handed})
+                handed_on.update(handed)
                 todo[:0] = [*head_pieces, *pieces]
                 continue
         split = None if whole else _template_head(plan, ops, available)
@@ -843,7 +844,21 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             continue
         out.append((node, ops, temps))
         available |= {op.out for op in ops}
+    if plan.propagated and any(node is not None and _undriven(plan, node, temps) for node, _, temps in out):
+        # A re-fused piece lost the access that drives a propagated mask in
+        # the plan's tree: the plan's own subtrees, which the planner checked.
+        return [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
+    if handed_on:   # (recorded once the split is made)
+        object.__setattr__(plan, "_sparse_temporaries", {**sparse_temporaries(plan), **handed_on})
     return out
+
+
+def _undriven(plan, node, temporaries: dict | None) -> list[str]:
+    """The propagated masks of a piece's tree that no access of the piece
+    iterates exactly (:mod:`spfuse.passes.mask_drivers`)."""
+    tree = node if isinstance(node, Root) else Root((node,))
+    drivers = MaskDrivers(tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), strict=True)
+    return drivers.undriven(plan.temporaries if temporaries is None else temporaries)
 
 
 def _pattern_leaves(plan, ops) -> bool:
@@ -1130,12 +1145,7 @@ def run_groups(plan, groups, tensors: Mapping[str, Any], nt: int, steps: list | 
             continue
         if binding is not None:
             binding.append(_bound_group(plan, g, env))
-        try:
-            values = steps[n](env, nt) if steps is not None else _run_group(plan, g, env, nt)
-        except UnrealizableMask:
-            if binding is not None:
-                binding.clear()   # (not bound: this signature always comes here)
-            return _run_unpropagated(plan, tensors, nt)
+        values = steps[n](env, nt) if steps is not None else _run_group(plan, g, env, nt)
         for name, v in values.items():
             if name in plan.results:
                 out[name] = v
@@ -1437,12 +1447,3 @@ def _run_generic(plan, tensors, nt: int) -> dict:
         nt = nt if work >= templates.PARALLEL_MIN_WORK else 1
     lowered = lower_cached(plan, tensors)
     return lowered.results(lt.run(lowered.plan, num_threads=nt))
-
-
-def _run_unpropagated(plan, tensors, nt: int) -> dict:
-    """A propagated mask cannot be iterated in some group: run the whole
-    program as planned without propagation on the generic executor."""
-    from spfuse.ir.ops import TensorInfo
-    from spfuse.planner import without_propagation
-    infos = {n: TensorInfo.of(n, t) for n, t in tensors.items()}
-    return _run_generic(without_propagation(plan, infos), tensors, nt)

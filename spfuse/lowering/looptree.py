@@ -22,27 +22,16 @@ from spfuse.formats import Format, as_format
 from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.memo import attached_dict
-from spfuse.passes.iteration_space import atom_tensor, sparse_reduction
+from spfuse.passes.iteration_space import sparse_reduction
+from spfuse.passes.mask_drivers import MaskDrivers, storage_of
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import Tensor
 
-__all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec", "UnrealizableMask"]
+__all__ = ["LoweredProgram", "Binding", "lower_to_looptree", "lower_cached", "OutputSpec"]
 
 
 _INT32, _INT64, _FLOAT64 = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float64)
-
-
-#: a lowering cache entry: this plan raised UnrealizableMask for this operand signature
-_UNREALIZABLE = object()
-
-
-class UnrealizableMask(Exception):
-    """A propagated iteration mask has no concordant access to iterate it.
-
-    Iterating a superset there would read a producer's elements that
-    propagation told it to skip (left 0, not their true value), so the caller
-    re-plans without propagation instead."""
 
 
 @dataclass(frozen=True)
@@ -189,12 +178,11 @@ class _Lowerer:
         self.buffers: dict[str, Any] = {}
         self.targets: dict[str, Any] = {}
         self.outputs: list[OutputSpec] = []
-        self.producers = {op.out: op for op in plan.ops}
-        self._bindings: dict[tuple, tuple[str, ...] | None] = {}
-        self.consumers: dict[str, list] = {}
-        for op in plan.ops:
-            for r in op.refs:
-                self.consumers.setdefault(r.name, []).append((op, r))
+        # Which accesses iterate the masks: the planner's decision, asked again
+        # of the operands' planned storage (an operand stored otherwise is
+        # converted to it by _concordant, so a propagated mask stays exact).
+        self.strict = plan.propagated
+        self.drivers = MaskDrivers(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), self.strict)
 
     # -- variables ----------------------------------------------------------
     def declare_vars(self, nodes, path):
@@ -212,12 +200,7 @@ class _Lowerer:
     def _concordant(self, name: str, ref_indices, op_id: int):
         """The operand with its modes stored in the order the loops visit them."""
         tensor = self.operands[name]
-        depth = {id(lp): n for n, lp in enumerate(self.paths[op_id])}
-        var_depth = {}
-        for lp in self.paths[op_id]:
-            var_depth[self.vars[id(lp)].id] = depth[id(lp)]
-        modes = range(len(ref_indices))
-        want = tuple(sorted(modes, key=lambda m: var_depth.get(self.op_vars[op_id][ref_indices[m]].id, 0)))
+        want = self.drivers.visiting_order(op_id, ref_indices)
         have = tuple(tensor.format.mode_order)
         if want == have:
             self.sources[id(tensor)] = (name, None)
@@ -240,70 +223,6 @@ class _Lowerer:
             tensor = self._concordant(ref.name, ref.indices, op_id)
             self.accesses[key] = self.b.access(tensor, vars_, name=ref.name, check=False)
         return self.accesses[key]
-
-    def _atom_binding(self, op, atom: str) -> tuple[str, ...] | None:
-        """Indices of ``op`` that the modes of mask atom ``atom`` correspond to
-        (remembered per op and atom: the executor asks once per loop)."""
-        key = (op.id, atom)
-        if key not in self._bindings:
-            self._bindings[key] = self._search_binding(op, atom, set())
-        return self._bindings[key]
-
-    def _search_binding(self, op, atom: str, visited: set) -> tuple[str, ...] | None:
-        """Depth-first search from ``op`` through producers and consumers for
-        the statement reading the atom's tensor; each op is entered once per
-        search (a path-scoped search is exponential in long chains of
-        temporaries, as a differentiated program's adjoint has)."""
-        statement, tensor, indices, _ = self.plan.atoms[atom]
-        if op.statement == statement and any(r.name == tensor and r.indices == indices for r in op.refs):
-            return indices
-        if op.out in visited:
-            return None
-        visited.add(op.out)
-        for ref in op.refs:  # the pattern may come from an operand's producer
-            producer = self.producers.get(ref.name)
-            if producer is None or ref.name in visited:
-                continue
-            inner = self._search_binding(producer, atom, visited)
-            if inner is not None and all(ix in producer.out_indices for ix in inner):
-                return tuple(ref.indices[producer.out_indices.index(ix)] for ix in inner)
-        for consumer, ref in self.consumers.get(op.out, []):
-            inner = self._search_binding(consumer, atom, visited)
-            if inner is None:
-                continue
-            mapped = []
-            for ix in inner:
-                if ix not in ref.indices:
-                    break
-                mapped.append(op.out_indices[ref.indices.index(ix)])
-            else:
-                return tuple(mapped)
-        return None
-
-    def _driver(self, loop: Loop, atom: str, bound_before: set):
-        """An access of mask atom ``atom`` that can drive ``loop`` (or None)."""
-        name = atom_tensor(atom, self.plan.atoms)
-        if name not in self.operands:
-            return None
-        for op_id, ix in sorted(loop.binds):
-            op = self.ops[op_id]
-            binding = self._atom_binding(op, atom)
-            if binding is None or ix not in binding:
-                continue
-            ref = Ref(name, tuple(binding))
-            tensor = self._concordant(name, ref.indices, op_id)
-            if self.strict and tensor is not self.operands[name]:
-                # A transposed copy walks this level under other parents: a
-                # projection of the atom, not the atom, so not exact.
-                continue
-            levels_vars = [binding[m] for m in tensor.format.mode_order]
-            level = levels_vars.index(ix)
-            if not all(self.op_vars[op_id][v].id in bound_before for v in levels_vars[:level]):
-                continue
-            if tensor.format.levels[level] != "compressed":
-                continue
-            return self.access(op_id, ref)
-        return None
 
     # -- buffers and outputs -------------------------------------------------
     def declare_storage(self):
@@ -429,7 +348,7 @@ class _Lowerer:
                 for _, count in fills:
                     self.b.reset(count, 0.0)
                 with self.b.loop(var, **kwargs):
-                    self.emit(node.children, bound | {var.id})
+                    self.emit(node.children, bound | {id(node)})
                     for _, count in fills:
                         self.b.statement(count, "sum", lt.const(1.0))
                 for op, count in fills:
@@ -462,44 +381,32 @@ class _Lowerer:
             # iteration wrote: clear the whole buffer.
             self.b.reset(buf, node.value)
             return
-        path = self.paths[t.op_id]
-        loops = [lp for lp in path if lp.bound(t.op_id) in t.kept]
-        # A kept dimension whose mask is true is stored whole (a reader visits
-        # all of it), so it is cleared whole: the writer's own loop may visit
-        # fewer positions -- none at all under an empty row -- than an
-        # earlier iteration wrote.
-        stored = dict(zip(t.kept, t.masks, strict=True))
+        loops = self.drivers.clearing_loops(t)
 
         def nest(k, bound):
             if k == len(loops):
                 self.b.statement(self.buffer_ref(t.op_id, t.name, t.dims), "assign", lt.const(node.value))
                 return
-            var = self.vars[id(loops[k])]
-            whole = stored[loops[k].bound(t.op_id)].is_true
-            with self.b.loop(var, **({} if whole else self._iteration(loops[k], bound))):
-                nest(k + 1, bound | {var.id})
+            loop, whole = loops[k]
+            with self.b.loop(self.vars[id(loop)], **({} if whole else self._iteration(loop, bound))):
+                nest(k + 1, bound | {id(loop)})
 
         nest(0, bound)
 
     def _iteration(self, loop: Loop, bound: set) -> dict:
-        mask = loop.mask
-        if mask.is_true or mask.is_false:
+        """The executor's iteration of ``loop`` (the enclosing loops ``bound``)."""
+        way = self.drivers.iteration(loop, bound)
+        if way is None:   # (plan_program planned without propagation where this happens)
+            raise AssertionError(f"spfuse bug: the planner found no exact driver for the mask {loop.mask}")
+        kind, drivers = way
+        if kind == "dense":
             return {}
-        if mask.single_conjunction:
-            drivers = [d for a in sorted(mask.atoms) if (d := self._driver(loop, a, bound)) is not None]
-            if len(drivers) < len(mask.atoms) and self.strict:
-                raise UnrealizableMask(str(mask))
-            return {"intersect": drivers} if drivers else {}
-        drivers = []
-        for term in sorted(mask.terms, key=sorted):
-            d = next((d for a in sorted(term) if (d := self._driver(loop, a, bound)) is not None), None)
-            if d is None:
-                if self.strict:
-                    raise UnrealizableMask(str(mask))
-                return {}  # some term cannot be iterated sparsely: visit all coordinates
-            if d not in drivers:
-                drivers.append(d)
-        return {"union": drivers}
+        accesses = []
+        for d in drivers:
+            access = self.access(d.op_id, d.ref)
+            if access not in accesses:
+                accesses.append(access)
+        return {kind: accesses}
 
 
 def _linear(args, coefs):
@@ -520,13 +427,10 @@ def _linear(args, coefs):
 
 
 def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
-    """Build the executor plan for ``plan`` over the call's (validated) operands.
-
-    Raises :class:`UnrealizableMask` when ``plan`` relies on a propagated mask
-    that cannot be iterated (re-plan with ``propagate=False``)."""
+    """Build the executor plan for ``plan`` over the call's (validated) operands
+    (an operand stored in another mode order than ``plan`` reads it is
+    converted)."""
     lo = _Lowerer(plan, operands)
-    # Forward-only masks are exact: iterating a superset of them is safe.
-    lo.strict = plan.propagated
     lo.declare_vars(plan.tree.children, [])
     lo.declare_storage()
     lo.emit(plan.tree.children, set())
@@ -582,22 +486,11 @@ def lower_cached(plan, operands: Mapping[str, Any], prepare: Any = None, key: tu
     if key is None:
         key = lowering_key(operands)
     hit = cache.get(key)
-    if hit is _UNREALIZABLE:
-        if prepare is not None:
-            prepare()   # as on the first call: the caller's fallback reads the operands next
-        raise UnrealizableMask("(remembered for this plan and operand signature)")
-    if hit is not None:
-        if prepare is not None:
-            prepare()
-        return hit.rebind(operands)
     if prepare is not None:
         prepare()
-    try:
-        lowered = lower_to_looptree(plan, operands)
-    except UnrealizableMask:
-        if len(cache) < 16:
-            cache[key] = _UNREALIZABLE   # the caller's fallback is taken at once next time
-        raise
+    if hit is not None:
+        return hit.rebind(operands)
+    lowered = lower_to_looptree(plan, operands)
     if lowered.binding is not None and len(cache) < 16:
         bare = [replace(o, pattern_of=None) for o in lowered.outputs]
         cache[key] = LoweredProgram(lt.without_arrays(lowered.plan), tuple(bare), lowered.transposed,

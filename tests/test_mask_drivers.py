@@ -1,0 +1,125 @@
+"""The pass that decides which access iterates each sparse loop
+(:mod:`spfuse.passes.mask_drivers`), and the planner's use of it: a plan
+whose propagated masks cannot all be iterated exactly is planned without
+propagation, never re-planned after a lowering failure."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spfuse
+from spfuse import planner
+from spfuse.frontend.parser import parse_program
+from spfuse.ir.ops import TensorInfo
+from spfuse.ir.tree import Loop, iter_nodes
+from spfuse.lowering.looptree import lower_to_looptree
+from spfuse.passes.mask_drivers import MaskDrivers, atom_bindings, storage_of
+from spfuse.planner import plan_program
+from spfuse.testing import dense_reference, densify
+
+
+def _csr(name, shape, mode_order=(0, 1), nnz=40):
+    return TensorInfo(name, 2, ("dense", "compressed"), mode_order, shape, nnz=nnz)
+
+
+def _drivers(plan, strict):
+    return MaskDrivers(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), strict)
+
+
+def test_sddmm_is_driven_by_its_sparse_operand_at_the_inner_loop():
+    ins = {"B": _csr("B", (8, 9)), "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
+    plan = plan_program(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), ins)
+    drivers = _drivers(plan, strict=True)
+    assert plan.propagated and drivers.undriven(plan.temporaries) == []
+    outer = plan.tree.children[0]
+    assert drivers.iteration(outer, frozenset()) == ("dense", ())
+    inner = next(n for n in iter_nodes(plan.tree) if isinstance(n, Loop) and not n.mask.is_true)
+    kind, (driver,) = drivers.iteration(inner, frozenset({id(outer)}))
+    assert kind == "intersect" and driver.ref.name == "B" and driver.order == (0, 1)
+    # the outer loop not bound: B's row is unknown there, so nothing drives j
+    assert drivers.iteration(inner, frozenset()) is None
+
+
+def test_an_operand_read_against_its_storage_order_drives_only_through_a_copy():
+    """``A[i,j] * B[j,i]`` with both CSR: one of them is read transposed,
+    so its mask has no exact driver.  Strict (propagated), the planner
+    drops propagation and says which mask; not strict, the transposed
+    copy drives the loop (a superset is safe there)."""
+    ins = {"A": _csr("A", (6, 5)), "B": _csr("B", (5, 6))}
+    program = parse_program("C[i,j] = A[i,j] * B[j,i]")
+    unpropagated = plan_program(program, ins, propagate=False)
+    assert not unpropagated.propagated
+    token = planner._restoring.set(True)   # the loop-order choice alone, before storage orders
+    try:
+        raw = plan_program(program, ins)
+    finally:
+        planner._restoring.reset(token)
+    assert not raw.propagated
+    assert len(raw.notes) == 1 and "no access iterates the propagated mask" in raw.notes[0]
+    # auto's own plan reads one operand converted per call instead: every mask driven
+    auto = plan_program(program, ins)
+    assert auto.propagated and any("converted per call" in d for d in auto.decisions)
+    # B stored column-major: both read in storage order, each mask driven exactly
+    with_masks = plan_program(program, {**ins, "B": _csr("B", (5, 6), (1, 0))})
+    assert with_masks.propagated
+    drivers = _drivers(unpropagated, strict=False)
+    inner = [n for n in iter_nodes(unpropagated.tree) if isinstance(n, Loop) and not n.mask.is_true]
+    assert inner and all(drivers.iteration(n, frozenset({id(unpropagated.tree.children[0])})) is not None
+                         for n in inner)
+
+
+def test_atom_bindings_follow_the_mask_through_a_temporary():
+    """SDDMM written with its dense product as a temporary ``T[p,q]``:
+    propagation restricts ``T`` to ``B``'s pattern, and ``B``'s modes are
+    ``T``'s ``(p, q)`` through the statement that reads both."""
+    ins = {"B": _csr("B", (8, 9)), "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
+    plan = plan_program(parse_program("T[p,q] = C[p,k] * D[k,q]; A[i,j] = B[i,j] * T[i,j]"), ins)
+    assert atom_bindings(plan.ops, plan.masks, plan.atoms) == plan.atom_bindings == {
+        (0, "B_j"): ("p", "q"), (1, "B_j"): ("i", "j")}
+    assert plan.propagated and _drivers(plan, strict=True).undriven(plan.temporaries) == []
+
+
+@pytest.mark.parametrize("b_order", ["csr", "csc"])
+def test_a_plan_without_propagation_runs_once_and_matches_numpy(b_order, monkeypatch):
+    """No lowering failure, no second planning: the first call plans once
+    (propagation dropped by the planner where it must be), later calls
+    reuse the lowering."""
+    rng = np.random.default_rng(3)
+    A = sp.random_array((30, 20), density=0.2, format="csr", rng=rng)
+    B = sp.random_array((20, 30), density=0.3, format=b_order, rng=rng)
+    text = "C[i,j] = A[i,j] * B[j,i]"
+    k = spfuse.compile(text)
+    plans: list = []
+    replan = planner.plan_program
+    monkeypatch.setattr(planner, "plan_program", lambda *a, **kw: plans.append(1) or replan(*a, **kw))
+    want = dense_reference(text, {"A": A, "B": B})
+    np.testing.assert_allclose(densify(k(A=A, B=B)), want, rtol=1e-13, atol=1e-13)
+    first = len(plans)
+    for _ in range(2):
+        np.testing.assert_allclose(densify(k(A=A, B=B)), want, rtol=1e-13, atol=1e-13)
+    assert len(plans) == first
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["C[i,j] = A[i,j] * B[j,i]", "y[i] = A[i,j] * B[j,i]",
+                        "C[i,j] = A[i,j] * (B[j,i] + A[i,j])", "C[i,k] = A[i,j] * B[j,k] * A[i,k]",
+                        "s = A[i,j] * B[j,i] * A[i,j]", "C[j,i] = relu(A[i,j]) * B[j,i]"]),
+       st.sampled_from(["csr", "csc"]), st.sampled_from(["csr", "csc"]), st.floats(0.0, 0.6),
+       st.integers(0, 2 ** 16))
+def test_every_plan_lowers_with_the_drivers_the_planner_found(text, fa, fb, density, seed):
+    """Whatever the storage orders, the lowering finds an exact driver for
+    every propagated mask (it asserts so), and the answer is numpy's."""
+    rng = np.random.default_rng(seed)
+    A = sp.random_array((7, 7), density=density, format=fa, rng=rng)
+    B = sp.random_array((7, 7), density=density, format=fb, rng=rng)
+    tensors = {"A": spfuse.as_tensor(A, name="A"), "B": spfuse.as_tensor(B, name="B")}
+    infos = {n: TensorInfo(n, 2, tuple(t.format.levels), tuple(t.format.mode_order), t.shape, nnz=t.nnz)
+             for n, t in tensors.items()}
+    plan = plan_program(parse_program(text), infos)
+    if plan.propagated:
+        assert _drivers(plan, strict=True).undriven(plan.temporaries) == []
+    # (an operand the plan reads in another storage order is converted to it)
+    lower_to_looptree(plan, tensors)
+    np.testing.assert_allclose(densify(spfuse.evaluate(text, A=A, B=B)),
+                               dense_reference(text, {"A": A, "B": B}), rtol=1e-12, atol=1e-12)
