@@ -702,6 +702,35 @@ def test_mttkrp(kind, shape, it, dt, rng):
     _check_mttkrp(F.mttkrp, "jk", kind, shape, it, dt, rng)
 
 
+@pytest.mark.parametrize("density", [0.05, 0.3, 0.9])
+def test_mttkrp_sums_in_its_documented_order(density, rng):
+    """Per fiber ``t = 0 + sum_k X*D[k]`` in storage order, ``acc += t * C[j]``:
+    the same bits as numpy doing exactly that, whether a fiber holds one
+    entry (summed in registers, never stored) or several."""
+    X = rng.standard_normal((6, 7, 8)) * (rng.random((6, 7, 8)) < density)
+    idx, vals = make_csf(X, np.int64)
+    R = 11
+    C, D = rng.standard_normal((7, R)), rng.standard_normal((8, R))
+    _, crd0, pos1, crd1, pos2, crd2 = idx
+    want = np.zeros((6, R))
+    for q, i in enumerate(crd0):
+        acc = np.zeros(R)
+        for f in range(pos1[q], pos1[q + 1]):
+            t = np.zeros(R)
+            for p in range(pos2[f], pos2[f + 1]):
+                t = t + vals[p] * D[crd2[p]]
+            acc = acc + t * C[crd1[f]]
+        want[i] = acc
+    lengths = np.diff(pos2)
+    assert density < 0.5 or (lengths > 1).any()
+
+    def run(nt):
+        out = np.full((6, R), np.nan)
+        F.mttkrp(*idx, vals, C, D, out, nt)
+        return out
+    np.testing.assert_array_equal(both_threads(run), want)
+
+
 @dtypes
 @itypes
 @tcases

@@ -264,8 +264,10 @@ cdef int _mttkrp_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t
     cdef const floating* dp = <const floating*>a.D
     cdef const floating* ep = <const floating*>a.E
     cdef floating* op = <floating*>a.out
-    cdef Py_ssize_t R = a.R, M = a.M, width = a.M if a.E != NULL else a.R, q, f, r
+    cdef Py_ssize_t R = a.R, M = a.M, width = a.M if a.E != NULL else a.R, q, f, r, p
     cdef const floating* drow
+    cdef const floating* crow
+    cdef double vp
     cdef double* u = <double*>ws_get(a.wsp, 1, 0, (2 * R + M + 1) * sizeof(double))
     cdef double* t
     cdef double* row
@@ -276,8 +278,17 @@ cdef int _mttkrp_slices(const void* ctx, Py_ssize_t b, Py_ssize_t q0, Py_ssize_t
     for q in range(q0, q1):
         memset(t, 0, R * sizeof(double))
         for f in range(p1[q], p1[q + 1]):
-            _fiber_times(u, p2, c2, v, cp, f, R)
             drow = dp + <Py_ssize_t>c1[f] * R
+            p = p2[f]
+            if p2[f + 1] - p == 1:
+                # one entry (most fibers of a sparse tensor): its row of u is
+                # v * C[c2[p], :] exactly, so it is not stored and read again
+                vp = <double>v[p]
+                crow = cp + <Py_ssize_t>c2[p] * R
+                for r in range(R):
+                    t[r] += (vp * <double>crow[r]) * <double>drow[r]
+                continue
+            _fiber_times(u, p2, c2, v, cp, f, R)
             for r in range(R):
                 t[r] += u[r] * <double>drow[r]
         if ep != NULL:
