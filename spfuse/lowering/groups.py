@@ -807,7 +807,6 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
     and its tail."""
     available = set(plan.inputs)
     out: list = []
-    handed_on: dict = {}
     todo = _without_copies(plan)
     while todo:
         node, ops, temps = todo.pop(0)
@@ -818,7 +817,8 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             head, tail, handed = leaves_split
             head_pieces, pieces = _refused(plan, head), _refused(plan, tail)
             if head_pieces is not None and len(head_pieces) == 1 and pieces is not None:
-                handed_on.update(handed)
+                if handed:   # (recorded once the split is made)
+                    object.__setattr__(plan, "_sparse_temporaries", {**sparse_temporaries(plan), **handed})
                 todo[:0] = [*head_pieces, *pieces]
                 continue
         split = None if whole else _template_head(plan, ops, available)
@@ -826,7 +826,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             head, tail = split
             pieces = _refused(plan, tail)
             if pieces is not None:
-                out.append((Root(tuple(plan.unfused.children[o.id] for o in head)), tuple(head), None))
+                out.append(_unfused_piece(plan, head))
                 available |= {op.out for op in head}
                 # The tail may itself start with a template's einsum (relu(A·X·W): SpMM, then GEMM + relu).
                 todo[:0] = pieces
@@ -836,7 +836,7 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             head, tail = split
             pieces = _refused(plan, head)
             if pieces is not None:
-                todo[:0] = [*pieces, (Root(tuple(plan.unfused.children[o.id] for o in tail)), tuple(tail), None)]
+                todo[:0] = [*pieces, _unfused_piece(plan, tail)]
                 continue
         parts = None if whole else _independent_parts(plan, ops, available)
         if parts is not None:
@@ -844,21 +844,18 @@ def _pieces(plan) -> list[tuple[Any, tuple, dict | None]]:
             continue
         out.append((node, ops, temps))
         available |= {op.out for op in ops}
-    if plan.propagated and any(node is not None and _undriven(plan, node, temps) for node, _, temps in out):
-        # A re-fused piece lost the access that drives a propagated mask in
-        # the plan's tree: the plan's own subtrees, which the planner checked.
-        return [(node, tuple(ops_under(node)), None) for node in plan.tree.children]
-    if handed_on:   # (recorded once the split is made)
-        object.__setattr__(plan, "_sparse_temporaries", {**sparse_temporaries(plan), **handed_on})
     return out
 
 
-def _undriven(plan, node, temporaries: dict | None) -> list[str]:
-    """The propagated masks of a piece's tree that no access of the piece
-    iterates exactly (:mod:`spfuse.passes.mask_drivers`)."""
-    tree = node if isinstance(node, Root) else Root((node,))
-    drivers = MaskDrivers(tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), strict=True)
-    return drivers.undriven(plan.temporaries if temporaries is None else temporaries)
+def _unfused_piece(plan, ops) -> tuple[Root, tuple, dict]:
+    """``ops`` as a piece of their own unfused trees, one after another
+    (a template's head or tail): what one op makes and another reads is
+    stored whole between them (the plan's dimension reduction was made for
+    a fused tree), so the generic executor can run the piece when its
+    template refuses the operands."""
+    from spfuse.passes.memory import full_temporaries
+    made = {o.out for o in ops}
+    return Root(tuple(plan.unfused.children[o.id] for o in ops)), tuple(ops), full_temporaries(ops, made, plan.shapes)
 
 
 def _pattern_leaves(plan, ops) -> bool:
@@ -1435,9 +1432,25 @@ def _subplan(plan, g: Group):
             if n not in plan.results:
                 formats[n] = FormatDecision(n, ("dense",) * len(plan.shapes[n]), tuple(range(len(plan.shapes[n]))),
                                             None, "a crossing temporary, read dense by later groups")
-        sub = made[id(g)] = (g, replace(plan, ops=g.ops, tree=Root((g.node,)), temporaries=temps,
-                                         results=g.outputs, formats=formats))
+        # (a template head's node is already a Root: its ops' own trees)
+        tree = g.node if isinstance(g.node, Root) else Root((g.node,))
+        own_plan = replace(plan, ops=g.ops, tree=tree, temporaries=temps, results=g.outputs, formats=formats)
+        if own_plan.propagated and _undriven(own_plan):
+            # A re-fused group lost the access that drives one of its masks
+            # in the plan's tree (a template head's ops, each in a tree of its
+            # own).  It then iterates a superset of its masks and clears its
+            # temporaries whole, as a template computing it would: the
+            # positions later groups read are right, whatever the others hold.
+            own_plan = replace(own_plan, propagated=False)
+        sub = made[id(g)] = (g, own_plan)
     return sub[1]
+
+
+def _undriven(sub) -> list[str]:
+    """The propagated masks of a group's plan that no access of the group
+    iterates exactly (:mod:`spfuse.passes.mask_drivers`)."""
+    drivers = MaskDrivers(sub.tree, sub.atom_bindings, sub.atoms, storage_of(sub.inputs), strict=True)
+    return drivers.undriven(sub.temporaries)
 
 
 def _run_generic(plan, tensors, nt: int) -> dict:
