@@ -216,7 +216,7 @@ def break_cycles(model: OpModel) -> tuple[frozenset, tuple[str, ...]]:
         if not on_cycle:
             if any(_reaches(edges, v, u) for u in edges for v in edges[u]):
                 notes.append("propagated masks conflict in mode order: one will not be iterable "
-                             "(the lowering then re-plans without propagation)")
+                             "(the planner then plans without propagation: passes.mask_drivers)")
             return frozenset(chosen), tuple(notes)
         # Cheapest edge to remove: the transposition after which the best
         # admissible order costs least (transposition included); with more
@@ -307,7 +307,7 @@ def choose_order(op: UnitOp, infos: Mapping[str, TensorInfo], masks: Mapping[str
     transpose, notes = break_cycles(model)
     keep = tuple(o.label for o in model.sparse + model.dense if o.label not in transpose)
     found = _search(model, keep, hard=True, top=1)
-    if not found:  # propagated masks admit no order: relax (the lowering re-plans)
+    if not found:  # propagated masks admit no order: relax (then no exact driver: planned unpropagated)
         found = _search(model, keep, hard=False, top=1)
     elif _large_dense(op, infos) and any(o.label in keep for o in model.dense):
         # A dense operand copied in the other mode order, when the order it
