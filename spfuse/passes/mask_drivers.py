@@ -184,14 +184,17 @@ def atom_bindings(ops, masks: Mapping[int, Mapping[str, Any]], atoms: Mapping[st
     atom's modes correspond to (None when no chain of producers and
     consumers links the op to the statement reading the atom's tensor).
 
+    SDDMM with its dense product written as a temporary ``T[p,q]``: ``B``'s
+    modes are ``T``'s ``(p, q)``, through the statement reading both.
+
     >>> from spfuse.frontend.parser import parse_program
     >>> from spfuse.ir.ops import TensorInfo
     >>> from spfuse.planner import plan_program
-    >>> B = TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9))
-    >>> infos = {"B": B, "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
-    >>> p = plan_program(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), infos)
-    >>> sorted(set(atom_bindings(p.ops, p.masks, p.atoms).values()))
-    [('i', 'j')]
+    >>> infos = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
+    ...          "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
+    >>> p = plan_program(parse_program("T[p,q] = C[p,k] * D[k,q]; A[i,j] = B[i,j] * T[i,j]"), infos)
+    >>> atom_bindings(p.ops, p.masks, p.atoms)
+    {(0, 'B_j'): ('p', 'q'), (1, 'B_j'): ('i', 'j')}
     """
     producers = {op.out: op for op in ops}
     consumers: dict[str, list] = {}
