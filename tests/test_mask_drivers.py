@@ -197,3 +197,15 @@ def test_every_template_group_gives_the_same_values_on_the_generic_executor(name
         cotangent = np.ones(np.shape(result)) if isinstance(result, np.ndarray) else result
         spfuse.vjp(kernel.program, cotangent, wrt=dense, **ops)
     assert mismatched == []
+
+
+def test_explain_names_the_accesses_that_iterate_each_sparse_loop():
+    rng = np.random.default_rng(2)
+    B = sp.random_array((30, 20), density=0.2, format="csr", rng=rng)
+    text = spfuse.compile("A[i,j] = B[i,j] * (C[i,k] * D[k,j])").explain(
+        B=B, C=rng.random((30, 4)), D=rng.random((4, 20)))
+    section = text.split("sparse loops (the accesses that iterate each mask, exactly: masks propagated):\n")[1]
+    assert section.splitlines()[:2] == ["  i › k › j ∈ B_j: B[i,j] (S0)", "  i › j ∈ B_j: B[i,j] (S1)"]
+    A = sp.random_array((20, 30), density=0.2, format="csr", rng=rng)
+    text = spfuse.compile("C[i,j] = A[i,j] * B[j,i]").explain(A=A, B=B)
+    assert "∈ A_j ∧ B_j: A[i,j] (S0) ∩ B[j,i] (S0)" in text   # B converted per call, both exact

@@ -168,6 +168,44 @@ class MaskDrivers:
         visit(self.tree.children, frozenset())
         return missing
 
+    def describe(self) -> list[str]:
+        """One line per sparse loop of the tree, in tree order: the loops
+        around it, its mask, and the accesses that iterate it (or how it is
+        visited when none can).
+
+        >>> from spfuse.frontend.parser import parse_program
+        >>> from spfuse.ir.ops import TensorInfo
+        >>> from spfuse.planner import plan_program
+        >>> infos = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
+        ...          "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
+        >>> p = plan_program(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), infos)
+        >>> for line in MaskDrivers(p.tree, p.atom_bindings, p.atoms, storage_of(infos), strict=True).describe():
+        ...     print(line)
+        i › k › j ∈ B_j: B[i,j] (S0)
+        i › j ∈ B_j: B[i,j] (S1)
+        """
+        lines: list[str] = []
+
+        def visit(nodes, bound: frozenset, path: tuple) -> None:
+            for node in nodes:
+                if not isinstance(node, Loop):
+                    continue
+                here = path + (node.index,)
+                if not node.mask.is_true:
+                    way = self.iteration(node, bound)
+                    if way is None:
+                        how = "no exact driver"
+                    elif way[0] == "dense":
+                        how = "every coordinate (a superset: no access can iterate it)"
+                    else:
+                        join = " ∩ " if way[0] == "intersect" else " ∪ "
+                        how = join.join(f"{d.ref.name}[{','.join(d.ref.indices)}] (S{d.op_id})" for d in way[1])
+                    lines.append(f"{' › '.join(here)} ∈ {node.mask}: {how}")
+                visit(node.children, bound | {id(node)}, here)
+
+        visit(self.tree.children, frozenset(), ())
+        return lines
+
 
 def storage_of(inputs: Mapping) -> dict[str, tuple]:
     """``MaskDrivers``'s ``storage`` from operand infos or Tensors (anything
