@@ -149,7 +149,7 @@ def _diagonals(program: Program, tensors: dict) -> Program:
 
 
 def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[str] = frozenset(),
-             defer: bool = False):
+             defer: bool = False, num_threads: int | None = 1):
     """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
     A ``Tensor`` the caller passes in may share index arrays with objects the
@@ -162,7 +162,8 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
     With ``defer``, a scipy CSR/CSC operand is wrapped with its ``indptr``
     checked but its ``indices`` not yet scanned; such names are returned
     too, and ``_run`` either hands them to a kernel that checks indices as
-    it reads them or scans them before anything else reads them."""
+    it reads them or scans them before anything else reads them.
+    ``num_threads``: the call's, for the scans of large levels."""
     if not isinstance(program, Program):
         raise TypeError(f"expected a program text, got {type(program).__name__}")
     inputs = program.inputs
@@ -183,7 +184,7 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
             continue
         if isinstance(obj, Tensor):
             if name not in trusted and "compressed" in obj.format.levels:
-                obj = _rechecked(obj, name)
+                obj = _rechecked(obj, name, num_threads)
             tensors[name] = obj   # (as_tensor returns a Tensor as it is)
             continue
         elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
@@ -205,17 +206,18 @@ def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[s
     return tensors, unscanned
 
 
-def _rechecked(t: Tensor, name: str) -> Tensor:
+def _rechecked(t: Tensor, name: str, num_threads: int | None = 1) -> Tensor:
     """A caller's sparse Tensor scanned again (its index arrays may be views
     of arrays the caller can still write): the same object when it is still
     valid and canonical, else rebuilt by the validating constructor, which
-    canonicalises a copy or words the error."""
+    canonicalises a copy or words the error.  A large level is scanned by
+    the call's ``num_threads`` (None: the setting of :mod:`spfuse.threads`)."""
     npos = 1
     for lv in t.levels:
         if isinstance(lv, CompressedLevel):
             pos, crd = lv.pos, lv.crd
             if (len(pos) != npos + 1 or pos[0] != 0 or pos[-1] != len(crd)
-                    or V.scan_status(pos, crd, lv.size) != 0):
+                    or V.scan_status(pos, crd, lv.size, num_threads) != 0):
                 break
             npos = len(crd)
         else:
@@ -347,7 +349,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
     if _any_complex(operands.values()):
         from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
         return run_complex(program, operands, out_format, fusion, num_threads, _run)
-    tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program))
+    tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program), num_threads)
     dispatch = _dispatch(program, tensors, fusion, out_format)
     if not unscanned:
         return dispatch(tensors, num_threads, raw=raw)

@@ -380,7 +380,7 @@ def _scans(monkeypatch):
     from spfuse import api
     seen: list = []
     recheck, scan_ok = api._rechecked, api._scan_ok
-    monkeypatch.setattr(api, "_rechecked", lambda t, name: seen.append(name) or recheck(t, name))
+    monkeypatch.setattr(api, "_rechecked", lambda t, name, nt=1: seen.append(name) or recheck(t, name, nt))
     monkeypatch.setattr(api, "_scan_ok", lambda t, nt: seen.append(t.name) or scan_ok(t, nt))
     return seen
 

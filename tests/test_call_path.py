@@ -308,3 +308,21 @@ def test_an_adjoint_whose_mask_crosses_groups_runs_propagated_once(monkeypatch):
     bad.indices[-1] = 7   # column 7 of a 4 x 3 matrix
     with pytest.raises(ValueError, match="D"):
         k(**dict(sci, D=bad))
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, None])
+def test_a_callers_tensor_is_rescanned_with_the_calls_threads(num_threads, monkeypatch):
+    """The scan of a caller's sparse Tensor (its indices may have changed
+    since it was built) takes the call's ``num_threads``: a large level is
+    scanned by a team, never by more threads than the call allows."""
+    import spfuse.validation as V
+    seen = []
+    scan = V.scan_status
+    monkeypatch.setattr(V, "scan_status", lambda pos, crd, size, nt=1: seen.append(nt) or scan(pos, crd, size, nt))
+    rng = np.random.default_rng(0)
+    X = spfuse.Tensor.from_numpy(np.where(rng.random((60, 50, 70)) < 0.7, 1.0, 0.0), "csf")
+    assert X.nnz >= V.SCAN_TEAM_MIN_ENTRIES
+    C, D = rng.random((50, 3)), rng.random((70, 3))
+    got = spfuse.evaluate("A[i,r] = X[i,j,k] * C[j,r] * D[k,r]", X=X, C=C, D=D, num_threads=num_threads)
+    np.testing.assert_allclose(got, np.einsum("ijk,jr,kr->ir", X.todense(), C, D), rtol=1e-12)
+    assert seen and set(seen) == {num_threads}
