@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from spfuse.errors import UnsupportedError
 from spfuse.ir.tree import render
-from spfuse.passes.mask_drivers import MaskDrivers, storage_of
+from spfuse.passes.mask_drivers import MaskDrivers
 from spfuse.passes.redundancy import KINDS, dominated
 
 __all__ = ["explain_plans", "classify"]
@@ -91,7 +91,7 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | Non
     lines.append("index tree after fusion and memory optimisation:")
     lines.extend("  " + ln for ln in render(p.tree).splitlines())
     lines.append("")
-    sparse_loops = MaskDrivers(p.tree, p.atom_bindings, p.atoms, storage_of(p.inputs), p.propagated).describe()
+    sparse_loops = MaskDrivers.of(p).describe()
     if sparse_loops:
         lines.append("sparse loops (the accesses that iterate each mask" +
                      (", exactly: masks propagated):" if p.propagated else "):"))

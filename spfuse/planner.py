@@ -30,7 +30,7 @@ from spfuse.passes.formats import FormatDecision, infer_formats
 from spfuse.passes.fusion import trie_fuse
 from spfuse.passes.iteration_space import IterationSpaces, propagate_iteration_spaces, statement_masks
 from spfuse.passes.loop_order import OrderChoice, choose_order
-from spfuse.passes.mask_drivers import MaskDrivers, atom_bindings, storage_of
+from spfuse.passes.mask_drivers import MaskDrivers, atom_bindings
 from spfuse.passes.max_fusion import maximal_statement_ops, where_fused
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
 from spfuse.passes.parallel import mark_parallel
@@ -204,8 +204,7 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         finally:
             _restoring.reset(token)
     if plan.propagated:
-        undriven = MaskDrivers(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs),
-                               strict=True).undriven(plan.temporaries)
+        undriven = MaskDrivers.of(plan).undriven(plan.temporaries)
         if undriven:
             # Iterating a superset there would read a producer's elements that
             # propagation told it to skip (left 0, not their true value).

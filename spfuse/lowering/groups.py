@@ -44,7 +44,7 @@ from spfuse.memo import attached_dict
 from spfuse.passes.decompose import _product_factors
 from spfuse.passes.formats import FormatDecision
 from spfuse.passes.fusion import ops_under
-from spfuse.passes.mask_drivers import MaskDrivers, storage_of
+from spfuse.passes.mask_drivers import MaskDrivers
 from spfuse.runtime import looptree as lt
 from spfuse.runtime.blas_pool import hold_blas_once
 from spfuse.tensor import Tensor, same_pattern, values_at
@@ -1435,7 +1435,7 @@ def _subplan(plan, g: Group):
         # (a template head's node is already a Root: its ops' own trees)
         tree = g.node if isinstance(g.node, Root) else Root((g.node,))
         own_plan = replace(plan, ops=g.ops, tree=tree, temporaries=temps, results=g.outputs, formats=formats)
-        if own_plan.propagated and _undriven(own_plan):
+        if own_plan.propagated and MaskDrivers.of(own_plan).undriven(own_plan.temporaries):
             # A re-fused group lost the access that drives one of its masks
             # in the plan's tree (a template head's ops, each in a tree of its
             # own).  It then iterates a superset of its masks and clears its
@@ -1444,13 +1444,6 @@ def _subplan(plan, g: Group):
             own_plan = replace(own_plan, propagated=False)
         sub = made[id(g)] = (g, own_plan)
     return sub[1]
-
-
-def _undriven(sub) -> list[str]:
-    """The propagated masks of a group's plan that no access of the group
-    iterates exactly (:mod:`spfuse.passes.mask_drivers`)."""
-    drivers = MaskDrivers(sub.tree, sub.atom_bindings, sub.atoms, storage_of(sub.inputs), strict=True)
-    return drivers.undriven(sub.temporaries)
 
 
 def _run_generic(plan, tensors, nt: int) -> dict:

@@ -23,7 +23,7 @@ from spfuse.ir.ops import Const, Ref
 from spfuse.ir.tree import Compute, Loop, Reset
 from spfuse.memo import attached_dict
 from spfuse.passes.iteration_space import sparse_reduction
-from spfuse.passes.mask_drivers import MaskDrivers, storage_of
+from spfuse.passes.mask_drivers import MaskDrivers
 from spfuse.passes.memory import RESET_VALUE
 from spfuse.runtime import looptree as lt
 from spfuse.tensor import Tensor
@@ -181,8 +181,7 @@ class _Lowerer:
         # Which accesses iterate the masks: the planner's decision, asked again
         # of the operands' planned storage (an operand stored otherwise is
         # converted to it by _concordant, so a propagated mask stays exact).
-        self.strict = plan.propagated
-        self.drivers = MaskDrivers(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), self.strict)
+        self.drivers = MaskDrivers.of(plan)
 
     # -- variables ----------------------------------------------------------
     def declare_vars(self, nodes, path):
@@ -375,7 +374,7 @@ class _Lowerer:
         (O(nnz of the row), not O(extent))."""
         t = self.plan.temporaries[node.tensor]
         buf = self.buffers[node.tensor]
-        if all(m.is_true for m in t.masks) or not self.strict:
+        if all(m.is_true for m in t.masks) or not self.drivers.strict:
             # Unless every mask is iterated exactly (strict), a reader may
             # visit positions outside this iteration's pattern that an earlier
             # iteration wrote: clear the whole buffer.

@@ -53,9 +53,13 @@ class MaskDrivers:
     >>> B = TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9))
     >>> infos = {"B": B, "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
     >>> p = plan_program(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), infos)
-    >>> drivers = MaskDrivers(p.tree, p.atom_bindings, p.atoms, storage_of(infos), strict=True)
-    >>> drivers.undriven(p.temporaries)
-    []
+    >>> drivers = MaskDrivers.of(p)
+    >>> drivers.strict, drivers.undriven(p.temporaries)
+    (True, [])
+    >>> for line in drivers.describe():
+    ...     print(line)
+    i › k › j ∈ B_j: B[i,j] (S0)
+    i › j ∈ B_j: B[i,j] (S1)
     """
 
     def __init__(self, tree, bindings: Mapping[tuple[int, str], tuple[str, ...] | None], atoms: Mapping[str, tuple],
@@ -68,6 +72,12 @@ class MaskDrivers:
         self.paths: dict[int, list[Loop]] = {}
         self.loops: dict[int, dict[str, Loop]] = {}   # op id -> index -> the loop binding it
         self._walk_paths(tree.children, [])
+
+    @classmethod
+    def of(cls, plan) -> MaskDrivers:
+        """The drivers of ``plan``'s tree over its planned storage, exact
+        (strict) when its masks were propagated."""
+        return cls(plan.tree, plan.atom_bindings, plan.atoms, storage_of(plan.inputs), plan.propagated)
 
     def _walk_paths(self, nodes, path: list) -> None:
         for node in nodes:
@@ -171,18 +181,7 @@ class MaskDrivers:
     def describe(self) -> list[str]:
         """One line per sparse loop of the tree, in tree order: the loops
         around it, its mask, and the accesses that iterate it (or how it is
-        visited when none can).
-
-        >>> from spfuse.frontend.parser import parse_program
-        >>> from spfuse.ir.ops import TensorInfo
-        >>> from spfuse.planner import plan_program
-        >>> infos = {"B": TensorInfo("B", 2, ("dense", "compressed"), (0, 1), (8, 9)),
-        ...          "C": TensorInfo.dense("C", (8, 4)), "D": TensorInfo.dense("D", (4, 9))}
-        >>> p = plan_program(parse_program("A[i,j] = B[i,j] * (C[i,k] * D[k,j])"), infos)
-        >>> for line in MaskDrivers(p.tree, p.atom_bindings, p.atoms, storage_of(infos), strict=True).describe():
-        ...     print(line)
-        i › k › j ∈ B_j: B[i,j] (S0)
-        i › j ∈ B_j: B[i,j] (S1)
+        visited when none can); see the class example.
         """
         lines: list[str] = []
 
