@@ -273,6 +273,9 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     from spfuse.lowering.templates import whole_program_kernel
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
+    gathered = _gathered_rows(plan, planner)
+    if gathered is not None:
+        return gathered
     if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None \
             or _one_template_as_stored(plan):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
@@ -323,6 +326,60 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
         return plan
     # best.inputs holds the order planned for: the call converts the operand to it
     return replace(best, decisions=best.decisions + (why,))
+
+
+#: Template kernels that accumulate whole rows of a dense result at a sparse
+#: operand's coordinates: each row read, added to and written back.
+ROW_SCATTERING_KERNELS = frozenset({"spmm_t", "spmm_t_sum"})
+#: Result rows shorter than this are scattered as stored: the write-back of
+#: a short row costs about the conversion's gather per entry (100k rows,
+#: 1M entries: K=8 lost 1.3x converted, K=32 won 1.4x).
+GATHER_MIN_ROW = 32
+
+
+def _gathered_rows(plan: Plan, planner) -> Plan | None:
+    """The plan with its 2-D sparse operands read in the other storage order,
+    when as stored a template kernel would scatter rows of at least
+    :data:`GATHER_MIN_ROW` elements into a dense result larger than the cache
+    (:data:`~spfuse.passes.cost_model.CACHE_BYTES`) and read that way a
+    kernel gathers rows instead; else None.
+
+    A scattered row is read, added to and written back at a random place: at
+    100k rows, 1M entries, K=64 (a 51 MB result) ``Aᵀ·X`` scattered took
+    101 ms where SpMM over the converted operand took 56 ms, and the
+    conversion costs one gather of the values per call once the pattern's
+    transpose is remembered (:func:`~spfuse.lowering.transposes.stored_as`).
+    Below the cache the scatter hits and saves the conversion (5000 rows,
+    K=16: see :func:`_one_template_as_stored`), so the estimates, which
+    price the generic executor, are not consulted either way."""
+    import math
+
+    from spfuse.lowering.groups import split_groups
+    from spfuse.passes.cost_model import CACHE_BYTES
+    groups = split_groups(plan)
+    if len(groups) != 1 or groups[0].kernel not in ROW_SCATTERING_KERNELS:
+        return None
+    shapes = [plan.shapes.get(name) for name in groups[0].outputs]
+    if any(s is None or None in s or len(s) != 2 or s[1] < GATHER_MIN_ROW for s in shapes):
+        return None
+    swapped = {name: replace(info, mode_order=info.mode_order[::-1]) for name, info in plan.inputs.items()
+               if info.is_sparse and info.ndim == 2 and info.levels == ("dense", "compressed")}
+    # each further operand is one more conversion, and spmm_t_sum walks a
+    # shared pattern once where the gathers walk it per operand (20k rows, K=64,
+    # two operands: converting lost 15%; 40k rows gained 1.2-1.5x)
+    if sum(8 * math.prod(s) for s in shapes) <= CACHE_BYTES * 4 ** (len(swapped) - 1):
+        return None
+    try:
+        alt = planner(plan.program, {**plan.inputs, **swapped})
+    except UnsupportedError:
+        return None
+    alt_groups = split_groups(alt)
+    if len(alt_groups) != 1 or alt_groups[0].kernel in ROW_SCATTERING_KERNELS | {"generic"}:
+        return None
+    why = (f"{', '.join(sorted(swapped))} read as {', '.join(i.format_name for _, i in sorted(swapped.items()))} "
+           f"(converted per call, the transposed pattern remembered): '{alt_groups[0].kernel}' gathers rows "
+           f"where '{groups[0].kernel}' would scatter into a result larger than the cache")
+    return replace(alt, decisions=alt.decisions + (why,))
 
 
 def _one_template_as_stored(plan: Plan) -> bool:

@@ -190,6 +190,53 @@ def test_a_sparse_operand_is_not_transposed_for_one_multiply_add_per_entry():
     np.testing.assert_allclose(k(A=A, X=X), A.toarray().T @ X, rtol=1e-12)
 
 
+def _plan_of(text, **infos):
+    from spfuse.frontend.parser import parse_program
+    from spfuse.planner import plan_program
+    plan = plan_program(parse_program(text), infos)
+    return plan, [g.kernel for g in split_groups(plan)]
+
+
+@pytest.mark.parametrize("rows, K, gathers", [(100_000, 64, True), (100_000, 32, True), (100_000, 8, False),
+                                              (5_000, 64, False)])
+@pytest.mark.parametrize("text, stored", [("C[j,k] = A[i,j] * X[i,k]", (0, 1)),
+                                          ("C[i,k] = A[i,j] * X[j,k]", (1, 0))])
+def test_rows_scattered_into_a_result_past_the_cache_are_gathered_instead(rows, K, gathers, text, stored):
+    """Aᵀ·X of a CSR A (or A·X of a CSC A) scatters a row of X into a row of
+    the result per stored entry: read, added to, written back.  Past the
+    cache, with rows of at least GATHER_MIN_ROW elements, the plan reads A
+    in the other storage order (converted per call) and SpMM gathers rows
+    instead; below either, the scatter runs on A as stored."""
+    from spfuse.ir.ops import TensorInfo
+    A = TensorInfo("A", 2, ("dense", "compressed"), stored, (rows, rows), nnz=10 * rows)
+    plan, kernels = _plan_of(text, A=A, X=TensorInfo.dense("X", (rows, K)))
+    assert kernels == (["spmm"] if gathers else ["spmm_t"])
+    assert (plan.inputs["A"].mode_order != stored) == gathers
+    assert any("gathers rows where 'spmm_t' would scatter" in d for d in plan.decisions) == gathers
+
+
+def test_two_scattered_operands_need_a_larger_result_to_be_gathered():
+    """Two operands summed by spmm_t_sum walk their shared pattern once; read
+    converted, each costs a conversion and SpMM walks each: a 10 MB result
+    keeps the scatter, a 51 MB one is gathered -- and both match numpy."""
+    from spfuse.ir.ops import TensorInfo
+    text = "C[j,k] = sum(i, A[i,j] * X[i,k]) + sum(i, W[i,j] * G[i,k])"
+    for rows, want in ((20_000, "spmm_t_sum"), (100_000, "spmm_sum")):
+        csr = {n: TensorInfo(n, 2, ("dense", "compressed"), (0, 1), (rows, rows), nnz=10 * rows) for n in "AW"}
+        dense = {n: TensorInfo.dense(n, (rows, 64)) for n in "XG"}
+        assert _plan_of(text, **csr, **dense)[1] == [want]
+    rng = np.random.default_rng(4)
+    A = sp.random_array((50_000, 50_000), density=1e-4, format="csr", rng=rng)
+    W = A.copy()
+    W.data = rng.random(W.nnz)
+    X, G = rng.random((50_000, 48)), rng.random((50_000, 48))
+    k = spfuse.compile(text)
+    assert "'spmm_sum' gathers rows" in k.explain(A=A, X=X, W=W, G=G)
+    for nt in (1, 2):
+        with spfuse.threads(nt):
+            np.testing.assert_allclose(k(A=A, X=X, W=W, G=G), A.T @ X + W.T @ G, rtol=1e-12)
+
+
 #: spellings of a matrix-vector product, or sums, over a CSR or CSC operand, and the kernel each runs on
 SPMV_SPELLINGS = {
     ("y[i] = A[i,j] * x[j]", "csr"): "spmv",
