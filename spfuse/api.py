@@ -28,6 +28,7 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
+from spfuse.ir.tree import Loop, iter_nodes
 from spfuse.lowering.fibres import shared_fibres
 from spfuse.lowering.looptree import lower_cached, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
@@ -720,6 +721,36 @@ def describe_execution(plan: Plan) -> str:
     return how if flat is None else f"{how}; over shared fibres, {flat.describe()}"
 
 
+def describe_parallel(plan: Plan, operands: Mapping[str, Any] | None = None) -> str:
+    """How a plan's loops run over threads, as execution decides it: inside
+    each template kernel, or per top-level loop when the generic executor
+    lowers the tree for ``operands`` (without them, where that is decided).
+
+    >>> import numpy as np, spfuse
+    >>> from spfuse.frontend.parser import parse_program
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> plan = plan_program(parse_program("y[i] = max(j, X[i,j] + Z[i,j])"),
+    ...                     {n: TensorInfo.dense(n, (3, 4)) for n in "XZ"})
+    >>> describe_parallel(plan, {"X": np.ones((3, 4)), "Z": np.ones((3, 4))})
+    'i: blocks of iterations over the threads'
+    """
+    if _template(plan) is not None:
+        return ("inside each kernel (see execution; a generic loop nest among its groups decides "
+                "per top-level loop when it is lowered)")
+    pending = "decided per top-level loop when the generic executor lowers the tree for the operands"
+    if not operands or any(n not in operands for n in plan.program.inputs) or _has_diagonal(plan.program):
+        return pending + " (pass them to explain() to see it)"
+    tensors, _ = _prepare(plan.program, operands)
+    from spfuse.lowering.looptree import lower_to_looptree
+    notes = lower_to_looptree(plan, bind_aliases(plan, tensors)).plan.parallel
+    # (the lowering names a loop's variable its index and a number)
+    indices = sorted({n.index for n in iter_nodes(plan.tree) if isinstance(n, Loop)}, key=len, reverse=True)
+
+    def index_of(var: str) -> str:
+        return next((ix for ix in indices if var.startswith(ix) and var[len(ix):].isdigit()), var)
+    return "; ".join(f"{index_of(var)}: {how}" for var, how in notes) or "no loop"
+
+
 def _fibres(plan: Plan, formats: Mapping[str, Format]):
     """The plan's program over the fibres its sparse operands (stored as
     ``formats``) share (:mod:`spfuse.lowering.fibres`), when its results are
@@ -827,7 +858,9 @@ class Kernel:
         if picture is not None:
             from spfuse.explain_picture import draw_plan
             draw_plan(plans[self.fusion], picture, execution)
-        return explain_plans(plans, self.fusion, execution)
+        given = {**self._examples, **operands}
+        parallel = describe_parallel(plans[self.fusion], self._tensors(given)[0] if self._formats else given)
+        return explain_plans(plans, self.fusion, execution, parallel)
 
     def _repr_html_(self) -> str:
         """Jupyter shows the kernel as its explain() report.

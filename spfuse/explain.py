@@ -66,7 +66,8 @@ def _order_lines(p) -> list[str]:
     return lines
 
 
-def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | None = None) -> str:
+def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | None = None,
+                  parallel: str | None = None) -> str:
     """Render the report for ``plans[chosen]``, comparing it with the other
     strategies in ``plans`` (values are ``Plan`` or ``UnsupportedError``)."""
     p = plans[chosen]
@@ -104,7 +105,8 @@ def explain_plans(plans: Mapping[str, object], chosen: str, execution: str | Non
             lines.append(f"  {t.shape_text}  format {t.format}{reset}")
     else:
         lines.append("temporaries: none")
-    lines.append(f"parallel loops: {', '.join(p.parallel_loops) or 'none (outermost loop is a reduction)'}")
+    if parallel:
+        lines.append(f"parallel: {parallel}")
     if execution:
         lines.append(f"execution: {execution}")
     if p.formats:

@@ -93,7 +93,6 @@ def _temporaries_text(plan: Any, execution: str | None) -> str:
     else:
         lines.append("  none")
     lines.append("")
-    lines.append(f"parallel loops: {', '.join(plan.parallel_loops) or 'none'}")
     if plan.formats:
         lines.append("result formats:")
         lines.extend(f"  {d.name}: {d.format_name}" for d in plan.formats.values())

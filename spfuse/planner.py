@@ -33,7 +33,6 @@ from spfuse.passes.loop_order import OrderChoice, choose_order
 from spfuse.passes.mask_drivers import MaskDrivers, atom_bindings
 from spfuse.passes.max_fusion import maximal_statement_ops, where_fused
 from spfuse.passes.memory import Temporary, full_temporaries, reduce_dimensions
-from spfuse.passes.parallel import mark_parallel
 from spfuse.passes.reassociate import CONCORDANT_MARGIN, TEMPLATE_MARGIN, Association, reassociate
 from spfuse.passes.redundancy import RedundancyReport, analyse
 from spfuse.passes.separate import separate_small_temporaries
@@ -87,10 +86,6 @@ class Plan:
         """Per op, the operands its loop order visits out of storage order
         (``(name, storage mode order, visiting mode order)``): what the lowering converts."""
         return {i: c.transposed for i, c in self.order_choices.items() if c.transposed}
-
-    @property
-    def parallel_loops(self) -> tuple[str, ...]:
-        return tuple(n.index for n in self.tree.children if isinstance(n, Loop) and n.parallel)
 
     @property
     def extents(self) -> dict[str, int | None]:
@@ -182,7 +177,6 @@ def plan_program(program: Program, inputs: Mapping[str, TensorInfo], fusion: str
         temporaries.update(full_temporaries(ops, temps - workspaces, shapes))
     else:
         tree, temporaries = unfused, full_temporaries(ops, temps, shapes)
-    tree = mark_parallel(tree)
     extents = {n.index.upper(): n.extent for n in iter_nodes(tree) if isinstance(n, Loop)}
     final = spaces.final if spaces is not None else masks
     report = analyse(tree, ops, inputs, final, temporaries, extents, atoms)

@@ -133,7 +133,7 @@ def test_compile_runs_and_explains(rng):
     ops = operands("SDDMM", rng)
     np.testing.assert_allclose(k(**ops).toarray(), dense_reference(KERNELS["SDDMM"], ops))
     report = k.explain(**ops)
-    for needle in ("unit operations", "index tree after fusion", "reset T0", "parallel loops: i",
+    for needle in ("unit operations", "index tree after fusion", "reset T0", "parallel: inside each kernel",
                    "dead-value", "O(K·nnz(B))"):
         assert needle in report
 
@@ -190,3 +190,22 @@ def test_template_and_generic_executor_agree(rng):
         a = densify(spfuse.evaluate(KERNELS[name], **ops))
         b = densify(spfuse.evaluate(KERNELS[name], fusion="none", **ops))
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("text, want", [
+    # every op writes row i: blocks of rows
+    ("y[i] = max(j, X[i,j] + Z[i,j])", "parallel: i: blocks of iterations over the threads"),
+    # i is summed away: fixed blocks whose partial sums are added in block order
+    ("y[j] = sum(i, X[i,j] * Z[i,j])", "parallel: i: fixed reduction blocks over the threads"),
+])
+def test_explain_reports_how_the_executor_runs_the_loops_over_threads(text, want, rng):
+    """explain()'s parallel line is the runtime's own decision for the
+    generic executor (not a planner guess): row blocks or reduction blocks
+    (or serial with the reason: test_looptree's union); without operands it
+    says where it is decided."""
+    ops = {"X": rng.random((6, 5)), "Z": rng.random((6, 5))}
+    k = spfuse.compile(text)
+    assert "generic loop-tree executor" in k.explain(**ops)
+    line = next(ln for ln in k.explain(**ops).splitlines() if ln.startswith("parallel:"))
+    assert want in line
+    assert "pass them to explain()" in next(ln for ln in k.explain().splitlines() if ln.startswith("parallel:"))

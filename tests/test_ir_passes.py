@@ -92,7 +92,6 @@ def test_sddmm_tree_matches_react_figure_1():
     t = p.temporaries["T0"]
     assert t.dims == ("i", "j") and t.kept == ("j",)        # reduced to one dimension
     assert t.masks == (atom("B_j"),)                        # ... and masked by B
-    assert p.parallel_loops == ("i",)
 
 
 def _big_chain(name):

@@ -76,6 +76,7 @@ def test_spmv_csr():
     plan = b.build()
     assert is_parallel(plan)
     assert "[parallel]" in plan.describe()
+    assert plan.parallel == (("i", "blocks of iterations over the threads"),)
     np.testing.assert_allclose(both_threads(plan)["y"], A @ x, rtol=1e-12, atol=1e-12)
 
 
@@ -213,7 +214,9 @@ def test_union_mixed_with_absent_parent():
     with b.loop(i, union=[a, bb]):
         with b.loop(j, union=[a, bb]):
             b.statement(out[i, j], "assign", a - bb)
-    res = run(b.build())["out"]
+    plan = b.build()
+    assert plan.parallel == (("i", "serial (union loop)"),)   # what explain() reports
+    res = run(plan)["out"]
     ref = np.where((A + Bm).toarray() != 0, (A - Bm).toarray(), -1.0)
     np.testing.assert_array_equal(res, ref)
 

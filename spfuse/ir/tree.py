@@ -48,13 +48,11 @@ class Loop:
     mask: Mask
     binds: frozenset
     children: tuple
-    parallel: bool = False
 
     def render(self) -> str:
         space = "dense" if self.mask.is_true else f"∈ {self.mask}"
         ext = "?" if self.extent is None else self.extent
-        par = "  [parallel]" if self.parallel else ""
-        return f"for {self.index} < {ext} ({space}){par}"
+        return f"for {self.index} < {ext} ({space})"
 
     def bound(self, op_id: int) -> str | None:
         """The index name of op ``op_id`` this loop iterates, if any."""

@@ -988,7 +988,6 @@ def _refused(plan, part: list) -> list | None:
     an accumulator reset inside a loop would have to become such a result."""
     from spfuse.passes.fusion import trie_fuse
     from spfuse.passes.memory import reduce_dimensions
-    from spfuse.passes.parallel import mark_parallel
     fused = trie_fuse(Root(tuple(plan.unfused.children[o.id] for o in part)))
     crossing = {r.name for o in plan.ops if o not in part for r in o.refs}
     for piece in fused.children:  # read elsewhere: stored whole, passed on by run_groups
@@ -998,7 +997,7 @@ def _refused(plan, part: list) -> list | None:
         return None
     local = {o.out for o in part} - set(plan.results) - crossing
     reduced, temps = reduce_dimensions(fused, part, local, plan.shapes)
-    return [(piece, tuple(ops_under(piece)), temps) for piece in mark_parallel(reduced).children]
+    return [(piece, tuple(ops_under(piece)), temps) for piece in reduced.children]
 
 
 def split_groups(plan) -> tuple[Group, ...]:

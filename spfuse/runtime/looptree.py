@@ -640,6 +640,8 @@ class LoopTreePlan:
     coo_shapes: tuple
     coo_orders: tuple        # per COO output: the variable order it is emitted in, or None
     text: str = dataclasses.field(repr=False, default="")
+    #: per top-level loop, ``(variable name, how it runs over threads)``
+    parallel: tuple = ()
 
     @property
     def parallel_nodes(self) -> tuple:
@@ -982,6 +984,7 @@ class _Lowerer:
         self.const_of: dict = {}
         self.lines: list[str] = []
         self.top_parallel_marks: dict = {}
+        self.parallel_notes: list[tuple] = []   # per top-level loop: (variable, how it runs over threads)
         self.coo_op: dict = {}
         self.desc: list = []
         self.max_stack = 1
@@ -1078,6 +1081,10 @@ class _Lowerer:
             if isinstance(node, _LoopNode):
                 par, why, reduced = self.parallel_ok(node)
                 self.top_parallel_marks[start] = (par, why)
+                self.parallel_notes.append((node.var.name, (
+                    {PAR_ROWS: "blocks of iterations over the threads",
+                     PAR_REDUCE: "fixed reduction blocks over the threads, partial sums added in block order"}
+                    .get(par) or f"serial ({why})")))
                 buf_reduce[reduced] = start
         top_par = np.zeros(len(self.nodes), dtype=np.int64)
         for n, (par, _) in self.top_parallel_marks.items():
@@ -1140,6 +1147,7 @@ class _Lowerer:
             coo_shapes=tuple(c.shape for c in b._coos),
             coo_orders=tuple(self.coo_orders.get(c.id) for c in b._coos),
             text="\n".join(self.lines),
+            parallel=tuple(self.parallel_notes),
         )
 
     def walk(self, node, depth: list, bound: list, level: int) -> None:
