@@ -28,7 +28,6 @@ from spfuse.frontend.check import check_program
 from spfuse.frontend.parser import parse_program
 from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
-from spfuse.ir.tree import Loop, iter_nodes
 from spfuse.lowering.fibres import shared_fibres
 from spfuse.lowering.looptree import lower_cached, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
@@ -742,13 +741,8 @@ def describe_parallel(plan: Plan, operands: Mapping[str, Any] | None = None) -> 
         return pending + " (pass them to explain() to see it)"
     tensors, _ = _prepare(plan.program, operands)
     from spfuse.lowering.looptree import lower_to_looptree
-    notes = lower_to_looptree(plan, bind_aliases(plan, tensors)).plan.parallel
-    # (the lowering names a loop's variable its index and a number)
-    indices = sorted({n.index for n in iter_nodes(plan.tree) if isinstance(n, Loop)}, key=len, reverse=True)
-
-    def index_of(var: str) -> str:
-        return next((ix for ix in indices if var.startswith(ix) and var[len(ix):].isdigit()), var)
-    return "; ".join(f"{index_of(var)}: {how}" for var, how in notes) or "no loop"
+    lowered = lower_to_looptree(plan, bind_aliases(plan, tensors))
+    return "; ".join(f"{lowered.indices.get(var, var)}: {how}" for var, how in lowered.plan.parallel) or "no loop"
 
 
 def _fibres(plan: Plan, formats: Mapping[str, Format]):

@@ -264,14 +264,16 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     generic executor, and converting would only add a pass (masked SpGEMM
     ran converted to a merge per stored mask entry).
     ``planner(program, infos)`` plans a program over operand infos."""
+    from spfuse.lowering.groups import split_groups
     from spfuse.lowering.templates import whole_program_kernel
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
-    gathered = _gathered_rows(plan, planner)
+    groups = split_groups(plan)
+    gathered = _gathered_rows(plan, groups, planner)
     if gathered is not None:
         return gathered
     if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None \
-            or _one_template_as_stored(plan):
+            or _one_template_as_stored(plan, groups):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
     reordered = _template_mode_order(plan, planner)
     if reordered is not None:
@@ -331,7 +333,7 @@ ROW_SCATTERING_KERNELS = frozenset({"spmm_t", "spmm_t_sum"})
 GATHER_MIN_ROW = 32
 
 
-def _gathered_rows(plan: Plan, planner) -> Plan | None:
+def _gathered_rows(plan: Plan, groups: tuple, planner) -> Plan | None:
     """The plan with its 2-D sparse operands read in the other storage order,
     when as stored a template kernel would scatter rows of at least
     :data:`GATHER_MIN_ROW` elements into a dense result larger than the cache
@@ -350,7 +352,6 @@ def _gathered_rows(plan: Plan, planner) -> Plan | None:
 
     from spfuse.lowering.groups import split_groups
     from spfuse.passes.cost_model import CACHE_BYTES
-    groups = split_groups(plan)
     if len(groups) != 1 or groups[0].kernel not in ROW_SCATTERING_KERNELS:
         return None
     shapes = [plan.shapes.get(name) for name in groups[0].outputs]
@@ -376,15 +377,14 @@ def _gathered_rows(plan: Plan, planner) -> Plan | None:
     return replace(alt, decisions=alt.decisions + (why,))
 
 
-def _one_template_as_stored(plan: Plan) -> bool:
+def _one_template_as_stored(plan: Plan, groups: tuple) -> bool:
     """Does one template group run the whole plan, reading every sparse
     operand as stored or through a free transpose (a CSC matrix's arrays
     are the CSR of its transpose)?  ``A·X`` of a CSC ``A`` is then
     ``spmm_t`` on A's own arrays, where converting A to CSR first cost a
     gather per call and SpMM after it (5000 rows, K=16: 0.68 ms against
     scipy's 0.34)."""
-    from spfuse.lowering.groups import _free_transpose, split_groups
-    groups = split_groups(plan)
+    from spfuse.lowering.groups import _free_transpose
     if len(groups) != 1 or groups[0].route is None or groups[0].kernel in ("generic", "copy", "gemm"):
         return False
     route = groups[0].route

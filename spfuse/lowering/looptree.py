@@ -13,14 +13,14 @@ coordinate lists canonicalised afterwards (SpGEMM, SpAdd).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from spfuse.formats import Format, as_format
 from spfuse.ir.ops import Const, Ref
-from spfuse.ir.tree import Compute, Loop, Reset
+from spfuse.ir.tree import Compute, Loop, Reset, iter_nodes
 from spfuse.memo import attached_dict
 from spfuse.passes.iteration_space import sparse_reduction
 from spfuse.passes.mask_drivers import MaskDrivers
@@ -69,6 +69,8 @@ class LoweredProgram:
     outputs: tuple[OutputSpec, ...]
     transposed: tuple[str, ...]  # operands converted to a concordant mode order
     binding: Binding | None = None
+    #: the plan's index each executor variable loops over (``"i0" -> "i"``)
+    indices: Mapping[str, str] = field(default_factory=dict)
 
     def rebind(self, operands: Mapping[str, Any]) -> LoweredProgram:
         """This lowering over another call's operands (same signature).
@@ -434,7 +436,9 @@ def lower_to_looptree(plan, operands: Mapping[str, Any]) -> LoweredProgram:
     lo.declare_storage()
     lo.emit(plan.tree.children, set())
     built = lo.b.build()
-    return LoweredProgram(built, tuple(lo.outputs), tuple(lo.transposed), _binding(lo, built))
+    indices = {lo.vars[id(node)].name: node.index for node in iter_nodes(plan.tree)
+               if isinstance(node, Loop) and id(node) in lo.vars}
+    return LoweredProgram(built, tuple(lo.outputs), tuple(lo.transposed), _binding(lo, built), indices)
 
 
 def _binding(lo: _Lowerer, built) -> Binding | None:

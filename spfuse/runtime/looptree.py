@@ -984,7 +984,6 @@ class _Lowerer:
         self.const_of: dict = {}
         self.lines: list[str] = []
         self.top_parallel_marks: dict = {}
-        self.parallel_notes: list[tuple] = []   # per top-level loop: (variable, how it runs over threads)
         self.coo_op: dict = {}
         self.desc: list = []
         self.max_stack = 1
@@ -1080,14 +1079,10 @@ class _Lowerer:
             self.walk(node, depth, [], 0)
             if isinstance(node, _LoopNode):
                 par, why, reduced = self.parallel_ok(node)
-                self.top_parallel_marks[start] = (par, why)
-                self.parallel_notes.append((node.var.name, (
-                    {PAR_ROWS: "blocks of iterations over the threads",
-                     PAR_REDUCE: "fixed reduction blocks over the threads, partial sums added in block order"}
-                    .get(par) or f"serial ({why})")))
+                self.top_parallel_marks[start] = (par, why, node.var.name)
                 buf_reduce[reduced] = start
         top_par = np.zeros(len(self.nodes), dtype=np.int64)
-        for n, (par, _) in self.top_parallel_marks.items():
+        for n, (par, _, _) in self.top_parallel_marks.items():
             top_par[n] = int(par)
         self.describe_lines(top_par)
 
@@ -1147,7 +1142,8 @@ class _Lowerer:
             coo_shapes=tuple(c.shape for c in b._coos),
             coo_orders=tuple(self.coo_orders.get(c.id) for c in b._coos),
             text="\n".join(self.lines),
-            parallel=tuple(self.parallel_notes),
+            parallel=tuple((name, _PARALLEL_TEXT.get(par) or f"serial ({why})")
+                           for par, why, name in self.top_parallel_marks.values()),
         )
 
     def walk(self, node, depth: list, bound: list, level: int) -> None:
@@ -1427,11 +1423,16 @@ class _Lowerer:
         for level, text, n in self.desc:
             mark = ""
             if n in self.top_parallel_marks:
-                par, why = self.top_parallel_marks[n]
+                par, why, _ = self.top_parallel_marks[n]
                 mark = {PAR_ROWS: "   [parallel]", PAR_REDUCE: "   [parallel: reduction blocks]"}.get(
                     par, f"   [serial: {why}]")
             out.append("  " + "  " * level + text + mark)
         self.lines = out
+
+
+#: how a top-level loop runs over threads, by its parallel mode (``LoopTreePlan.parallel``)
+_PARALLEL_TEXT = {PAR_ROWS: "blocks of iterations over the threads",
+                  PAR_REDUCE: "fixed reduction blocks over the threads, partial sums added in block order"}
 
 
 # ================================================================ run =====
