@@ -35,6 +35,7 @@ import scipy.sparse as sp
 from spfuse.autodiff.run import cached_adjoint, run_adjoint, run_forward
 from spfuse.frontend.ast import Program
 from spfuse.frontend.parser import parse_program
+from spfuse.lowering.transposes import transposed_csr
 from spfuse.tensor import Tensor, as_tensor, values_at
 
 __all__ = ["function", "SpfuseFunction", "to_spfuse", "to_torch"]
@@ -129,8 +130,9 @@ class _CSRArrays:
         self.shape = (int(shape[0]), int(shape[1]))
 
 
-#: torch CSR tensors converted lately: id -> (weak reference, version, Tensor)
-_converted: dict[int, tuple[Any, int, Tensor]] = {}
+#: torch CSR tensors converted lately: id -> (weak reference, version,
+#: Tensor, what was made from that Tensor: its transpose)
+_converted: dict[int, tuple[Any, int, Tensor, dict]] = {}
 #: how many conversions :data:`_converted` keeps (the operands of a few models)
 MAX_CONVERTED = 32
 
@@ -168,8 +170,30 @@ def _csr_tensor(t: Any) -> Tensor | None:
     if tensor is not None:
         if len(_converted) >= MAX_CONVERTED:   # (another thread may drop the same entry first)
             _converted.pop(next(iter(_converted), None), None)
-        _converted[key] = (weakref.ref(t, lambda _, key=key: _converted.pop(key, None)), version, tensor)
+        _converted[key] = (weakref.ref(t, lambda _, key=key: _converted.pop(key, None)), version, tensor, {})
     return tensor
+
+
+def _transposed(t: Any) -> Tensor | None:
+    """The transpose (as CSR) of the Tensor :func:`_csr_tensor` holds for
+    ``t``, made once per version of ``t`` (a backward pass reads ``Aᵀ``
+    every step: a values gather and two index comparisons each time
+    otherwise), or None when none is held.
+
+    >>> import torch
+    >>> a = torch.tensor([[0.0, 2.0], [1.0, 0.0]], dtype=torch.float64).to_sparse_csr()
+    >>> _ = _csr_tensor(a); _transposed(a).todense().tolist()
+    [[0.0, 1.0], [2.0, 0.0]]
+    >>> _transposed(a) is _transposed(a)
+    True
+    """
+    found = _converted.get(id(t))
+    if found is None or found[0]() is not t or found[1] != t._version:
+        return None
+    made = found[3]
+    if "T" not in made:
+        made["T"] = transposed_csr(found[2])
+    return made["T"]
 
 
 class _Input:
@@ -245,9 +269,14 @@ def _autograd_function():
                 if c is None:
                     c = to_spfuse(g, f"cotangent of {r}")
                 cotangents[r] = float(c) if np.ndim(c) == 0 and isinstance(c, np.ndarray) else c
+            transposes = {}
+            for n in adj.read_transposed:
+                if inputs[n].layout == torch.sparse_csr and (made := _transposed(inputs[n].source)) is not None:
+                    transposes[n] = made
             # inputs were validated when converted, saved temporaries are spfuse's own
             raw = run_adjoint(adj, {n: i.tensor for n, i in inputs.items()}, cotangents, saved,
-                              fusion=spec.fusion, num_threads=spec.num_threads, trusted=(*inputs, *saved))
+                              fusion=spec.fusion, num_threads=spec.num_threads, trusted=(*inputs, *saved),
+                              transposes=transposes)
             return (None, *(inputs[n].gradient(raw[n]) if n in adj.wrt else None for n in spec.names))
 
     return _ProgramFunction

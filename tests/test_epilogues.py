@@ -32,6 +32,9 @@ CASES = [
      lambda P, o: np.sqrt(np.abs(P)) * o["r"][:, None] + 2 * o["b"]),
     ("Y[i,k] = s * (A[i,j] * X[j,k]) - b[k] - 1.5", lambda P, o: o["s"] * P - o["b"] - 1.5),
     ("Y[i,k] = -(A[i,j] * X[j,k]) * R[i,k]", lambda P, o: -P * o["R"]),
+    # relu's gradient: the product where a mask is non-zero (NaN counts as non-zero, as in numpy)
+    ("Y[i,k] = where(relu(R[i,k]), A[i,j] * X[j,k], 0.0)", lambda P, o: np.where(np.maximum(o["R"], 0) != 0, P, 0.0)),
+    ("Y[i,k] = where(A[i,j] * X[j,k], b[k], r[i])", lambda P, o: np.where(P != 0, o["b"], o["r"][:, None])),
 ]
 
 
@@ -140,7 +143,7 @@ def test_explain_shows_the_tail(rng):
     assert "spmm+epilogue" in text and "in the kernel, as each row is stored" in text
 
 
-_TAIL_OPS = ["relu", "abs", "neg", "sqrt", "+b", "-R", "*r", "/r", "*2", "+1"]
+_TAIL_OPS = ["relu", "abs", "neg", "sqrt", "+b", "-R", "*r", "/r", "*2", "+1", "where"]
 
 
 @settings(max_examples=80, deadline=None)
@@ -190,6 +193,9 @@ def test_random_tails(m, n, k, density, tail, f32, vector, nt, seed, head):
                 expr, want = f"({expr}) / r[i]", np.where(want == 0, 0.0, want / rows)
             elif t == "*2":
                 expr, want = f"2 * ({expr})", 2 * want
+            elif t == "where":
+                mask = np.maximum(ops["R"], 0)
+                expr, want = f"where(relu(R[i,k]), {expr}, -1.5)", np.where(mask != 0, want, -1.5)
             else:
                 expr, want = f"({expr}) + 1", want + 1
     if vector:
@@ -235,7 +241,20 @@ GEMM_CASES = [
     ("Z[i,j] = (X[i,h] * W[h,j] - R[i,j]) / r[i]",
      lambda P, o: np.where(P - o["R"] == 0, 0, (P - o["R"]) / o["r"][:, None])),
     ("Z[i,j] = 2 * abs(X[h,i] * W[h,j]) + 1", lambda P, o: 2 * np.abs(P) + 1),
+    ("Z[i,j] = where(relu(R[i,j]), X[i,h] * W[h,j], 0.0)", lambda P, o: np.where(o["R"] > 0, P, 0.0)),
 ]
+
+
+def test_a_product_stored_the_other_way_round_swaps_its_factors(rng):
+    # Z[j,i] = op(X)·op(W) read transposed is op(W)ᵀ·op(X)ᵀ: BLAS writes it
+    # in place (no copy into its order), and the tail runs on its rows
+    X, W, R = rng.standard_normal((30, 7)), rng.standard_normal((7, 20)), rng.standard_normal((20, 30))
+    program = "Z[j,i] = where(relu(R[j,i]), X[i,h] * W[h,j], 0.0)"
+    assert _kernels(program, X=X, W=W, R=R) == ["gemm+epilogue"]
+    np.testing.assert_allclose(spfuse.evaluate(program, X=X, W=W, R=R), np.where(R > 0, (X @ W).T, 0.0),
+                               rtol=1e-12, atol=1e-12)
+    plain = spfuse.evaluate("Z[j,i] = X[i,h] * W[h,j]", X=X, W=W)
+    assert plain.flags.c_contiguous and np.allclose(plain, (X @ W).T, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("program,oracle", GEMM_CASES)

@@ -115,6 +115,24 @@ def test_a_csr_input_changed_in_place_between_calls_is_read_again():
             g(*args)
 
 
+def test_the_remembered_transpose_follows_the_csr_input_changed_in_place():
+    """A backward pass reads ``Aᵀ``, made once per version of ``A``: the
+    gradient after ``A`` changed in place (values, then an index) is the
+    new ``A``'s, against torch's dense autograd."""
+    f = sft.function("Y[i,k] = A[i,j] * X[j,k]")
+    A = sparse_pattern((4, 5), seed=15).to_sparse_csr()
+    X = dense((5, 3), 16, True)
+    for change in (None, lambda: A.values().mul_(-2.0), lambda: A.col_indices().__setitem__(0, 4)):
+        if change is not None:
+            change()
+        X.grad = None
+        (f(A, X) * torch.arange(12.0, dtype=torch.float64).reshape(4, 3)).sum().backward()
+        Xd = X.detach().clone().requires_grad_(True)
+        (A.to_dense() @ Xd * torch.arange(12.0, dtype=torch.float64).reshape(4, 3)).sum().backward()
+        np.testing.assert_allclose(X.grad.numpy(), Xd.grad.numpy(), rtol=1e-12, atol=1e-12)
+        assert sft._transposed(A) is sft._transposed(A)   # (once per version)
+
+
 def test_remembered_csr_conversions_are_bounded_and_leave_with_their_tensors():
     import gc
     sft._converted.clear()

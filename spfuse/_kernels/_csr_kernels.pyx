@@ -68,7 +68,7 @@ cnp.import_array()
 from spfuse._kernels._bitmap cimport _bitmap_add, _bitmap_readback, out_index_t
 from spfuse._kernels._epilogue cimport (
     EPI_ABS, EPI_ADD, EPI_COL, EPI_CONST, EPI_COPY, EPI_DIV, EPI_MATRIX, EPI_MUL, EPI_NEG, EPI_REG, EPI_RELU, EPI_ROUND,
-    EPI_ROW, EPI_SQRT, EPI_SUB, _Epilogue, _epilogue_from, _run_epilogue,
+    EPI_ROW, EPI_SQRT, EPI_SUB, EPI_WHERE, _Epilogue, _epilogue_from, _run_epilogue,
 )
 from spfuse._kernels._leaves cimport _add_partials, _axpy, _dot, _fptr, _iptr, _mptr, _vecmat
 from spfuse._kernels._parallel cimport (
@@ -780,7 +780,7 @@ def col_extremum(const index_t[::1] indptr, const index_t[::1] indices, const fl
 # ``_epilogue.pxd``, shared with gemm's row blocks).
 #: the epilogue opcodes by operator name (``None``: a copy; ``round``: to float32)
 EPILOGUE_OPS = {None: EPI_COPY, "+": EPI_ADD, "-": EPI_SUB, "*": EPI_MUL, "/": EPI_DIV, "relu": EPI_RELU,
-                "neg": EPI_NEG, "abs": EPI_ABS, "sqrt": EPI_SQRT, "round": EPI_ROUND}
+                "neg": EPI_NEG, "abs": EPI_ABS, "sqrt": EPI_SQRT, "round": EPI_ROUND, "where": EPI_WHERE}
 #: the epilogue argument kinds: a register, a constant, ``v[i]`` (the row's),
 #: ``v[k]`` (the column's), ``M[i, k]`` (a C-ordered matrix of the output's shape)
 EPILOGUE_ARGS = {"register": EPI_REG, "constant": EPI_CONST, "row": EPI_ROW, "column": EPI_COL,
@@ -807,7 +807,7 @@ def spmm(const index_t[::1] indptr, const index_t[::1] indices, const floating[:
     program ``(code, kinds, refs, consts, n_regs, out_reg)``: the row
     segment (rounded to the value type) is register 0, each instruction
     ``(opcode, destination, first argument, argument count)`` of
-    ``EPI_COPY``..``EPI_ROUND`` works on the segment in float64 over
+    ``EPI_COPY``..``EPI_WHERE`` works on the segment in float64 over
     arguments ``EPI_REG``..``EPI_MATRIX`` (float64 arrays by address: the
     caller keeps them alive and of the right lengths), and register
     ``out_reg`` is stored.  Not with ``accumulate``.

@@ -8,7 +8,7 @@ from libc.math cimport fabs, sqrt
 from libc.stdint cimport int64_t
 
 cdef enum:
-    EPI_COPY, EPI_ADD, EPI_SUB, EPI_MUL, EPI_DIV, EPI_RELU, EPI_NEG, EPI_ABS, EPI_SQRT, EPI_ROUND
+    EPI_COPY, EPI_ADD, EPI_SUB, EPI_MUL, EPI_DIV, EPI_RELU, EPI_NEG, EPI_ABS, EPI_SQRT, EPI_ROUND, EPI_WHERE
 cdef enum:   # argument kinds
     EPI_REG, EPI_CONST, EPI_ROW, EPI_COL, EPI_MATRIX
 
@@ -132,20 +132,31 @@ cdef inline void _run_epilogue(const _Epilogue* e, double* regs, Py_ssize_t kw, 
     segment, not per element, so the loops vectorise).  The arithmetic is
     numpy's on float64 arrays, operation by operation (a linear
     combination ``c0*x0 + x1 + c2*x2`` left to right; ``a / b`` is 0 where
-    ``a`` is; ``relu`` is ``x`` where ``x > 0``, else +0.0).  An
+    ``a`` is; ``relu`` is ``x`` where ``x > 0``, else +0.0; ``where(c, a,
+    b)`` is ``a`` where ``c != 0`` -- NaN included -- else ``b``).  An
     instruction's destination is never one of its arguments after the
     first (:func:`_epilogue_from` checks)."""
     cdef Py_ssize_t t, a, a0, na, k
     cdef int64_t op
     cdef double* dst
     cdef const double* p
+    cdef const double* q
+    cdef const double* r
     cdef double x, c
-    cdef bint along
+    cdef bint along, along_q, along_r
     for t in range(e.n_ops):
         op = e.code[4 * t]
         dst = regs + e.code[4 * t + 1] * kw
         a0 = e.code[4 * t + 2]
         na = e.code[4 * t + 3]
+        if op == EPI_WHERE and na == 3:   # (elementwise: dst may be the condition's register)
+            p = _epi_operand(e, a0, regs, kw, i, k0, K, &along)
+            q = _epi_operand(e, a0 + 1, regs, kw, i, k0, K, &along_q)
+            r = _epi_operand(e, a0 + 2, regs, kw, i, k0, K, &along_r)
+            for k in range(kw):
+                dst[k] = (q[k] if along_q else q[0]) if (p[k] if along else p[0]) != 0.0 else \
+                    (r[k] if along_r else r[0])
+            continue
         # the first argument, times its coefficient in a linear combination
         # (1.0 for the other operations: x * 1.0 is x, bit for bit)
         p = _epi_operand(e, a0, regs, kw, i, k0, K, &along)

@@ -90,6 +90,16 @@ class Adjoint:
     alternative: Adjoint | None = None
 
     @property
+    def read_transposed(self) -> frozenset[str]:
+        """The sparse inputs this adjoint or its alternative reads transposed.
+
+        >>> sorted(adjoint("Y[i,k] = A[i,j] * X[j,k]", wrt=("X",), sparse=frozenset("A")).read_transposed)
+        ['A']
+        """
+        both = (self,) if self.alternative is None else (self, self.alternative)
+        return frozenset(n for v in both for n in v.transposed)
+
+    @property
     def text(self) -> str:
         """The adjoint program in index notation ('' when no gradient flows)."""
         return self.program.text if self.program is not None else ""

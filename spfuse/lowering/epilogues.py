@@ -13,8 +13,8 @@ is stored.  Interpretation is paid per row segment, never per element.
 element-wise group (:class:`~spfuse.lowering.entrywise.EntrywiseGroup`)
 whose one outside operand is the result of an ``spmm`` group, read by it
 alone, becomes one group holding both (``Group.epilogue``), when every
-operation is one the kernel runs (``+ - * /``, ``relu neg abs sqrt``, a
-copy) over the SpMM's result, the group's own temporaries, constants, 0-d
+operation is one the kernel runs (``+ - * /``, ``relu neg abs sqrt``,
+``where``, a copy) over the SpMM's result, the group's own temporaries, constants, 0-d
 operands, vectors along the result's rows (``b[i]``) or columns (``b[k]``)
 and dense matrices read in the result's index order.  :func:`run_epilogue`
 runs it.  The arithmetic is the element-wise group's, bit for bit: float64
@@ -48,7 +48,7 @@ from spfuse.lowering import templates
 from spfuse.lowering.group_flow import producers_and_readers
 from spfuse.runtime.blas_pool import hold_blas_once
 
-__all__ = ["KERNELS", "fuse_epilogues", "run_epilogue"]
+__all__ = ["KERNELS", "encoded_epilogue", "fuse_epilogues", "run_epilogue"]
 
 #: per product kernel, the name a group with an epilogue reports (``explain()``, ``TemplateMatch.kernel``)
 KERNELS = {"spmm": "spmm+epilogue", "spmv": "spmv+epilogue", "gemm": "gemm+epilogue"}
@@ -110,8 +110,8 @@ def _routed(head) -> bool:
     itself (not transposed, not kept on a pattern)?"""
     r = head.route
     if head.kernel == "gemm":
-        # (gemm's roles: the result not written transposed; a scaled product keeps its own run)
-        return r is not None and not r.names[4] and not r.scalars
+        # (a scaled product keeps its own run)
+        return r is not None and not r.scalars
     return head.kernel in KERNELS and r is not None and not r.out_swapped and r.pattern is None
 
 
@@ -154,7 +154,7 @@ def _program(plan, g, product: str | None, ndim: int, temporaries: bool = False)
         if opcode is None or op.operator == "round" or tuple(op.out_indices) != out_ix:
             return None
         linear = op.operator in ("+", "-")
-        if not linear and op.operator not in ("*", "/") and len(op.args) != 1:
+        if not linear and op.operator not in ("*", "/") and len(op.args) != (3 if op.operator == "where" else 1):
             return None
         coefs = op.coefficients if linear else (1.0,) * len(op.args)
         args = []
@@ -222,7 +222,7 @@ def _static_encoding(program: tuple, scale: float, rounded: bool) -> tuple:
     return arrays, tuple(slots)
 
 
-def _encoded(program: tuple, env, scale: float, rounded: bool):
+def encoded_epilogue(program: tuple, env, scale: float, rounded: bool):
     """The kernel's epilogue arrays for this call (operands as float64
     C-ordered arrays, kept alive in the returned list), with the
     SpMM route's scale multiplied in first (rounded like the kernel's
@@ -268,7 +268,7 @@ def run_epilogue(plan, g, env: dict, nt: int) -> dict:
     nt = templates._threads([S, D], nt)
     indptr, indices, values = templates._csr(S, itype, dtype)
     dense = templates._dense(D, dtype, nt)
-    epilogue, keep = _encoded(program, env, scale, dtype == _F32)
+    epilogue, keep = encoded_epilogue(program, env, scale, dtype == _F32)
     name = g.outputs[0]
     out = _result(tuple(plan.shapes[name]), dtype)
     if head.kernel == "spmv":
@@ -292,7 +292,7 @@ def _run_gemm_epilogue(plan, g, env: dict, nt: int) -> dict:
         return lowering.run_in_turn(plan, (head, tail), env, nt)
     X, xt = lowering._blas_operand(env[x], xt, dtype)
     Y, yt = lowering._blas_operand(env[y], yt, dtype)
-    epilogue, keep = _encoded(program, env, 1.0, False)
+    epilogue, keep = encoded_epilogue(program, env, 1.0, False)
     name = g.outputs[0]
     out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
@@ -310,7 +310,7 @@ def _run_rows(plan, g, env: dict, nt: int) -> dict:
     made = {op.out for op in tail.ops}
     if any(not env[r.name].format.is_dense for op in tail.ops for r in op.refs if r.name not in made):
         return lowering._run_group(plan, tail, env, nt)
-    epilogue, keep = _encoded(program, env, 1.0, False)
+    epilogue, keep = encoded_epilogue(program, env, 1.0, False)
     name = g.outputs[0]
     shape = tuple(plan.shapes[name])
     out = _result(shape, _F64)

@@ -35,7 +35,7 @@ from spfuse.ir.ops import Const, Ref, TensorInfo, UnitOp
 from spfuse.ir.tree import Reset, Root, iter_nodes
 from spfuse.lowering import templates
 from spfuse.lowering.entrywise import EntrywiseGroup, bind_entrywise, entrywise_group, run_entrywise_group
-from spfuse.lowering.epilogues import fuse_epilogues, run_epilogue
+from spfuse.lowering.epilogues import encoded_epilogue, fuse_epilogues, run_epilogue
 from spfuse.lowering.looptree import lower_cached
 from spfuse.lowering.pattern_values import PatternGroup, _is_csr, pattern_group, run_pattern_group
 from spfuse.lowering.summed_spmms import run_summed, sum_spmms
@@ -208,7 +208,16 @@ def _exact_reciprocal(c: float) -> bool:
 
 def _gemm_roles(einsum, infos) -> tuple | None:
     """``(X, Y, x_t, y_t, out_t)`` when the einsum is one dense 2-D × 2-D product:
-    ``out = op(X) @ op(Y)`` with the transposes flagged."""
+    ``out = op(X) @ op(Y)`` with the transposes flagged.  A result indexed
+    the other way round is ``op(Y)ᵀ @ op(X)ᵀ``: the factors swap and flip
+    their flags (BLAS reads a matrix transposed for free), so ``out_t`` is
+    False and the result is never copied into its order.
+
+    >>> from spfuse.ir.ops import TensorInfo
+    >>> info = TensorInfo("D", 2, ("dense", "dense"), (0, 1), (3, 3), "input", 9)
+    >>> _gemm_roles(("W", ("h", "c"), ("j",), [("G", ("j", "c")), ("H", ("j", "h"))]), {"G": info, "H": info})
+    ('H', 'G', True, False, False)
+    """
     out, out_ix, summed, factors = einsum
     if len(factors) != 2 or len(summed) != 1 or len(out_ix) != 2:
         return None
@@ -222,29 +231,35 @@ def _gemm_roles(einsum, infos) -> tuple | None:
     a, b = next(a), next(b)
     if set(out_ix) != {a, b}:
         return None
-    return x, y, xi != (a, s), yi != (s, b), out_ix != (a, b)
+    if out_ix != (a, b):
+        return y, x, yi == (s, b), xi == (a, s), False
+    return x, y, xi != (a, s), yi != (s, b), False
 
 
 def _run_gemm(roles, out_shape, tensors, nt):
-    x, y, xt, yt, ot = roles
+    x, y, xt, yt, _ = roles   # (a result in the other order swapped the factors: see _gemm_roles)
     _, dtype = templates._types([tensors[x], tensors[y]])
     X, xt = _blas_operand(tensors[x], xt, dtype)
     Y, yt = _blas_operand(tensors[y], yt, dtype)
     out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
     _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
-    return templates.c_ordered(out.T, nt) if ot else out
+    return out
 
 
-def _bind_gemm(roles, tensors):
+def _bind_gemm(roles, tensors, tail=None):
     """:func:`_run_gemm` bound to the operand signature of ``tensors`` (both
     factors C-ordered matrices of the product's dtype: handed to BLAS as
     stored), or None; each call checks the signature by identity and takes
-    :func:`_run_gemm` when it differs."""
-    x, y, xt, yt, ot = roles
+    the general way when it differs.  ``tail``: the merged group whose
+    epilogue the rows go through (:func:`~spfuse.lowering.epilogues.run_epilogue`;
+    bound for float64 products)."""
+    x, y, xt, yt, _ = roles
     _, dtype = templates._types([tensors[x], tensors[y]])
     matrix = Format.dense(2)
-    if ot or any(tensors[n]._format is not matrix or tensors[n]._values.dtype is not dtype for n in (x, y)):
+    if any(tensors[n]._format is not matrix or tensors[n]._values.dtype is not dtype for n in (x, y)):
+        return None
+    if tail is not None and dtype is not templates._F64:
         return None
     gemm = templates._specialised(_dense_kernels.gemm, dtype)
     hold_blas_once()
@@ -253,10 +268,16 @@ def _bind_gemm(roles, tensors):
         X, Y = tensors[x], tensors[y]
         if X._format is not matrix or Y._format is not matrix or X._values.dtype is not dtype \
                 or Y._values.dtype is not dtype:
-            return _run_gemm(roles, None, tensors, nt)
+            return _run_gemm(roles, None, tensors, nt) if tail is None else \
+                run_epilogue(tail[0], tail[1], tensors, nt)[tail[1].outputs[0]]
         xs, ys = X._shape, Y._shape
         out = _result((xs[1] if xt else xs[0], ys[0] if yt else ys[1]), dtype)
-        gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt)
+        if tail is None:
+            gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt)
+            return out
+        epilogue, keep = encoded_epilogue(tail[1].epilogue[2], tensors, 1.0, False)
+        gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt, epilogue)
+        del keep   # (the kernel has returned: the operands' float64 copies may go)
         return out
     return run
 
@@ -1216,6 +1237,11 @@ def _bound_group(plan, g: Group, env: Mapping[str, Any]):
     of this call): a plain template or gemm group calls its kernel straight
     (:func:`~spfuse.lowering.templates.bind_einsum`, :func:`_bind_gemm`);
     any other group works out its way per call as before."""
+    if g.epilogue and g.epilogue[0] is not None and g.epilogue[0].kernel == "gemm" and g.epilogue[1] is not None:
+        run = _bind_gemm(g.names, env, (plan, g))
+        if run is not None:
+            name = g.outputs[0]
+            return lambda env, nt: {name: run(env, nt)}
     if g.epilogue or g.summed:   # (merged groups: their own runs, whatever route they show)
         return functools.partial(_run_group, plan, g)
     if g.entrywise is not None:
