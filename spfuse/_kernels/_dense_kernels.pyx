@@ -37,7 +37,7 @@ from spfuse._kernels._leaves cimport _dot, _prefetch_row, spfuse_exp, spfuse_sig
 from spfuse._kernels._openmp_helpers cimport omp_get_thread_num
 from spfuse._kernels._workspace cimport padded_stride
 
-__all__ = ["PATTERN_ARGS", "PATTERN_OPS", "UNARY_OPS", "gemm", "hold_blas_to_one_thread", "map_unary",
+__all__ = ["PATTERN_ARGS", "PATTERN_OPS", "UNARY_OPS", "gather", "gemm", "hold_blas_to_one_thread", "map_unary",
            "pattern_program", "transpose"]
 
 #: op codes of :func:`map_unary` (name -> code)
@@ -352,6 +352,35 @@ def map_unary(const floating[::1] values, int op_code, floating[::1] out, int nu
         else:
             for p in prange(n, schedule="static", num_threads=num_threads):
                 out[p] = <floating>_unary(op_code, <double>values[p])
+
+
+def gather(const floating[::1] values, const int64_t[::1] order, floating[::1] out, int num_threads=1):
+    """gather(values, order, out, num_threads=1)
+
+    ``out[p] = values[order[p]]``: a sparse tensor's values in another
+    storage order (CSR as CSC, a transpose), ``order`` the permutation
+    remembered for its pattern.  numpy's ``take`` runs it on one thread at
+    about 7 ns per random read (1M values: 7 ms); here the team shares
+    static ranges of ``out``.  Preconditions (the caller's: ``order`` is a
+    permutation it built): every ``order[p]`` in ``[0, len(values))``.
+    Raises ValueError when ``out`` and ``order`` differ in length.
+    Elementwise, so identical for any thread count.  O(n).
+
+    >>> import numpy as np
+    >>> out = np.empty(3); gather(np.array([1.0, 2.0, 3.0]), np.array([2, 0, 1]), out); out.tolist()
+    [3.0, 1.0, 2.0]
+    """
+    cdef Py_ssize_t n = order.shape[0], p
+    if out.shape[0] != n:
+        raise ValueError(f"gather: out has {out.shape[0]} entries, order {n}")
+    if n == 0:
+        return
+    cdef const floating* v = &values[0]
+    cdef const int64_t* o = &order[0]
+    cdef floating* dst = &out[0]
+    with nogil:
+        for p in prange(n, schedule="static", num_threads=num_threads):
+            dst[p] = v[o[p]]
 
 
 def transpose(const floating[:, ::1] a, floating[:, ::1] out, int num_threads=1):
