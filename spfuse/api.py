@@ -1,10 +1,11 @@
 """Public entry points: :func:`evaluate`, :func:`compile`, :func:`einsum`.
 
-Data flows one way: text → :mod:`spfuse.frontend` (parse, check) → operands
-validated into :class:`~spfuse.tensor.Tensor` → :mod:`spfuse.planner`
-(cached) → :mod:`spfuse.lowering` → :mod:`spfuse.runtime` → results back in
-the caller's world (scipy in → scipy out, numpy in → numpy out, N-d sparse
-→ ``Tensor``).
+Data flows one way: text → :mod:`spfuse.frontend` (parse, check; accesses
+with a repeated index rewritten by :mod:`spfuse.frontend.diagonals`) →
+operands validated into :class:`~spfuse.tensor.Tensor` (:mod:`spfuse.binding`)
+→ :mod:`spfuse.planner` (cached) → :mod:`spfuse.lowering` → :mod:`spfuse.runtime`
+→ results back in the caller's world (:mod:`spfuse.results`: scipy in → scipy
+out, numpy in → numpy out, N-d sparse → ``Tensor``).
 """
 from __future__ import annotations
 
@@ -14,31 +15,29 @@ import math
 import os
 import threading
 from collections.abc import Container, Mapping
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
-import scipy.sparse as sp
 
-from spfuse import validation as V
+from spfuse import binding
 from spfuse._kernels import _result_pool as result_pool
 from spfuse.errors import IndexCheckFailed, ProgramError, UnsupportedError
 from spfuse.formats import Format
-from spfuse.frontend.ast import Access, Program, iter_accesses
+from spfuse.frontend.ast import Program, iter_accesses
 from spfuse.frontend.check import check_program
+from spfuse.frontend.diagonals import has_diagonal, without_diagonals
 from spfuse.frontend.parser import parse_program
-from spfuse.interop import PYDATA_ORIGINS, is_pydata, to_pydata, to_scipy_coo
 from spfuse.ir.ops import TensorInfo
 from spfuse.lowering.fibres import shared_fibres
 from spfuse.lowering.looptree import lower_cached, lowering_key
 from spfuse.lowering.templates import PARALLEL_MIN_WORK
 from spfuse.planner import FUSION_STRATEGIES, Plan, bind_aliases, plan_program, try_plan
+from spfuse.results import OUT_FORMATS, owned, result_dtype, result_world, same_sparse_world, to_callers_world
 from spfuse.runtime import looptree as lt
-from spfuse.tensor import CompressedLevel, Tensor, as_tensor, shared_patterns
+from spfuse.tensor import Tensor, as_tensor, shared_patterns
 from spfuse.threads import threads_for_call
 
 __all__ = ["evaluate", "compile", "einsum", "Kernel", "clear_cache", "cache_info"]
-
-OUT_FORMATS = ("csr", "csc", "coo", "dense", "csf")
 
 _plan_cache: dict = {}
 _dispatch_cache: dict = {}
@@ -111,189 +110,10 @@ def _check_choice(value, valid, what):
         raise ValueError(f"{what} must be one of {', '.join(map(repr, valid))}, got {value!r}")
 
 
-def _diagonals(program: Program, tensors: dict) -> Program:
-    """Replace accesses with a repeated index (``A[i,i]``) by a diagonal operand."""
-    from spfuse.frontend.ast import Assignment
-    from spfuse.frontend.reductions import map_children
-
-    def take(acc: Access) -> Access:
-        if len(set(acc.indices)) == len(acc.indices):
-            return acc
-        uniq = tuple(dict.fromkeys(acc.indices))
-        name = f"{acc.name}__diag_{'_'.join(str(uniq.index(i)) for i in acc.indices)}"
-        if name not in tensors:
-            t = tensors[acc.name]
-            groups = [uniq.index(i) for i in acc.indices]
-            coords = t.coords
-            keep = np.ones(coords.shape[1], dtype=bool)
-            first: dict[int, int] = {}
-            for m, g in enumerate(groups):
-                if g in first:
-                    keep &= coords[m] == coords[first[g]]
-                else:
-                    first[g] = m
-            sel = coords[[first[g] for g in range(len(uniq))]][:, keep]
-            shape = tuple(t.shape[first[g]] for g in range(len(uniq)))
-            fmt = "dense" if not t.format.levels or "compressed" not in t.format.levels else (
-                "csr" if len(uniq) == 2 else "csf")
-            if len(uniq) == 1 and fmt != "dense":
-                fmt = "csf"
-            tensors[name] = Tensor.from_coo(sel, t.values[keep], shape, format=fmt)
-        return Access(name, uniq, acc.span, ())
-
-    def walk(e):
-        return take(e) if isinstance(e, Access) else map_children(e, walk)
-
-    stmts = tuple(Assignment(s.target, walk(s.value), s.span) for s in program.statements)
-    return Program(stmts, program.text)
-
-
-def _prepare(program: Program, operands: Mapping[str, Any], trusted: Container[str] = frozenset(),
-             defer: bool = False, num_threads: int | None = 1):
-    """The operands as validated tensors (the program is checked by ``_Dispatch``).
-
-    A ``Tensor`` the caller passes in may share index arrays with objects the
-    caller can still write to (``Tensor.from_scipy`` is zero-copy), so it is
-    checked again -- the one-pass scan -- unless this call made it
-    (``trusted``); a trusted scipy CSR/CSC operand (a result spfuse made
-    earlier in the same call: a differentiated program's statements) is
-    wrapped without a scan too.
-
-    With ``defer``, a scipy CSR/CSC operand is wrapped with its ``indptr``
-    checked but its ``indices`` not yet scanned; such names are returned
-    too, and ``_run`` either hands them to a kernel that checks indices as
-    it reads them or scans them before anything else reads them.
-    ``num_threads``: the call's, for the scans of large levels."""
-    if not isinstance(program, Program):
-        raise TypeError(f"expected a program text, got {type(program).__name__}")
-    inputs = program.inputs
-    known = _input_names(program)
-    extra = sorted(n for n in operands if n not in known)
-    if extra:
-        raise ProgramError(f"operand(s) {', '.join(map(repr, extra))} not used by the program "
-                           f"(it reads {', '.join(inputs) or 'nothing'})")
-    tensors: dict[str, Tensor] = {}
-    unscanned = []
-    for name in inputs:
-        if name not in operands:
-            # check_program names the position of the unknown operand
-            break
-        obj = operands[name]
-        if type(obj) is np.ndarray and (fast := Tensor._fast_dense(obj)) is not None:
-            tensors[name] = fast  # the common dense operand, without as_tensor's dispatch
-            continue
-        if isinstance(obj, Tensor):
-            if name not in trusted and "compressed" in obj.format.levels:
-                obj = _rechecked(obj, name, num_threads)
-            tensors[name] = obj   # (as_tensor returns a Tensor as it is)
-            continue
-        elif name in trusted and sp.issparse(obj) and obj.format in ("csr", "csc"):
-            t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
-                                        scan=False)   # (spfuse made it this call: its indices were checked)
-            if t is not None:
-                tensors[name] = t
-                continue
-            tensors[name] = as_tensor(obj, name=name)
-            continue
-        elif defer and sp.issparse(obj) and obj.format in ("csr", "csc"):
-            t = Tensor._fast_compressed(obj, "sparray" if isinstance(obj, sp.sparray) else "spmatrix",
-                                        scan=False)
-            if t is not None:
-                tensors[name] = t
-                unscanned.append(name)
-                continue
-        tensors[name] = as_tensor(obj, name=name)
-    return tensors, unscanned
-
-
-def _rechecked(t: Tensor, name: str, num_threads: int | None = 1) -> Tensor:
-    """A caller's sparse Tensor scanned again (its index arrays may be views
-    of arrays the caller can still write): the same object when it is still
-    valid and canonical, else rebuilt by the validating constructor, which
-    canonicalises a copy or words the error.  A large level is scanned by
-    the call's ``num_threads`` (None: the setting of :mod:`spfuse.threads`)."""
-    npos = 1
-    for lv in t.levels:
-        if isinstance(lv, CompressedLevel):
-            pos, crd = lv.pos, lv.crd
-            if (len(pos) != npos + 1 or pos[0] != 0 or pos[-1] != len(crd)
-                    or V.scan_status(pos, crd, lv.size, num_threads) != 0):
-                break
-            npos = len(crd)
-        else:
-            npos *= lv.size
-    else:
-        if len(t.values) == npos:
-            return t
-    return Tensor(t.shape, t.format, t.levels, t.values, origin=t.origin, name=name)
-
-
 @functools.lru_cache(maxsize=1024)
 def _checked(program: Program, shapes: tuple) -> None:
     """``check_program`` once per (program, operand shapes): a repeat call is a dict hit."""
     check_program(program, dict(shapes))
-
-
-@functools.lru_cache(maxsize=1024)
-def _input_names(program: Program) -> frozenset:
-    return frozenset(program.inputs)
-
-
-@functools.lru_cache(maxsize=1024)
-def _has_diagonal(program: Program) -> bool:
-    return any(len(set(a.indices)) != len(a.indices) for s in program.statements for a in iter_accesses(s.value))
-
-
-def _flavour(tensors: Mapping[str, Tensor]) -> str | None:
-    """The sparse world results go back to: scipy (array before matrix), else pydata (COO before GCXS)."""
-    origins = {t.origin for t in tensors.values()}
-    for flavour in ("sparray", "spmatrix", *PYDATA_ORIGINS):
-        if flavour in origins:
-            return flavour
-    return None
-
-
-def _same_sparse_world(tensors: Mapping[str, Tensor]) -> bool:
-    """Whether every operand came from scipy.sparse, or every operand from pydata sparse."""
-    origins = {t.origin for t in tensors.values()}
-    return bool(origins) and (origins <= {"sparray", "spmatrix"} or origins <= set(PYDATA_ORIGINS))
-
-
-def _convert(value: np.ndarray | Tensor, out_format: str | None, flavour: str | None, dtype):
-    """A result in the caller's world (or the forced ``out_format``)."""
-    if flavour in PYDATA_ORIGINS and out_format is None and isinstance(value, Tensor) and value.ndim >= 1:
-        return to_pydata(value.astype(dtype) if value.dtype != dtype else value, flavour.split(".")[1])
-    if isinstance(value, np.ndarray):
-        value = value.astype(dtype, copy=False)
-        if out_format in (None, "dense"):
-            return value[()] if value.ndim == 0 else value
-        value = Tensor.from_numpy(value, "csf" if value.ndim != 2 else ("csr" if out_format == "coo" else out_format))
-    else:
-        value = value.astype(dtype) if value.dtype != dtype else value
-    if out_format == "dense":
-        return value.todense()
-    if value.ndim == 2:
-        if out_format in ("csr", "csc"):
-            return value.asformat(out_format).to_scipy(flavour or "sparray")
-        if out_format == "coo":
-            return value.asformat("csr").to_scipy(flavour or "sparray").tocoo()
-        if out_format == "csf":
-            return value.asformat("dcsr")
-        if flavour is not None:
-            return value.asformat("csr" if value.format.mode_order == (0, 1) else "csc").to_scipy(flavour)
-        return value
-    if value.ndim <= 1 and out_format is None:
-        return value.todense()
-    if flavour == "sparray" and out_format is None:
-        return to_scipy_coo(value)  # N-d scipy in -> N-d coo_array out
-    if out_format in ("csr", "csc", "coo"):
-        raise ValueError(f"out_format={out_format!r} needs a 2-D result, got {value.ndim}-D")
-    return value.asformat("csf") if out_format == "csf" else value
-
-
-def _result_dtype(tensors: Mapping[str, Tensor]):
-    dts = {np.dtype(t.dtype) for t in tensors.values()}
-    return np.dtype(np.float32) if dts and dts <= {np.dtype(np.float32)} else np.dtype(np.float64)
 
 
 def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, deferred: tuple = (),
@@ -307,7 +127,7 @@ def _execute_generic(plan: Plan, tensors: Mapping[str, Tensor], threads: int, de
     ``key``: the tensors' lowering signature when the caller knows it."""
     if threads > 1 and sum(t.values.size for t in tensors.values()) + _result_elements(plan) < PARALLEL_MIN_WORK:
         threads = 1  # waking a thread team costs more than this much work
-    prepare = (lambda: _scan_deferred(tensors, deferred, threads)) if deferred else None
+    prepare = (lambda: binding.scan_deferred(tensors, deferred, threads)) if deferred else None
     lowered = lower_cached(plan, tensors, prepare, key)
     return lowered.results(lt.run(lowered.plan, num_threads=threads))
 
@@ -321,16 +141,6 @@ def _result_elements(plan: Plan) -> int:
     return n
 
 
-def _scan_deferred(tensors: Mapping[str, Tensor], deferred: tuple, threads: int) -> None:
-    """Scan the deferred operands' indices before anything reads them; raise
-    :class:`IndexCheckFailed` (the caller then takes the validating path)
-    unless every one is valid and canonical.  The executor reads int32 and
-    int64 indices as they are, so this scan is the one extra pass."""
-    for name in deferred:
-        if not _scan_ok(tensors[name], threads):
-            raise IndexCheckFailed(name, -1)
-
-
 def _template(plan: Plan):
     """The plan's template kernel, matched once and remembered on the plan."""
     from spfuse.lowering.templates import match_template
@@ -341,15 +151,16 @@ def _template(plan: Plan):
 
 def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_threads,
          trusted: Container[str] = frozenset(), defer: bool = True, raw: bool = False):
-    """:func:`evaluate` on a parsed program.  ``trusted``: see :func:`_prepare`;
+    """:func:`evaluate` on a parsed program.  ``trusted``: see :func:`~spfuse.binding.bind_operands`;
     ``raw``: results as spfuse makes them (see :meth:`_Dispatch.__call__`)."""
     _check_choice(fusion, FUSION_STRATEGIES, "fusion")
     if out_format is not None:
         _check_choice(out_format, OUT_FORMATS, "out_format")
-    if _any_complex(operands.values()):
+    if binding.any_complex(operands.values()):
         from spfuse.complex_values import run_complex  # real and imaginary parts through this same path
         return run_complex(program, operands, out_format, fusion, num_threads, _run)
-    tensors, unscanned = _prepare(program, operands, trusted, defer and not _has_diagonal(program), num_threads)
+    tensors, unscanned = binding.bind_operands(program, operands, trusted, defer and not has_diagonal(program),
+                                               num_threads)
     dispatch = _dispatch(program, tensors, fusion, out_format)
     if not unscanned:
         return dispatch(tensors, num_threads, raw=raw)
@@ -367,7 +178,7 @@ def _run(program: Program, operands: Mapping[str, Any], out_format, fusion, num_
         if dispatch.conversions:
             kernel_checks = ()  # a conversion reads every index before any kernel does
         for name in unscanned:
-            if name not in kernel_checks and not _scan_ok(tensors[name], num_threads):
+            if name not in kernel_checks and not binding.scan_ok(tensors[name], num_threads):
                 return _run(program, operands, out_format, fusion, num_threads, trusted, defer=False, raw=raw)
     try:
         return dispatch(tensors, num_threads, deferred, raw=raw)
@@ -400,7 +211,7 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     """Would a call of ``program`` on ``operands`` leave a contraction (a
     sum of products) to the generic executor, element by element (planned
     now, run later; the plan is the call's)?  ``trusted``: see
-    :func:`_prepare`.
+    :func:`~spfuse.binding.bind_operands`.
 
     >>> import numpy as np, scipy.sparse as sp
     >>> A = sp.random_array((30, 30), density=0.2, format="csr", rng=0)
@@ -424,7 +235,7 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     ...                         {"B": A, "G": G, "C": np.ones((30, 4)), "D": np.ones((4, 30))})
     True
     """
-    tensors, _ = _prepare(program, operands, trusted, False)
+    tensors, _ = binding.bind_operands(program, operands, trusted, False)
     dispatch = _dispatch(program, tensors, fusion, None)
     if dispatch.fibres is not None:
         return False   # (flattened: the program over fibres decides, when it runs)
@@ -434,38 +245,6 @@ def interprets_contractions(program: Program, operands: Mapping[str, Any], fusio
     return dispatch.template.interpreted
 
 
-def _any_complex(values) -> bool:
-    """Whether any operand holds complex numbers (they run as real and imaginary parts)."""
-    for o in values:
-        kind = type(o)
-        if kind is Tensor:
-            continue   # (float32 or float64 by construction)
-        if kind is np.ndarray:
-            if o.dtype.kind == "c":
-                return True
-        elif getattr(getattr(o, "dtype", None), "kind", "") == "c" or isinstance(o, complex):
-            return True
-    return False
-
-
-def _in_format(value: Any, fmt: Format) -> bool:
-    """Whether a declared operand is already stored as ``fmt`` (a scipy CSR/CSC
-    matrix or a C-ordered ndarray; or absent, which the call path words)."""
-    if value is None:
-        return True
-    if type(value) is np.ndarray:
-        return fmt.is_dense and fmt.is_identity_order and value.flags.c_contiguous
-    if sp.issparse(value) and value.format in ("csr", "csc"):
-        return fmt == (Format.csr() if value.format == "csr" else Format.csc())
-    return False
-
-
-def _scan_ok(t: Tensor, num_threads: int | None) -> bool:
-    """Whether a deferred tensor's compressed level is valid and canonical."""
-    lv = cast(CompressedLevel, t.levels[1])  # deferred tensors are csr/csc
-    return V.scan_status(lv.pos, lv.crd, lv.size, num_threads) == 0
-
-
 class _Dispatch:
     """What one (program, operand signature) call runs: the plan, its template
     kernel (or the generic executor) and how results are returned."""
@@ -473,7 +252,7 @@ class _Dispatch:
     def __init__(self, program: Program, tensors: Mapping[str, Tensor], fusion: str,
                  out_format: str | None, patterns: tuple = ()):
         _checked(program, tuple((n, t.shape) for n, t in tensors.items()))
-        self.diagonal = _has_diagonal(program)
+        self.diagonal = has_diagonal(program)
         self.program = program
         if self.diagonal:
             program, tensors = self._diagonal_operands(tensors)
@@ -493,8 +272,8 @@ class _Dispatch:
                             for n, t in bind_aliases(plan, tensors).items()
                             if n in plan.inputs and tuple(t.format.mode_order) != plan.inputs[n].mode_order}
         self.out_format = out_format
-        self.flavour, self.dtype = _flavour(tensors), _result_dtype(tensors)
-        self.all_sparse = _same_sparse_world(tensors)
+        self.flavour, self.dtype = result_world(tensors), result_dtype(tensors)
+        self.all_sparse = same_sparse_world(tensors)
         # the signature the generic executor's lowering is cached under (the
         # tensors a call hands it are these, bound and converted alike)
         bound = bind_aliases(plan, tensors)
@@ -515,7 +294,7 @@ class _Dispatch:
     def _diagonal_operands(self, tensors: Mapping[str, Tensor]):
         """The program with ``A[i,i]`` accesses rewritten, and the operands it reads."""
         tensors = dict(tensors)
-        program = _diagonals(self.program, tensors)
+        program = without_diagonals(self.program, tensors)
         used = set(program.inputs)
         return program, {n: t for n, t in tensors.items() if n in used}
 
@@ -572,7 +351,7 @@ class _Dispatch:
                     and (value.ndim == 2 or (value.ndim > 2 and self.flavour != "spmatrix"))):
                 # sparse in -> sparse out (scipy: 2-d CSR/CSC, N-d coo_array; pydata: its type)
                 value = Tensor.from_numpy(value.astype(self.dtype, copy=False), "csr" if value.ndim == 2 else "csf")
-            results[name] = _owned(_convert(value, self.out_format, self.flavour, self.dtype), tensors)
+            results[name] = owned(to_callers_world(value, self.out_format, self.flavour, self.dtype), tensors)
         return results[plan.results[0]] if len(results) == 1 else results
 
 
@@ -598,53 +377,6 @@ class _Signature:
 
     def __init__(self, format: Format, shape: tuple, values: np.ndarray):
         self._format, self._shape, self._values = format, shape, values
-
-
-def _owned(result, tensors: Mapping[str, Tensor]):
-    """``result`` with writable arrays of its own: a kernel's fresh output is
-    handed over (made writable), an array shared with an operand (SDDMM keeps
-    B's pattern) is copied, so changing the result never changes an input."""
-    if isinstance(result, np.ndarray):
-        return result  # (no sparse container to hand over; as before, without the getattr miss)
-    attrs = _ARRAY_ATTRS.get(str(getattr(result, "format", "")))
-    if attrs is None or not (sp.issparse(result) or is_pydata(result)):
-        return result
-    inputs = None
-    for attr in attrs:
-        arr = getattr(result, attr)
-        if not isinstance(arr, np.ndarray) or arr.flags.writeable:  # (scipy's coords: a tuple of fresh arrays)
-            continue
-        if inputs is None:  # buffers of the sparse operands (dense ones are never shared)
-            inputs = {id(_root(a)) for t in tensors.values() if not t.format.is_dense
-                      for a in _arrays(t)}
-        if id(_root(arr)) in inputs:
-            setattr(result, attr, arr.copy())
-            continue
-        try:
-            arr.flags.writeable = True  # a read-only view of a buffer this call allocated
-        except ValueError:
-            setattr(result, attr, arr.copy())
-    return result
-
-
-#: array attributes of the sparse containers results come back in (scipy and pydata alike)
-_ARRAY_ATTRS = {"csr": ("data", "indices", "indptr"), "csc": ("data", "indices", "indptr"),
-                "gcxs": ("data", "indices", "indptr"), "coo": ("data", "coords")}
-
-
-def _root(a: np.ndarray) -> np.ndarray:
-    """The array owning ``a``'s buffer (views chain to it through ``.base``)."""
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
-
-
-def _arrays(t: Tensor):
-    yield t.values
-    for lv in t.levels:
-        if isinstance(lv, CompressedLevel):
-            yield lv.pos
-            yield lv.crd
 
 
 def _check_empty_max(plan: Plan) -> None:
@@ -737,9 +469,9 @@ def describe_parallel(plan: Plan, operands: Mapping[str, Any] | None = None) -> 
         return ("inside each kernel (see execution; a generic loop nest among its groups decides "
                 "per top-level loop when it is lowered)")
     pending = "decided per top-level loop when the generic executor lowers the tree for the operands"
-    if not operands or any(n not in operands for n in plan.program.inputs) or _has_diagonal(plan.program):
+    if not operands or any(n not in operands for n in plan.program.inputs) or has_diagonal(plan.program):
         return pending + " (pass them to explain() to see it)"
-    tensors, _ = _prepare(plan.program, operands)
+    tensors, _ = binding.bind_operands(plan.program, operands)
     from spfuse.lowering.looptree import lower_to_looptree
     lowered = lower_to_looptree(plan, bind_aliases(plan, tensors))
     return "; ".join(f"{lowered.indices.get(var, var)}: {how}" for var, how in lowered.plan.parallel) or "no loop"
@@ -809,8 +541,8 @@ class Kernel:
         """Run the kernel on ``operands`` (declared operands may be omitted)."""
         if self._examples:
             operands = {**self._examples, **operands}
-        if (not self._formats or _any_complex(operands.values())  # (complex: see complex_values)
-                or all(_in_format(operands.get(n), f) for n, f in self._formats.items())):
+        if (not self._formats or binding.any_complex(operands.values())  # (complex: see complex_values)
+                or all(binding.in_format(operands.get(n), f) for n, f in self._formats.items())):
             # nothing to convert: validated (and scanned once) like undeclared operands
             return _run(self.program, operands, self.out_format, self.fusion, self.num_threads)
         tensors, made = self._tensors(operands)

@@ -413,11 +413,11 @@ def test_explain_vjp_shows_the_measured_execution(rng):
 # ---------------------------------------------------------------------------
 def _scans(monkeypatch):
     """Names the call path scans again (a Tensor rechecked, a scipy operand's indices scanned)."""
-    from spfuse import api
+    from spfuse import binding
     seen: list = []
-    recheck, scan_ok = api._rechecked, api._scan_ok
-    monkeypatch.setattr(api, "_rechecked", lambda t, name, nt=1: seen.append(name) or recheck(t, name, nt))
-    monkeypatch.setattr(api, "_scan_ok", lambda t, nt: seen.append(t.name) or scan_ok(t, nt))
+    recheck, scan_ok = binding.rechecked, binding.scan_ok
+    monkeypatch.setattr(binding, "rechecked", lambda t, name, nt=1: seen.append(name) or recheck(t, name, nt))
+    monkeypatch.setattr(binding, "scan_ok", lambda t, nt: seen.append(t.name) or scan_ok(t, nt))
     return seen
 
 

@@ -148,8 +148,8 @@ def test_caller_tensor_mutated_after_a_cached_call_is_refused():
 
 def test_valid_csf_tensor_is_reused_without_a_rebuild():
     X = Tensor.from_coo([[0, 1, 2], [1, 0, 2], [2, 2, 0]], [1.0, 2.0, 3.0], (3, 3, 3))
-    from spfuse.api import _rechecked
-    assert _rechecked(X, "X") is X
+    from spfuse.binding import rechecked
+    assert rechecked(X, "X") is X
     np.testing.assert_allclose(spfuse.evaluate("Y[i,j] = X[i,j,k] * v[k]", X=X, v=np.ones(3)).todense(),
                                X.todense().sum(axis=2))
 

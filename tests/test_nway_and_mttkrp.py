@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from kernels import KERNELS, infos, operands
 
 import spfuse
-from spfuse.api import _execute_generic, _info, _parse, _prepare, describe_execution
+from spfuse.api import _execute_generic, _info, _parse, describe_execution
+from spfuse.binding import bind_operands
 from spfuse.frontend.parser import parse_program
 from spfuse.ir.tree import loop_shape
 from spfuse.lowering.templates import match_template
@@ -36,7 +37,7 @@ def densify(x):
 
 def plans_for(text, ops):
     prog = _parse(text)
-    tensors, _ = _prepare(prog, ops)  # every operand scanned (no deferral)
+    tensors, _ = bind_operands(prog, ops)  # every operand scanned (no deferral)
     ins = {n: _info(n, t) for n, t in tensors.items()}
     return {f: plan_program(prog, ins, f) for f in ("auto", "none")}, tensors
 

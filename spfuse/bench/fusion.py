@@ -87,12 +87,12 @@ def generic_auto_peer() -> peers_mod.Peer:
     once in ``prepare`` (the other strategies do it per call: O(nnz), small
     next to a generic-executor run).
     """
-    from spfuse import api
+    from spfuse import api, binding
     from spfuse.planner import plan_program
 
     def prepare(o, ctx):
         program = api._parse(ctx.program)
-        tensors, _ = api._prepare(program, o)  # every operand scanned (no deferral)
+        tensors, _ = binding.bind_operands(program, o)  # every operand scanned (no deferral)
         infos = {n: api._info(n, t) for n, t in tensors.items()}
         return plan_program(program, infos, "auto"), tensors
 
