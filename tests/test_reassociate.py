@@ -344,8 +344,10 @@ def test_dense_group_runs_through_blas(rng, monkeypatch):
     calls.clear()
     # a user's own dense sub-computation, and a plain dense GEMM program
     spfuse.evaluate("T[k,j] = X[k,h] * W[h,j]; Z[i,j] = A[i,k] * T[k,j]", A=A, X=X, W=W)
-    spfuse.evaluate("Z[j,k] = X[k,h] * W[h,j]", X=X, W=W)
-    assert calls == [((200, 64), (64, 3)), ((200, 64), (64, 3))]
+    Z = spfuse.evaluate("Z[j,k] = X[k,h] * W[h,j]", X=X, W=W)
+    # (a result in the other order swaps the factors, each read transposed: Wᵀ·Xᵀ, no copy of the result)
+    assert calls == [((200, 64), (64, 3)), ((64, 3), (200, 64))]
+    np.testing.assert_allclose(Z, (X @ W).T, rtol=1e-12)
 
 
 def test_planning_time_is_reported(capsys):
