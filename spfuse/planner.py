@@ -269,9 +269,10 @@ def with_storage_orders(plan: Plan, planner) -> Plan:
     from spfuse.passes.cost_model import active_constants, fmt_ns
     from spfuse.passes.rename import alias_access, operand_reads
     groups = split_groups(plan)
-    gathered = _gathered_rows(plan, groups, planner)
-    if gathered is not None:
-        return gathered
+    for rule in (_gathered_rows, _masked_product_order):
+        found = rule(plan, groups, planner)
+        if found is not None:
+            return found
     if _fused_template(plan.program, plan.inputs) or whole_program_kernel(plan) is not None \
             or _one_template_as_stored(plan, groups):
         return plan   # (the estimates price the generic executor; a template runs the operands as stored)
@@ -374,6 +375,70 @@ def _gathered_rows(plan: Plan, groups: tuple, planner) -> Plan | None:
     why = (f"{', '.join(sorted(swapped))} read as {', '.join(i.format_name for _, i in sorted(swapped.items()))} "
            f"(converted per call, the transposed pattern remembered): '{alt_groups[0].kernel}' gathers rows "
            f"where '{groups[0].kernel}' would scatter into a result larger than the cache")
+    return replace(alt, decisions=alt.decisions + (why,))
+
+
+#: Per stored entry reached, the dot-product masked SpGEMM (a gather over a
+#: row of Bᵀ per stored mask entry) costs about this many times masked
+#: Gustavson (a scan of a row of B per stored entry of A): 100k rows, 10 per
+#: row in A, B and the mask -- the same count of entries either way -- ran
+#: 74 ms by dot products against 36 ms by Gustavson on one thread (33 and
+#: 21 ms on two).
+DOT_ENTRY_COST = 2.0
+#: ... and the other order must be estimated cheaper by this factor, its
+#: conversion included (the estimates count entries, not their cache misses)
+MASKED_ORDER_MARGIN = 1.25
+
+
+def _masked_product_order(plan: Plan, groups: tuple, planner) -> Plan | None:
+    """The plan of a masked SpGEMM ``M ∘ (A·B)`` with ``B`` read in the other
+    storage order (converted per call, its reordering remembered), when the
+    kernel that order selects is estimated cheaper by :data:`MASKED_ORDER_MARGIN`,
+    the conversion's gather of B's values included; else None.
+
+    Masked Gustavson (B as CSR) marks each mask row, then scans a row of B
+    per stored entry of A in that row: ``nnz(M) + a·nnz(B)/rows(B)``
+    entries, ``a`` the entries of A in rows whose mask row stores any (at
+    most ``nnz(A)·nnz(M)/rows(M)``).  The dot-product kernel (B as CSC)
+    scatters those rows of A, then gathers over a column of B per stored
+    mask entry: ``a + nnz(M)·nnz(B)/cols(B)`` entries at
+    :data:`DOT_ENTRY_COST` each.  A mask as dense as A favours Gustavson (B
+    given as CSC ran 2x slower by dot products); a mask with long rows in
+    few rows favours the dots."""
+    if len(groups) != 1 or groups[0].kernel not in ("masked_spgemm", "masked_spgemm_dot") or groups[0].route is None:
+        return None
+    route = groups[0].route
+    dot = groups[0].kernel == "masked_spgemm_dot"
+    m, a, b = route.names
+    if dot:
+        if len(route.transposed) != 1:
+            return None
+        b = route.transposed[0]
+    infos = plan.inputs
+    if len({m, a, b}) != 3 or any(n not in infos or infos[n].nnz is None or None in infos[n].shape
+                                  for n in (m, a, b)):
+        return None
+    nm, na, nb = (int(infos[n].nnz or 0) for n in (m, a, b))
+    rows_b, cols_b = (max(1, int(e or 0)) for e in infos[b].shape)
+    # (both kernels skip the rows of A whose mask row is empty: at most nnz(M) rows have entries)
+    reached = na * min(1.0, nm / max(1, int(infos[m].shape[0] or 0)))
+    gustavson = nm + reached * nb / rows_b
+    dots = DOT_ENTRY_COST * (reached + nm * nb / cols_b)
+    now, other = (dots, gustavson) if dot else (gustavson, dots)
+    if now <= (other + nb) * MASKED_ORDER_MARGIN:
+        return None
+    info = infos[b]
+    try:
+        alt = planner(plan.program, {**infos, b: replace(info, mode_order=info.mode_order[::-1])})
+    except UnsupportedError:
+        return None
+    from spfuse.lowering.groups import split_groups
+    alt_groups = split_groups(alt)
+    want = "masked_spgemm" if dot else "masked_spgemm_dot"
+    if len(alt_groups) != 1 or alt_groups[0].kernel != want:
+        return None
+    why = (f"masked SpGEMM reads {b} as {'CSR' if dot else 'CSC'} (converted per call, its reordering "
+           f"remembered): '{want}' ≈ {other:.3g} entries against '{groups[0].kernel}' ≈ {now:.3g}")
     return replace(alt, decisions=alt.decisions + (why,))
 
 
