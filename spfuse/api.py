@@ -319,7 +319,7 @@ class _Dispatch:
         plan = self.plan
         tensors = bind_aliases(plan, tensors)
         if self.conversions:
-            tensors = {n: _stored_as(t, self.conversions[n]) if n in self.conversions else t
+            tensors = {n: _stored_as(t, self.conversions[n], threads) if n in self.conversions else t
                        for n, t in tensors.items()}
         raw_values = self.run(tensors, threads) if self.run is not None else \
             _execute_generic(plan, tensors, threads, deferred, self.lowering_key)
@@ -355,7 +355,7 @@ class _Dispatch:
         return results[plan.results[0]] if len(results) == 1 else results
 
 
-def _stored_as(t: Tensor, fmt: Format) -> Tensor:
+def _stored_as(t: Tensor, fmt: Format, num_threads: int | None = None) -> Tensor:
     """``t`` converted to ``fmt`` for one call, through the reordering
     remembered for its pattern (:func:`~spfuse.lowering.transposes.stored_as`:
     one gather of the values per call, where a conversion sorts the indices
@@ -366,7 +366,7 @@ def _stored_as(t: Tensor, fmt: Format) -> Tensor:
     ('csc', [[0.0, 1.0], [2.0, 3.0]])
     """
     from spfuse.lowering.transposes import stored_as
-    return stored_as(t, fmt)
+    return stored_as(t, fmt, num_threads)
 
 
 class _Signature:

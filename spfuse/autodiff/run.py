@@ -537,7 +537,7 @@ def run_adjoint(adj: Adjoint, tensors: Mapping[str, Tensor], cotangents: Mapping
             for name, transposed in v.transposed.items():
                 if transposed not in ops:
                     ops[transposed] = (transposes[name] if transposes and name in transposes
-                                       else transposed_csr(tensors[name]))
+                                       else transposed_csr(tensors[name], num_threads))
                     if name in trusted:
                         trusted.add(transposed)
         static = _static(adj, alternative)

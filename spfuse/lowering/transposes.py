@@ -123,12 +123,13 @@ def _build(pos: np.ndarray, crd: np.ndarray, shape: tuple[int, int]) -> _Transpo
     return _Transposed(pos.copy(), crd.copy(), t_pos, t_crd, ranks.data, shell)
 
 
-def transposed_csr(t: Tensor) -> Tensor:
+def transposed_csr(t: Tensor, num_threads: int | None = None) -> Tensor:
     """``t``'s transpose stored as CSR (values in its storage order).
 
     A CSR ``t`` is transposed through the remembered pattern (see the module
     docstring); any other 2-D format is converted directly (a CSC matrix's
-    transpose *is* a CSR one, sharing its arrays).
+    transpose *is* a CSR one, sharing its arrays).  ``num_threads``: the
+    team that gathers the values (None: the setting of :mod:`spfuse.threads`).
 
     >>> import numpy as np
     >>> t = Tensor.from_numpy(np.array([[1.0, 0.0, 2.0]]), "csr")
@@ -155,12 +156,12 @@ def transposed_csr(t: Tensor) -> Tensor:
             _cache.move_to_end(key)
             while len(_cache) > MAX_PATTERNS:
                 _cache.popitem(last=False)
-    out = found.shell._with_kernel_values(_transposed_values(found, t.values))
+    out = found.shell._with_kernel_values(_transposed_values(found, t.values, num_threads))
     out.origin = t.origin
     return out
 
 
-def _transposed_values(found: _Transposed, values: np.ndarray) -> np.ndarray:
+def _transposed_values(found: _Transposed, values: np.ndarray, num_threads: int | None = None) -> np.ndarray:
     """``values`` in the transpose's storage order: the last call's when
     they are the same bits, else a gather (C-contiguous, ``values``' dtype)."""
     last = found.last[0] if found.last else None   # (one read: the pair is replaced whole)
@@ -168,7 +169,7 @@ def _transposed_values(found: _Transposed, values: np.ndarray) -> np.ndarray:
         return last[1]
     # (both arrays from the result pool: a backward pass's values change every
     # call, and fresh pages for them cost a fault per 4 KiB each time)
-    gathered = _gathered(values, found.order)
+    gathered = _gathered(values, found.order, num_threads)
     if len(values) <= KEEP_VALUES_MAX:
         gathered.flags.writeable = False   # (shared by later calls' transposes)
         kept = _result(values.shape, values.dtype)
@@ -191,14 +192,15 @@ def _index_arrays(t: Tensor) -> tuple:
     return tuple(a for lv in t.levels if isinstance(lv, CompressedLevel) for a in (lv.pos, lv.crd))
 
 
-def stored_as(t: Tensor, fmt: Format) -> Tensor:
+def stored_as(t: Tensor, fmt: Format, num_threads: int | None = None) -> Tensor:
     """``t`` stored as ``fmt``: the same entries in another storage order (a
     CSF read in another mode order, CSR as CSC), for one call.
 
     As for :func:`transposed_csr`, the reordering is remembered per pattern:
     the first call converts (a sort), later calls with the same index arrays
-    gather the values.  A conversion that stores another number of entries
-    (to or from dense levels) is made directly.
+    gather the values (on ``num_threads``, as there).  A conversion that
+    stores another number of entries (to or from dense levels) is made
+    directly.
 
     >>> t = Tensor.from_numpy(np.arange(8.0).reshape(2, 2, 2), "csf")
     >>> u = stored_as(t, Format(("compressed",) * 3, (2, 0, 1)))
@@ -208,7 +210,7 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
     if t.format == fmt:
         return t
     if fmt == Format.csc() and t.format == Format.csr():
-        return transposed_csr(t).transpose()
+        return transposed_csr(t, num_threads).transpose()
     nnz = len(t.values)
     if t.format.is_dense or fmt.is_dense or "dense" in t.format.levels[1:] or "dense" in fmt.levels[1:]:
         return t.asformat(fmt)
@@ -229,7 +231,7 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
             _reordered.move_to_end(key)
             while len(_reordered) > MAX_PATTERNS:
                 _reordered.popitem(last=False)
-    out = found.shell._with_kernel_values(_gathered(t.values, found.order))
+    out = found.shell._with_kernel_values(_gathered(t.values, found.order, num_threads))
     out.origin = t.origin
     return out
 
@@ -238,17 +240,18 @@ def stored_as(t: Tensor, fmt: Format) -> Tensor:
 GATHER_TEAM_MIN = 1 << 16
 
 
-def _gathered(values: np.ndarray, order: np.ndarray) -> np.ndarray:
+def _gathered(values: np.ndarray, order: np.ndarray, num_threads: int | None = None) -> np.ndarray:
     """``values[order]`` (``order`` a permutation this module built) into
-    pooled memory, on the team when long: a random read per value, 7 ms
-    per million on one thread (two CSR operands of an ``Aᵀ·X + Wᵀ·G``
-    read as CSC every call).
+    pooled memory, on the call's team (``num_threads``, None: the setting of
+    :mod:`spfuse.threads`) when long: a random read per value, 7 ms per
+    million on one thread (two CSR operands of an ``Aᵀ·X + Wᵀ·G`` read as
+    CSC every call).
 
     >>> _gathered(np.array([1.0, 2.0, 3.0]), np.array([2, 0, 1], dtype=np.int64)).tolist()
     [3.0, 1.0, 2.0]
     """
     out = _result(values.shape, values.dtype)
-    gather(values, order, out, threads_for_call(None, worthwhile=len(order) >= GATHER_TEAM_MIN))
+    gather(values, order, out, threads_for_call(num_threads, worthwhile=len(order) >= GATHER_TEAM_MIN))
     return out
 
 
