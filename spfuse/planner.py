@@ -407,13 +407,13 @@ def _masked_product_order(plan: Plan, groups: tuple, planner) -> Plan | None:
     few rows favours the dots."""
     if len(groups) != 1 or groups[0].kernel not in ("masked_spgemm", "masked_spgemm_dot") or groups[0].route is None:
         return None
+    from spfuse.lowering.groups import split_groups, transposed_name
     route = groups[0].route
     dot = groups[0].kernel == "masked_spgemm_dot"
     m, a, b = route.names
-    if dot:
-        if len(route.transposed) != 1:
-            return None
-        b = route.transposed[0]
+    b = next((n for n in route.transposed if transposed_name(n) == b), b)   # (B.T: B read as the CSR of Bᵀ)
+    if set(route.transposed) - {b} or route.merged:
+        return None   # (M or A read transposed, or merged factors: kept as planned)
     infos = plan.inputs
     if len({m, a, b}) != 3 or any(n not in infos or infos[n].nnz is None or None in infos[n].shape
                                   for n in (m, a, b)):
@@ -432,7 +432,6 @@ def _masked_product_order(plan: Plan, groups: tuple, planner) -> Plan | None:
         alt = planner(plan.program, {**infos, b: replace(info, mode_order=info.mode_order[::-1])})
     except UnsupportedError:
         return None
-    from spfuse.lowering.groups import split_groups
     alt_groups = split_groups(alt)
     want = "masked_spgemm" if dot else "masked_spgemm_dot"
     if len(alt_groups) != 1 or alt_groups[0].kernel != want:
