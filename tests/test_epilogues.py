@@ -245,6 +245,23 @@ GEMM_CASES = [
 ]
 
 
+@pytest.mark.parametrize("head", ["A[i,j] * X[j,k]", "D[i,j] * X[j,k]"])
+def test_where_in_the_kernel_takes_nan_as_true(head, rng):
+    # numpy's where(c, a, b) picks a where c != 0: NaN included, 0.0 and -0.0 not
+    A = _matrix(rng, 40, 30)
+    D, X = A.toarray(), rng.standard_normal((30, 6))
+    R = rng.standard_normal((40, 6))
+    R[::3] = 0.0
+    R[1::5, 2] = np.nan
+    R[2, :] = -0.0
+    program = f"Y[i,k] = where(R[i,k], {head}, 2.5)"
+    ops = {"A": A, "X": X, "R": R} if head.startswith("A") else {"D": D, "X": X, "R": R}
+    assert _kernels(program, **ops) == ["spmm+epilogue" if head.startswith("A") else "gemm+epilogue"]
+    for nt in (1, 2):
+        np.testing.assert_allclose(spfuse.evaluate(program, num_threads=nt, **ops), np.where(R != 0, D @ X, 2.5),
+                                   rtol=1e-12, atol=1e-12)
+
+
 def test_a_product_stored_the_other_way_round_swaps_its_factors(rng):
     # Z[j,i] = op(X)·op(W) read transposed is op(W)ᵀ·op(X)ᵀ: BLAS writes it
     # in place (no copy into its order), and the tail runs on its rows
