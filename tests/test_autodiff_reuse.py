@@ -211,9 +211,10 @@ def test_a_short_hopeless_first_run_is_run_again_before_it_counts(monkeypatch):
 
 
 def test_slow_ways_are_timed_in_fewer_rounds():
-    """The timed rounds fit ROUND_BUDGET seconds, as the first runs
-    estimate them (one round at least): a first vjp of ways taking 50-100 ms
-    each is not three rounds more of both."""
+    """No timed round starts once the rounds have taken ROUND_BUDGET
+    seconds (one round at least): a first vjp of ways taking 50-100 ms
+    each is not three rounds more of both -- and first runs slowed by
+    planning do not cut the rounds to one."""
     calls = []
 
     def run(split):
@@ -223,7 +224,15 @@ def test_slow_ways_are_timed_in_fewer_rounds():
     budget = ExecutionChoice.ROUND_BUDGET
     c = ExecutionChoice()
     c.measure(run, clock=iter([0.0, budget / 2, 0.0, budget / 4] + [0.0, budget / 2, 0.0, budget / 4] * 3).__next__)
-    assert calls == [False, True, True, False]   # planning, then one round: 0.75 budgets a round
+    assert calls == [False, True, True, False, False, True]   # a round of 0.75 budgets: two rounds
+    calls.clear()
+    c = ExecutionChoice()
+    c.measure(run, clock=iter([0.0, 2 * budget, 0.0, budget] + [0.0, budget / 2, 0.0, budget / 2] * 3).__next__)
+    assert calls == [False, True, True, False]   # (first runs of 3 budgets, planning) a round of 1: one
+    calls.clear()
+    c = ExecutionChoice()
+    c.measure(run, clock=iter([0.0, 2 * budget, 0.0, budget] + [0.0, budget / 4, 0.0, budget / 4] * 3).__next__)
+    assert calls == [False, True, True, False, False, True]   # ... a round of half a budget: two
     calls.clear()
     c = ExecutionChoice()
     c.measure(run, clock=iter([0.0, budget / 10, 0.0, budget / 10] + [0.0, budget / 10, 0.0, budget / 10] * 3).__next__)

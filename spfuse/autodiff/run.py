@@ -250,9 +250,10 @@ class ExecutionChoice:
     ...                                            0, .00015, 0, .0002, 0, .00015]).__next__)
     False
 
-    Rounds are cut to what :data:`ROUND_BUDGET` seconds allow (the
-    first runs tell), one at least: above, each way took seconds, so one
-    round each.  Ways of a few milliseconds get all :data:`ROUNDS`:
+    The rounds stop once they have taken :data:`ROUND_BUDGET` seconds,
+    as timed (one round at least; the first runs, which planned, are not
+    counted): above, each way took seconds, so one round each.  Ways of a
+    few milliseconds get all :data:`ROUNDS`:
 
     >>> c = ExecutionChoice()
     >>> c.measure(lambda split: split, clock=iter([0, .006, 0, .004, 0, .003, 0, .005, 0, .005, 0, .002, 0, .004,
@@ -264,8 +265,11 @@ class ExecutionChoice:
 
     #: timed rounds per way, at most
     ROUNDS = 3
-    #: seconds (the calling thread's CPU time) the timed rounds may take, as estimated from the first
-    #: runs: fewer rounds when the ways are slow (at least one)
+    #: seconds (the calling thread's CPU time) after which no further timed
+    #: round starts: fewer rounds when the ways are slow (at least one).
+    #: Estimated from the first runs, which include planning, adjoints of
+    #: 20-90 ms got a single round (SDDMM-SpMM-GEMM at 20k rows: 380 ms of
+    #: first runs, 180 ms a round), and one reading of each way chose
     ROUND_BUDGET = 0.2
     #: how much faster statement by statement must be to be chosen
     MARGIN = 0.1
@@ -312,13 +316,16 @@ class ExecutionChoice:
         fastest = min(first_run.values())
         timed = [w for w in self.ways if first_run[w] <= self.HOPELESS * fastest + self.HOPELESS_SLACK]
         self.seconds.update({w: first_run[w] for w in self.ways if w not in timed})
-        per_round = sum(first_run[w] for w in timed)
-        rounds = max(1, min(self.ROUNDS, int(self.ROUND_BUDGET / per_round) if per_round > 0 else self.ROUNDS))
-        for r in range(rounds):
+        spent = 0.0   # (the rounds' own times: the first runs also planned)
+        for r in range(self.ROUNDS):
+            if r and spent >= self.ROUND_BUDGET:
+                break
             for way in (timed[::-1] if r % 2 == 0 else timed):
                 start = clock()
                 results[way] = run(way)
-                self.seconds[way] = min(self.seconds.get(way, float("inf")), clock() - start)
+                took = clock() - start
+                spent += took
+                self.seconds[way] = min(self.seconds.get(way, float("inf")), took)
         first = self.ways[0]
         best = min(self.ways, key=self.seconds.__getitem__)
         # (the margin favours the one fused program; with the fused ways
