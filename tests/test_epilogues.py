@@ -262,6 +262,40 @@ def test_where_in_the_kernel_takes_nan_as_true(head, rng):
                                    rtol=1e-12, atol=1e-12)
 
 
+@settings(max_examples=60, deadline=None)
+@given(out_swapped=st.booleans(), x_swapped=st.booleans(), w_swapped=st.booleans(),
+       x_fortran=st.booleans(), w_fortran=st.booleans(), f32=st.booleans(),
+       tail=st.sampled_from(["none", "relu", "where", "bias"]), shape=st.tuples(*[st.integers(0, 9)] * 3),
+       nt=st.sampled_from([1, 2]), seed=st.integers(0, 2**16))
+def test_dense_products_in_any_index_and_memory_order(out_swapped, x_swapped, w_swapped, x_fortran, w_fortran,
+                                                      f32, tail, shape, nt, seed):
+    """``Z = X·W`` written with each factor and the result in either index
+    order, the factors C- or Fortran-ordered, with or without a tail: BLAS
+    with swapped factors and flipped flags, numpy's values."""
+    rng = np.random.default_rng(seed)
+    m, h, n = shape
+    dtype = np.float32 if f32 else np.float64
+    X = rng.standard_normal((h, m) if x_swapped else (m, h)).astype(dtype)
+    W = rng.standard_normal((n, h) if w_swapped else (h, n)).astype(dtype)
+    X = np.asfortranarray(X) if x_fortran else X
+    W = np.asfortranarray(W) if w_fortran else W
+    R = rng.standard_normal((n, m) if out_swapped else (m, n)).astype(dtype)
+    R[R < 0.3] = 0.0
+    b = rng.standard_normal(n).astype(dtype)
+    prod = f"X[{'h,i' if x_swapped else 'i,h'}] * W[{'j,h' if w_swapped else 'h,j'}]"
+    out = "Z[j,i]" if out_swapped else "Z[i,j]"
+    r = "R[j,i]" if out_swapped else "R[i,j]"
+    expr = {"none": prod, "relu": f"relu({prod})", "where": f"where({r}, {prod}, -1.0)", "bias": f"{prod} + b[j]"}[tail]
+    ops = {"X": X, "W": W, **({"R": R} if tail == "where" else {}), **({"b": b} if tail == "bias" else {})}
+    got = spfuse.evaluate(f"{out} = {expr}", num_threads=nt, **ops)
+    P = (X.T if x_swapped else X).astype(np.float64) @ (W.T if w_swapped else W).astype(np.float64)   # (i, j)
+    want = {"none": P, "relu": np.maximum(P, 0), "bias": P + b,
+            "where": np.where((R.T if out_swapped else R) != 0, P, -1.0)}[tail]
+    want = want.T if out_swapped else want
+    assert got.shape == want.shape and got.dtype == dtype
+    np.testing.assert_allclose(got, want, **(dict(rtol=1e-4, atol=1e-4) if f32 else dict(rtol=1e-12, atol=1e-12)))
+
+
 def test_a_product_stored_the_other_way_round_swaps_its_factors(rng):
     # Z[j,i] = op(X)·op(W) read transposed is op(W)ᵀ·op(X)ᵀ: BLAS writes it
     # in place (no copy into its order), and the tail runs on its rows
