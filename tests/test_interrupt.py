@@ -350,10 +350,12 @@ CHILD = textwrap.dedent("""
         Bm = sp.random_array((5000, 5000), density=0.2, format="csr", rng=rng)
         prog = "A[i,j] = B[i,j] * (C[i,k] * D[j,k])"
         ops = dict(B=Bm, C=rng.random((5000, 4096)), D=rng.random((5000, 4096)))
-    else:                               # generic loop-tree executor: 9e8 iterations
-        n = 30000
+    else:                               # generic loop-tree executor: 9e8 iterations (a union with dense x)
+        n = 30000                       # (max(j, A[i,j] * x[j]) runs as a pattern program in a millisecond)
         A = sp.random_array((n, n), density=10 / n, format="csr", rng=rng)
-        prog, ops = "y[i] = max(j, A[i,j] * x[j])", dict(A=A, x=rng.random(n))
+        prog, ops = "y[i] = max(j, A[i,j] + x[j])", dict(A=A, x=rng.random(n))
+    if case == "generic":   # (the case is the interpreter's: fail loudly when a template takes the program)
+        assert "generic loop-tree executor" in spfuse.compile(prog).explain(**ops), "not the generic executor"
     spfuse.compile(prog)
     print("READY", flush=True)
     result = None
