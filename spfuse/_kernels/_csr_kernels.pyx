@@ -201,6 +201,19 @@ cdef inline Py_ssize_t _checked_run(const index_t* ind, const index_t* ip, Py_ss
     return s1
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define SPFUSE_OPAQUE_INDEX(v) __asm__("" : "+r"(v))
+    #else
+    #define SPFUSE_OPAQUE_INDEX(v) ((void)(v))
+    #endif
+    """
+    # an index the optimiser cannot see through (no code emitted): a loop
+    # reading through it is not vectorised into gather instructions
+    void SPFUSE_OPAQUE_INDEX(int64_t v) noexcept nogil
+
+
 cdef inline double _gather_dot(const index_t* ind, const floating* val, const floating* x,
                                Py_ssize_t start, Py_ssize_t end) noexcept nogil:
     """sum(val[p] * x[ind[p]] for p in [start, end)) in double, in position order
@@ -208,12 +221,23 @@ cdef inline double _gather_dot(const index_t* ind, const floating* val, const fl
     been checked (:func:`_first_out_of_range` over a run of rows).
     One chain (rows are short: splitting into chains measured slower at
     ~10 nnz/row); the order is the sequential one, as scipy's csr_matvec.
+    With int64 indices gcc vectorises the loop's loads into AVX2 gathers,
+    the adds still in order: 13% slower than the scalar loop (20k rows, 320k
+    entries: 478 against 418 us with the index check), so the index is
+    made opaque to it there.
     """
     cdef double s0 = 0.0
     cdef Py_ssize_t p
+    cdef int64_t c
     if x == NULL:   # x all ones: the row's sum
         for p in range(start, end):
             s0 += <double>val[p]
+        return s0
+    if index_t is int64_t:
+        for p in range(start, end):
+            c = ind[p]
+            SPFUSE_OPAQUE_INDEX(c)
+            s0 += <double>val[p] * <double>x[c]
         return s0
     for p in range(start, end):
         s0 += <double>val[p] * <double>x[ind[p]]
