@@ -39,7 +39,7 @@ def input_names(program: Program) -> frozenset:
 
 
 def bind_operands(program: Program, operands: Mapping[str, Any], trusted: Container[str] = frozenset(),
-             defer: bool = False, num_threads: int | None = 1):
+                  defer: bool = False, num_threads: int | None = 1):
     """The operands as validated tensors (the program is checked by ``_Dispatch``).
 
     A ``Tensor`` the caller passes in may share index arrays with objects the

@@ -46,7 +46,6 @@ from spfuse.errors import IndexCheckFailed
 from spfuse.ir.ops import Const
 from spfuse.lowering import templates
 from spfuse.lowering.group_flow import producers_and_readers
-from spfuse.runtime.blas_pool import hold_blas_once
 
 __all__ = ["KERNELS", "encoded_epilogue", "fuse_epilogues", "run_epilogue"]
 
@@ -286,19 +285,14 @@ def _run_gemm_epilogue(plan, g, env: dict, nt: int) -> dict:
     through the tail while in cache (``_dense_kernels.gemm``'s epilogue)."""
     from spfuse.lowering import groups as lowering
     head, tail, program = g.epilogue
-    x, y, xt, yt, _ = head.names
+    x, y = head.names[:2]
     _, dtype = templates._types([env[x], env[y]])
     if dtype != _F64 and any(t.dtype != _F32 for t in env.values()):
         return lowering.run_in_turn(plan, (head, tail), env, nt)
-    X, xt = lowering._blas_operand(env[x], xt, dtype)
-    Y, yt = lowering._blas_operand(env[y], yt, dtype)
     epilogue, keep = encoded_epilogue(program, env, 1.0, False)
-    name = g.outputs[0]
-    out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
-    hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
-    _dense_kernels.gemm(X, Y, out, nt, xt, yt, epilogue)
-    del keep
-    return {name: out}
+    out = lowering._run_gemm(head.names, None, env, nt, epilogue)
+    del keep   # (the kernel has returned: the operands' float64 copies may go)
+    return {g.outputs[0]: out}
 
 
 def _run_rows(plan, g, env: dict, nt: int) -> dict:

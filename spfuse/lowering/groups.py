@@ -236,14 +236,17 @@ def _gemm_roles(einsum, infos) -> tuple | None:
     return x, y, xi != (a, s), yi != (s, b), False
 
 
-def _run_gemm(roles, out_shape, tensors, nt):
+def _run_gemm(roles, out_shape, tensors, nt, epilogue=None):
+    """``op(X) @ op(Y)`` through BLAS; ``epilogue``: a tail's program
+    (:func:`~spfuse.lowering.epilogues.encoded_epilogue`), each row block
+    through it while in cache."""
     x, y, xt, yt, _ = roles   # (a result in the other order swapped the factors: see _gemm_roles)
     _, dtype = templates._types([tensors[x], tensors[y]])
     X, xt = _blas_operand(tensors[x], xt, dtype)
     Y, yt = _blas_operand(tensors[y], yt, dtype)
     out = _result((X.shape[1] if xt else X.shape[0], Y.shape[0] if yt else Y.shape[1]), dtype)
     hold_blas_once()   # (BLAS's own pool left asleep: the blocks run on our team)
-    _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt)
+    _dense_kernels.gemm(X, Y, out, nt, trans_a=xt, trans_b=yt, epilogue=epilogue)
     return out
 
 
@@ -272,10 +275,7 @@ def _bind_gemm(roles, tensors, tail=None):
                 run_epilogue(tail[0], tail[1], tensors, nt)[tail[1].outputs[0]]
         xs, ys = X._shape, Y._shape
         out = _result((xs[1] if xt else xs[0], ys[0] if yt else ys[1]), dtype)
-        if tail is None:
-            gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt)
-            return out
-        epilogue, keep = encoded_epilogue(tail[1].epilogue[2], tensors, 1.0, False)
+        epilogue, keep = (None, None) if tail is None else encoded_epilogue(tail[1].epilogue[2], tensors, 1.0, False)
         gemm(X._values.reshape(xs), Y._values.reshape(ys), out, nt, xt, yt, epilogue)
         del keep   # (the kernel has returned: the operands' float64 copies may go)
         return out
